@@ -1,0 +1,21 @@
+//! Compiles `proto/agentreach/v1/*.proto` with the protoc shipped by `protoc-bin-vendored`,
+//! so no system protoc is needed.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protoc = protoc_bin_vendored::protoc_bin_path()?;
+    // SAFETY: build scripts are single-threaded; nothing else reads the environment here.
+    unsafe { std::env::set_var("PROTOC", protoc) };
+    let files = [
+        "proto/agentreach/v1/common.proto",
+        "proto/agentreach/v1/agent.proto",
+        "proto/agentreach/v1/sidecar.proto",
+        "proto/agentreach/v1/mesh.proto",
+        "proto/agentreach/v1/control.proto",
+    ];
+    tonic_prost_build::configure()
+        // Payloads stay `Bytes`: decoding from a `Bytes` buffer then slices instead of copying.
+        .bytes(".")
+        .compile_protos(&files, &["proto"])?;
+    println!("cargo:rerun-if-changed=proto");
+    Ok(())
+}

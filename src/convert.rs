@@ -1,0 +1,271 @@
+//! The one place where domain types ([`crate::model`]) and protobuf messages
+//! ([`crate::proto`]) are converted into each other.
+//!
+//! Conversions from the wire validate what the domain type needs and report the offending
+//! field as a [`FieldError`]; they never panic on bad input.
+
+use crate::model::{
+    Capability, FieldError, HealthState, Instance, InstanceRecord, Load, Priority, Registration, Target, TargetKind,
+    Transport,
+};
+use crate::proto;
+
+impl From<proto::Priority> for Priority {
+    fn from(p: proto::Priority) -> Self {
+        match p {
+            proto::Priority::High => Priority::High,
+            proto::Priority::Low => Priority::Low,
+            proto::Priority::Normal | proto::Priority::Unspecified => Priority::Normal,
+        }
+    }
+}
+
+impl From<Priority> for proto::Priority {
+    fn from(p: Priority) -> Self {
+        match p {
+            Priority::High => proto::Priority::High,
+            Priority::Normal => proto::Priority::Normal,
+            Priority::Low => proto::Priority::Low,
+        }
+    }
+}
+
+/// A priority from its wire value; unknown values are NORMAL.
+pub fn priority_from_i32(v: i32) -> Priority {
+    proto::Priority::try_from(v).map(Priority::from).unwrap_or_default()
+}
+
+impl From<HealthState> for proto::HealthState {
+    fn from(s: HealthState) -> Self {
+        match s {
+            HealthState::Starting => proto::HealthState::Starting,
+            HealthState::Up => proto::HealthState::Up,
+            HealthState::Degraded => proto::HealthState::Degraded,
+            HealthState::Paused => proto::HealthState::Paused,
+            HealthState::Down => proto::HealthState::Down,
+            HealthState::Unknown => proto::HealthState::Unknown,
+        }
+    }
+}
+
+/// A health state from its wire value; `None` for UNSPECIFIED or unknown values.
+pub fn health_state_from_i32(v: i32) -> Option<HealthState> {
+    Some(match proto::HealthState::try_from(v).ok()? {
+        proto::HealthState::Unspecified => return None,
+        proto::HealthState::Starting => HealthState::Starting,
+        proto::HealthState::Up => HealthState::Up,
+        proto::HealthState::Degraded => HealthState::Degraded,
+        proto::HealthState::Paused => HealthState::Paused,
+        proto::HealthState::Down => HealthState::Down,
+        proto::HealthState::Unknown => HealthState::Unknown,
+    })
+}
+
+impl From<Load> for proto::Load {
+    fn from(l: Load) -> Self {
+        proto::Load {
+            in_flight: l.in_flight,
+            queue_length: l.queue_length,
+            load_ratio: l.load_ratio,
+            avg_latency_ms: l.avg_latency_ms,
+        }
+    }
+}
+
+impl From<proto::Load> for Load {
+    fn from(l: proto::Load) -> Self {
+        Load {
+            in_flight: l.in_flight,
+            queue_length: l.queue_length,
+            load_ratio: if l.load_ratio.is_finite() { l.load_ratio.max(0.0) } else { 0.0 },
+            avg_latency_ms: l.avg_latency_ms,
+        }
+    }
+}
+
+impl From<Registration> for proto::AgentRegistration {
+    fn from(r: Registration) -> Self {
+        proto::AgentRegistration {
+            agent: r.agent,
+            version: r.version,
+            capabilities: r
+                .capabilities
+                .into_iter()
+                .map(|c| proto::Capability { name: c.name, tags: c.tags })
+                .collect(),
+            endpoint: r.endpoint,
+            transport: match r.transport {
+                Transport::Grpc => proto::Transport::Grpc,
+                Transport::Http => proto::Transport::Http,
+            } as i32,
+            max_concurrency: r.max_concurrency,
+            metadata: r.metadata.into_iter().collect(),
+        }
+    }
+}
+
+/// A registration from the wire. Does not validate names (see [`Registration::validate`]).
+pub fn registration_from_proto(field: &str, r: Option<proto::AgentRegistration>) -> Result<Registration, FieldError> {
+    let r = r.ok_or_else(|| FieldError::new(field, "is required"))?;
+    let transport = match proto::Transport::try_from(r.transport) {
+        Ok(proto::Transport::Grpc | proto::Transport::Unspecified) => Transport::Grpc,
+        Ok(proto::Transport::Http) => Transport::Http,
+        Err(_) => {
+            return Err(FieldError::new(format!("{field}.transport"), format!("unknown transport {}", r.transport)));
+        }
+    };
+    Ok(Registration {
+        agent: r.agent,
+        version: r.version,
+        capabilities: r.capabilities.into_iter().map(|c| Capability { name: c.name, tags: c.tags }).collect(),
+        endpoint: r.endpoint,
+        transport,
+        max_concurrency: r.max_concurrency,
+        metadata: r.metadata.into_iter().collect(),
+    })
+}
+
+impl From<Target> for proto::Target {
+    fn from(t: Target) -> Self {
+        proto::Target {
+            kind: Some(match t.kind {
+                TargetKind::Agent(a) => proto::target::Kind::Agent(a),
+                TargetKind::Capability(c) => proto::target::Kind::Capability(c),
+            }),
+            tags: t.tags,
+        }
+    }
+}
+
+/// A target from the wire, validated.
+pub fn target_from_proto(t: Option<proto::Target>) -> Result<Target, FieldError> {
+    let t = t.ok_or_else(|| FieldError::new("target", "is required (set target.agent or target.capability)"))?;
+    let kind = match t.kind {
+        Some(proto::target::Kind::Agent(a)) => TargetKind::Agent(a),
+        Some(proto::target::Kind::Capability(c)) => TargetKind::Capability(c),
+        None => return Err(FieldError::new("target", "set target.agent or target.capability")),
+    };
+    let target = Target { kind, tags: t.tags };
+    target.validate()?;
+    Ok(target)
+}
+
+impl From<&Instance> for proto::Instance {
+    fn from(i: &Instance) -> Self {
+        let r = &i.record;
+        proto::Instance {
+            instance_id: r.instance_id.clone(),
+            tenant: r.tenant.clone(),
+            registration: Some(r.registration.clone().into()),
+            sidecar_id: r.sidecar_id.clone(),
+            sidecar_address: r.sidecar_address.clone(),
+            state: proto::HealthState::from(r.state) as i32,
+            load: Some(r.load.into()),
+            revision: i.revision,
+            registered_at_ms: r.registered_at_ms,
+        }
+    }
+}
+
+/// An instance from the wire (as streamed by the control service's Watch).
+pub fn instance_from_proto(i: proto::Instance) -> Result<Instance, FieldError> {
+    let registration = registration_from_proto("instance.registration", i.registration)?;
+    let state = health_state_from_i32(i.state)
+        .ok_or_else(|| FieldError::new("instance.state", format!("unknown state {}", i.state)))?;
+    Ok(Instance {
+        record: InstanceRecord {
+            instance_id: i.instance_id,
+            tenant: i.tenant,
+            registration,
+            sidecar_id: i.sidecar_id,
+            sidecar_address: i.sidecar_address,
+            state,
+            load: i.load.map(Load::from).unwrap_or_default(),
+            registered_at_ms: i.registered_at_ms,
+        },
+        revision: i.revision,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+
+    #[test]
+    fn instance_round_trips() {
+        let inst = Instance {
+            record: InstanceRecord {
+                instance_id: "a-1".into(),
+                tenant: "default".into(),
+                registration: Registration {
+                    agent: "a".into(),
+                    version: "1".into(),
+                    capabilities: vec![Capability { name: "c".into(), tags: vec!["x".into()] }],
+                    endpoint: "http://127.0.0.1:1".into(),
+                    transport: Transport::Grpc,
+                    max_concurrency: 4,
+                    metadata: [("k".to_string(), "v".to_string())].into(),
+                },
+                sidecar_id: "s".into(),
+                sidecar_address: "127.0.0.1:2".into(),
+                state: HealthState::Degraded,
+                load: Load { in_flight: 1, queue_length: 2, load_ratio: 0.5, avg_latency_ms: 3 },
+                registered_at_ms: 9,
+            },
+            revision: 42,
+        };
+        assert_eq!(instance_from_proto(proto::Instance::from(&inst)).unwrap(), inst);
+    }
+
+    #[test]
+    fn target_requires_a_kind() {
+        assert_eq!(target_from_proto(None).unwrap_err().field, "target");
+        let t = proto::Target { kind: None, tags: vec![] };
+        assert_eq!(target_from_proto(Some(t)).unwrap_err().field, "target");
+        let t = proto::Target { kind: Some(proto::target::Kind::Capability(String::new())), tags: vec![] };
+        assert_eq!(target_from_proto(Some(t)).unwrap_err().field, "target.capability");
+    }
+
+    /// The mesh forwards an InvokeRequest's bytes as a HandleRequest and appends fields
+    /// 16+; an agent's HandleReply bytes become an InvokeReply the same way. Guard the
+    /// shared field numbers.
+    #[test]
+    fn invoke_and_handle_messages_are_wire_compatible() {
+        let req = proto::InvokeRequest {
+            target: Some(Target::capability("c").into()),
+            payload: bytes::Bytes::from_static(b"hello"),
+            content_type: "text/plain".into(),
+            session_id: "s".into(),
+            priority: proto::Priority::High as i32,
+            idempotency_key: "k".into(),
+            metadata: [("a".to_string(), "b".to_string())].into(),
+            message_id: "m".into(),
+            caller: Some(proto::Caller { agent: "x".into(), instance_id: "x-1".into() }),
+        };
+        let mut wire = req.encode_to_vec();
+        proto::HandleRequest { instance_id: "i".into(), attempt: 2, ..Default::default() }.encode(&mut wire).unwrap();
+        let h = proto::HandleRequest::decode(&wire[..]).unwrap();
+        assert_eq!(h.target, req.target);
+        assert_eq!(h.payload, req.payload);
+        assert_eq!(h.content_type, req.content_type);
+        assert_eq!(h.session_id, req.session_id);
+        assert_eq!(h.priority, req.priority);
+        assert_eq!(h.idempotency_key, req.idempotency_key);
+        assert_eq!(h.metadata, req.metadata);
+        assert_eq!(h.message_id, req.message_id);
+        assert_eq!(h.caller, req.caller);
+        assert_eq!((h.instance_id.as_str(), h.attempt), ("i", 2));
+
+        let reply = proto::HandleReply {
+            payload: bytes::Bytes::from_static(b"out"),
+            content_type: "text/plain".into(),
+            metadata: [("m".to_string(), "n".to_string())].into(),
+        };
+        let mut wire = reply.encode_to_vec();
+        proto::InvokeReply { instance_id: "i".into(), attempts: 1, ..Default::default() }.encode(&mut wire).unwrap();
+        let r = proto::InvokeReply::decode(&wire[..]).unwrap();
+        assert_eq!((r.payload, r.content_type, r.metadata), (reply.payload, reply.content_type, reply.metadata));
+        assert_eq!((r.instance_id.as_str(), r.attempts), ("i", 1));
+    }
+}

@@ -1,0 +1,397 @@
+//! Domain types shared by the control service and the sidecar: registrations, instances,
+//! health states, targets, priorities, and the validation rules for names.
+//!
+//! These types know nothing of protobuf or etcd; [`crate::convert`] maps them to and from
+//! the wire, and the control service maps them to store keys and values.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// How urgent a call is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Priority {
+    High,
+    #[default]
+    Normal,
+    Low,
+}
+
+impl Priority {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::High => "HIGH",
+            Priority::Normal => "NORMAL",
+            Priority::Low => "LOW",
+        }
+    }
+}
+
+/// How a sidecar talks to its local agent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    #[default]
+    Grpc,
+    Http,
+}
+
+/// Health of one instance (DESIGN §4).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum HealthState {
+    Starting,
+    #[default]
+    Up,
+    Degraded,
+    Paused,
+    Down,
+    Unknown,
+}
+
+impl HealthState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HealthState::Starting => "STARTING",
+            HealthState::Up => "UP",
+            HealthState::Degraded => "DEGRADED",
+            HealthState::Paused => "PAUSED",
+            HealthState::Down => "DOWN",
+            HealthState::Unknown => "UNKNOWN",
+        }
+    }
+
+    /// Whether new calls may be routed to an instance in this state.
+    pub fn routable(self) -> bool {
+        matches!(self, HealthState::Up | HealthState::Degraded)
+    }
+}
+
+impl fmt::Display for HealthState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A named ability with tags.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capability {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
+}
+
+impl Capability {
+    /// Whether this capability carries every one of `required` tags.
+    pub fn has_tags(&self, required: &[String]) -> bool {
+        required.iter().all(|t| self.tags.iter().any(|have| have == t))
+    }
+}
+
+/// What an agent declares when it joins.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Registration {
+    pub agent: String,
+    #[serde(default)]
+    pub version: String,
+    pub capabilities: Vec<Capability>,
+    pub endpoint: String,
+    #[serde(default)]
+    pub transport: Transport,
+    /// 0 = unlimited.
+    #[serde(default)]
+    pub max_concurrency: u32,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// Load an instance reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Load {
+    pub in_flight: u32,
+    pub queue_length: u32,
+    pub load_ratio: f64,
+    pub avg_latency_ms: u32,
+}
+
+/// One registered instance: the record the control service stores and every sidecar
+/// routes from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct InstanceRecord {
+    pub instance_id: String,
+    pub tenant: String,
+    pub registration: Registration,
+    pub sidecar_id: String,
+    /// Mesh API address of the instance's sidecar, "host:port".
+    pub sidecar_address: String,
+    pub state: HealthState,
+    #[serde(default)]
+    pub load: Load,
+    pub registered_at_ms: i64,
+}
+
+/// An instance record together with the store revision at which it was written.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Instance {
+    pub record: InstanceRecord,
+    pub revision: i64,
+}
+
+impl Instance {
+    pub fn id(&self) -> &str {
+        &self.record.instance_id
+    }
+    pub fn agent(&self) -> &str {
+        &self.record.registration.agent
+    }
+}
+
+/// What a call asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TargetKind {
+    Agent(String),
+    Capability(String),
+}
+
+/// A call's target: an agent by name or a capability, plus required tags (all-of).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    pub kind: TargetKind,
+    pub tags: Vec<String>,
+}
+
+impl Target {
+    pub fn capability(name: impl Into<String>) -> Self {
+        Target { kind: TargetKind::Capability(name.into()), tags: Vec::new() }
+    }
+    pub fn agent(name: impl Into<String>) -> Self {
+        Target { kind: TargetKind::Agent(name.into()), tags: Vec::new() }
+    }
+    /// The agent name or capability name.
+    pub fn name(&self) -> &str {
+        match &self.kind {
+            TargetKind::Agent(n) | TargetKind::Capability(n) => n,
+        }
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            TargetKind::Agent(n) => write!(f, "agent {n}")?,
+            TargetKind::Capability(n) => write!(f, "capability {n}")?,
+        }
+        if !self.tags.is_empty() {
+            write!(f, " [{}]", self.tags.join(","))?;
+        }
+        Ok(())
+    }
+}
+
+/// A field that failed validation: its path in the request and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct FieldError {
+    pub field: String,
+    pub reason: String,
+}
+
+impl FieldError {
+    pub fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        FieldError { field: field.into(), reason: reason.into() }
+    }
+}
+
+/// Longest agent, capability, tag or tenant name accepted.
+pub const MAX_NAME_LEN: usize = 128;
+
+/// Checks an agent or capability name: 1..=128 chars of `A-Z a-z 0-9 . _ - :`. Names end
+/// up in store keys, so `/` and anything else are refused.
+pub fn validate_name(field: &str, name: &str) -> Result<(), FieldError> {
+    if name.is_empty() {
+        return Err(FieldError::new(field, "must not be empty"));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(FieldError::new(field, format!("longer than {MAX_NAME_LEN} bytes")));
+    }
+    if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':'))) {
+        return Err(FieldError::new(
+            field,
+            format!("character {c:?} not allowed (use letters, digits, '.', '_', '-', ':')"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a tenant name: a DNS label (lowercase letters, digits, '-', 1..=63 chars, no
+/// leading or trailing '-').
+pub fn validate_tenant(field: &str, tenant: &str) -> Result<(), FieldError> {
+    let ok = !tenant.is_empty()
+        && tenant.len() <= 63
+        && tenant.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !tenant.starts_with('-')
+        && !tenant.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(FieldError::new(
+            field,
+            format!("{tenant:?} is not a tenant name (lowercase letters, digits, '-', 1..=63 chars)"),
+        ))
+    }
+}
+
+/// Checks a tag: 1..=128 printable chars without ','.
+pub fn validate_tag(field: &str, tag: &str) -> Result<(), FieldError> {
+    if tag.is_empty() {
+        return Err(FieldError::new(field, "must not be empty"));
+    }
+    if tag.len() > MAX_NAME_LEN {
+        return Err(FieldError::new(field, format!("longer than {MAX_NAME_LEN} bytes")));
+    }
+    if tag.chars().any(|c| c.is_control() || c == ',') {
+        return Err(FieldError::new(field, "control characters and ',' are not allowed"));
+    }
+    Ok(())
+}
+
+impl Registration {
+    /// Validates everything a sidecar must check before accepting a registration.
+    pub fn validate(&self) -> Result<(), FieldError> {
+        validate_name("registration.agent", &self.agent)?;
+        if self.version.len() > MAX_NAME_LEN {
+            return Err(FieldError::new("registration.version", "longer than 128 bytes"));
+        }
+        if self.capabilities.is_empty() {
+            return Err(FieldError::new("registration.capabilities", "at least one capability is required"));
+        }
+        for (i, cap) in self.capabilities.iter().enumerate() {
+            validate_name(&format!("registration.capabilities[{i}].name"), &cap.name)?;
+            for (j, tag) in cap.tags.iter().enumerate() {
+                validate_tag(&format!("registration.capabilities[{i}].tags[{j}]"), tag)?;
+            }
+            if self.capabilities[..i].iter().any(|c| c.name == cap.name) {
+                return Err(FieldError::new(
+                    format!("registration.capabilities[{i}].name"),
+                    format!("capability {:?} is declared twice", cap.name),
+                ));
+            }
+        }
+        if self.endpoint.is_empty() {
+            return Err(FieldError::new("registration.endpoint", "must not be empty"));
+        }
+        endpoint_authority(&self.endpoint).map_err(|reason| FieldError::new("registration.endpoint", reason))?;
+        if self.transport == Transport::Http {
+            return Err(FieldError::new(
+                "registration.transport",
+                "transport HTTP is not supported yet; register with GRPC",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Target {
+    /// Validates a call target.
+    pub fn validate(&self) -> Result<(), FieldError> {
+        match &self.kind {
+            TargetKind::Agent(n) => validate_name("target.agent", n)?,
+            TargetKind::Capability(n) => validate_name("target.capability", n)?,
+        }
+        for (i, tag) in self.tags.iter().enumerate() {
+            validate_tag(&format!("target.tags[{i}]"), tag)?;
+        }
+        Ok(())
+    }
+}
+
+/// The `host:port` part of an endpoint such as `http://127.0.0.1:50051` or `127.0.0.1:50051`.
+pub fn endpoint_authority(endpoint: &str) -> Result<&str, String> {
+    let rest = endpoint.strip_prefix("http://").or_else(|| endpoint.strip_prefix("grpc://")).unwrap_or(endpoint);
+    if endpoint.starts_with("https://") {
+        return Err("https endpoints are not supported between an agent and its local sidecar".into());
+    }
+    let authority = rest.trim_end_matches('/');
+    if authority.is_empty() || authority.contains('/') {
+        return Err(format!("{endpoint:?} is not of the form http://host:port"));
+    }
+    match authority.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0) => Ok(authority),
+        _ => Err(format!("{endpoint:?} has no valid port (expected http://host:port)")),
+    }
+}
+
+/// A new instance id: the agent name and 12 random hex digits.
+pub fn new_instance_id(agent: &str) -> String {
+    format!("{agent}-{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reg() -> Registration {
+        Registration {
+            agent: "summarizer".into(),
+            version: "1.0.0".into(),
+            capabilities: vec![Capability { name: "text.summarize".into(), tags: vec!["en".into()] }],
+            endpoint: "http://127.0.0.1:5000".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn valid_registration_passes() {
+        assert_eq!(reg().validate(), Ok(()));
+    }
+
+    #[test]
+    fn invalid_registrations_name_the_field() {
+        type Mutation = Box<dyn Fn(&mut Registration)>;
+        let cases: Vec<(Mutation, &str)> = vec![
+            (Box::new(|r| r.agent.clear()), "registration.agent"),
+            (Box::new(|r| r.agent = "a/b".into()), "registration.agent"),
+            (Box::new(|r| r.capabilities.clear()), "registration.capabilities"),
+            (Box::new(|r| r.capabilities[0].name.clear()), "registration.capabilities[0].name"),
+            (Box::new(|r| r.capabilities[0].tags.push(String::new())), "registration.capabilities[0].tags[1]"),
+            (Box::new(|r| r.capabilities.push(r.capabilities[0].clone())), "registration.capabilities[1].name"),
+            (Box::new(|r| r.endpoint.clear()), "registration.endpoint"),
+            (Box::new(|r| r.endpoint = "http://127.0.0.1".into()), "registration.endpoint"),
+            (Box::new(|r| r.transport = Transport::Http), "registration.transport"),
+        ];
+        for (mutate, field) in cases {
+            let mut r = reg();
+            mutate(&mut r);
+            assert_eq!(r.validate().unwrap_err().field, field);
+        }
+    }
+
+    #[test]
+    fn tenant_names() {
+        assert!(validate_tenant("t", "default").is_ok());
+        assert!(validate_tenant("t", "team-7").is_ok());
+        for bad in ["", "Default", "a/b", "-a", "a-", "..", "%2F", "ä"] {
+            assert!(validate_tenant("t", bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn endpoint_forms() {
+        assert_eq!(endpoint_authority("http://127.0.0.1:80"), Ok("127.0.0.1:80"));
+        assert_eq!(endpoint_authority("localhost:9"), Ok("localhost:9"));
+        assert!(endpoint_authority("http://127.0.0.1:0").is_err());
+        assert!(endpoint_authority("https://x:1").is_err());
+        assert!(endpoint_authority("http://x:1/path").is_err());
+    }
+
+    #[test]
+    fn tags_are_all_of() {
+        let c = Capability { name: "x".into(), tags: vec!["en".into(), "zh".into()] };
+        assert!(c.has_tags(&[]));
+        assert!(c.has_tags(&["zh".into()]));
+        assert!(c.has_tags(&["en".into(), "zh".into()]));
+        assert!(!c.has_tags(&["en".into(), "fr".into()]));
+    }
+}

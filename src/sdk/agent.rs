@@ -1,0 +1,638 @@
+//! [`Agent`]: an agent in a few lines. Declare a name, capabilities and handlers; the SDK
+//! serves the `Agent` API and `grpc.health.v1` on a local port, registers with the local
+//! sidecar, heartbeats with its load, and on shutdown reports PAUSED, deregisters, and lets
+//! in-flight calls finish.
+//!
+//! The SDK does not route or retry calls; it only runs handlers for calls the sidecar
+//! delivers.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tonic::transport::{Channel, Server};
+use tonic::{Code, Status};
+
+use crate::model::{Capability, FieldError, HealthState, Load, Priority, Registration};
+use crate::proto;
+use crate::proto::agent_server::{Agent as AgentService, AgentServer};
+use crate::proto::sidecar_client::SidecarClient;
+use crate::reason::{self, Reason};
+
+use super::client::{Client, InvokeError};
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+type BoxStream<T> = Pin<Box<dyn Stream<Item = T> + Send>>;
+type UnaryHandler = Arc<dyn Fn(Call) -> BoxFuture<Result<Reply, HandlerError>> + Send + Sync>;
+type StreamHandler = Arc<dyn Fn(Call) -> BoxStream<Result<Reply, HandlerError>> + Send + Sync>;
+
+/// Entry point of the agent SDK.
+pub struct Agent;
+
+impl Agent {
+    /// Starts describing an agent called `name`.
+    pub fn builder(name: impl Into<String>) -> AgentBuilder {
+        AgentBuilder {
+            registration: Registration { agent: name.into(), ..Default::default() },
+            unary: HashMap::new(),
+            streaming: HashMap::new(),
+            sidecar: None,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            register_timeout: None,
+            drain_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Describes an agent; finish with [`serve`](AgentBuilder::serve) or
+/// [`start`](AgentBuilder::start).
+pub struct AgentBuilder {
+    registration: Registration,
+    unary: HashMap<String, UnaryHandler>,
+    streaming: HashMap<String, StreamHandler>,
+    sidecar: Option<String>,
+    listen: SocketAddr,
+    register_timeout: Option<Duration>,
+    drain_timeout: Duration,
+}
+
+impl AgentBuilder {
+    pub fn version(mut self, version: impl Into<String>) -> Self {
+        self.registration.version = version.into();
+        self
+    }
+
+    /// Declares a capability with its tags.
+    pub fn capability<I, S>(mut self, name: impl Into<String>, tags: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let name = name.into();
+        let tags: Vec<String> = tags.into_iter().map(Into::into).collect();
+        match self.registration.capabilities.iter_mut().find(|c| c.name == name) {
+            Some(c) => c.tags.extend(tags),
+            None => self.registration.capabilities.push(Capability { name, tags }),
+        }
+        self
+    }
+
+    /// Calls the agent can run at once (0 = unlimited).
+    pub fn max_concurrency(mut self, n: u32) -> Self {
+        self.registration.max_concurrency = n;
+        self
+    }
+
+    pub fn metadata(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.registration.metadata.insert(key.into(), value.into());
+        self
+    }
+
+    /// The sidecar to join ("host:port"); default `AGENT_REACH_SIDECAR` or 127.0.0.1:7700.
+    pub fn sidecar(mut self, addr: impl Into<String>) -> Self {
+        self.sidecar = Some(addr.into());
+        self
+    }
+
+    /// Where the agent serves its API; default 127.0.0.1 on a free port.
+    pub fn listen(mut self, addr: SocketAddr) -> Self {
+        self.listen = addr;
+        self
+    }
+
+    /// How long [`start`](Self::start) keeps retrying registration while the sidecar or
+    /// control service is unavailable; default: until it succeeds.
+    pub fn register_timeout(mut self, timeout: Duration) -> Self {
+        self.register_timeout = Some(timeout);
+        self
+    }
+
+    /// How long shutdown waits for in-flight calls; default 30 s.
+    pub fn drain_timeout(mut self, timeout: Duration) -> Self {
+        self.drain_timeout = timeout;
+        self
+    }
+
+    /// Handles calls to `capability` (declared without tags if not declared yet).
+    pub fn handle<F, Fut>(mut self, capability: impl Into<String>, handler: F) -> Self
+    where
+        F: Fn(Call) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Reply, HandlerError>> + Send + 'static,
+    {
+        let capability = capability.into();
+        self = self.capability(capability.clone(), std::iter::empty::<String>());
+        self.unary.insert(capability, Arc::new(move |call| Box::pin(handler(call))));
+        self
+    }
+
+    /// Handles streamed calls (`InvokeStream`) to `capability`.
+    pub fn handle_stream<F, S>(mut self, capability: impl Into<String>, handler: F) -> Self
+    where
+        F: Fn(Call) -> S + Send + Sync + 'static,
+        S: Stream<Item = Result<Reply, HandlerError>> + Send + 'static,
+    {
+        let capability = capability.into();
+        self = self.capability(capability.clone(), std::iter::empty::<String>());
+        self.streaming.insert(capability, Arc::new(move |call| Box::pin(handler(call))));
+        self
+    }
+
+    /// Starts the agent and runs it until ctrl-c or SIGTERM, then shuts down gracefully.
+    pub async fn serve(self) -> Result<(), AgentError> {
+        let agent = self.start().await?;
+        crate::process::shutdown_signal().await;
+        agent.shutdown().await;
+        Ok(())
+    }
+
+    /// Starts serving and registers with the sidecar; returns once registered.
+    pub async fn start(self) -> Result<RunningAgent, AgentError> {
+        for c in &self.registration.capabilities {
+            if !self.unary.contains_key(&c.name) && !self.streaming.contains_key(&c.name) {
+                return Err(AgentError::Config(format!("capability {:?} has no handler", c.name)));
+            }
+        }
+        let listener = TcpListener::bind(self.listen)
+            .await
+            .map_err(|e| AgentError::Config(format!("cannot listen on {}: {e}", self.listen)))?;
+        let local = listener.local_addr().map_err(|e| AgentError::Config(e.to_string()))?;
+        let mut registration = self.registration;
+        registration.endpoint = format!("http://{local}");
+        registration.validate().map_err(AgentError::Invalid)?;
+
+        let sidecar_addr = self.sidecar.unwrap_or_else(super::default_sidecar_addr);
+        let channel = tonic::transport::Endpoint::from_shared(super::with_scheme(&sidecar_addr))
+            .map_err(|e| AgentError::Config(format!("bad sidecar address {sidecar_addr:?}: {e}")))?
+            .tcp_nodelay(true)
+            .connect_timeout(Duration::from_secs(2))
+            .connect_lazy();
+        let client = Client::lazy(&sidecar_addr).map_err(AgentError::Sidecar)?;
+
+        let stats = Arc::new(Stats::default());
+        let service = AgentImpl {
+            unary: Arc::new(self.unary),
+            streaming: Arc::new(self.streaming),
+            default_capability: (registration.capabilities.len() == 1)
+                .then(|| registration.capabilities[0].name.clone()),
+            stats: stats.clone(),
+        };
+        let (health_reporter, health_service) = tonic_health::server::health_reporter();
+        health_reporter.set_serving::<AgentServer<AgentImpl>>().await;
+        let (stop_tx, mut stop_rx) = watch::channel(false);
+        let server = tokio::spawn(async move {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            Server::builder()
+                .tcp_nodelay(true)
+                .add_service(health_service)
+                .add_service(AgentServer::new(service))
+                .serve_with_incoming_shutdown(incoming, async move {
+                    let _ = stop_rx.wait_for(|stop| *stop).await;
+                })
+                .await
+        });
+
+        let mut sidecar = SidecarClient::new(channel);
+        let deadline = self.register_timeout.map(|t| tokio::time::Instant::now() + t);
+        let first = match register(&mut sidecar, &registration, deadline).await {
+            Ok(r) => r,
+            Err(e) => {
+                server.abort();
+                return Err(e);
+            }
+        };
+        tracing::info!(agent = %registration.agent, instance = %first.instance_id, endpoint = %registration.endpoint, "registered with sidecar {sidecar_addr}");
+        let identity = Arc::new(Mutex::new(first.instance_id.clone()));
+        let (state_tx, state_rx) = watch::channel(HealthState::Up);
+        let heartbeat = tokio::spawn(heartbeat_loop(
+            sidecar.clone(),
+            registration.clone(),
+            identity.clone(),
+            Duration::from_millis(u64::from(first.heartbeat_interval_ms.max(50))),
+            stats.clone(),
+            state_rx,
+        ));
+        Ok(RunningAgent {
+            name: registration.agent.clone(),
+            endpoint: registration.endpoint.clone(),
+            identity,
+            sidecar,
+            client,
+            stats,
+            state: state_tx,
+            stop: stop_tx,
+            server,
+            heartbeat,
+            drain_timeout: self.drain_timeout,
+        })
+    }
+}
+
+async fn register(
+    sidecar: &mut SidecarClient<Channel>,
+    registration: &Registration,
+    deadline: Option<tokio::time::Instant>,
+) -> Result<proto::RegisterReply, AgentError> {
+    let mut attempt = 0;
+    loop {
+        let request = proto::RegisterRequest { registration: Some(registration.clone().into()) };
+        match sidecar.register(request).await {
+            Ok(reply) => return Ok(reply.into_inner()),
+            Err(status) if matches!(status.code(), Code::Unavailable | Code::Unknown | Code::DeadlineExceeded) => {
+                let wait = crate::backoff::jittered(attempt, Duration::from_millis(100), Duration::from_secs(5));
+                attempt += 1;
+                if deadline.is_some_and(|d| tokio::time::Instant::now() + wait > d) {
+                    return Err(AgentError::Sidecar(status.into()));
+                }
+                tracing::warn!(agent = %registration.agent, "registration failed, retrying in {wait:?}: {}", status.message());
+                tokio::time::sleep(wait).await;
+            }
+            Err(status) => return Err(AgentError::Sidecar(status.into())),
+        }
+    }
+}
+
+async fn heartbeat_loop(
+    mut sidecar: SidecarClient<Channel>,
+    registration: Registration,
+    identity: Arc<Mutex<String>>,
+    interval: Duration,
+    stats: Arc<Stats>,
+    state: watch::Receiver<HealthState>,
+) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let instance_id = lock(&identity).clone();
+        let request = proto::HeartbeatRequest {
+            instance_id: instance_id.clone(),
+            state: proto::HealthState::from(*state.borrow()) as i32,
+            load: Some(stats.load(registration.max_concurrency).into()),
+        };
+        match sidecar.heartbeat(request).await {
+            Ok(_) => {}
+            Err(status) if status.code() == Code::NotFound => {
+                // The sidecar lost us (it restarted, or our lease expired): join again.
+                tracing::warn!(agent = %registration.agent, instance = %instance_id, "sidecar no longer knows this instance; registering again");
+                if let Ok(reply) = register(&mut sidecar, &registration, None).await {
+                    *lock(&identity) = reply.instance_id;
+                }
+            }
+            Err(status) => {
+                tracing::debug!(agent = %registration.agent, "heartbeat failed: {}", status.message());
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A poisoned lock only means another thread panicked while holding it; the String
+    // inside is still valid.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A running agent.
+pub struct RunningAgent {
+    name: String,
+    endpoint: String,
+    identity: Arc<Mutex<String>>,
+    sidecar: SidecarClient<Channel>,
+    client: Client,
+    stats: Arc<Stats>,
+    state: watch::Sender<HealthState>,
+    stop: watch::Sender<bool>,
+    server: JoinHandle<Result<(), tonic::transport::Error>>,
+    heartbeat: JoinHandle<()>,
+    drain_timeout: Duration,
+}
+
+impl RunningAgent {
+    /// The instance id the sidecar assigned (it changes if the agent had to register again).
+    pub fn instance_id(&self) -> String {
+        lock(&self.identity).clone()
+    }
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Where the agent serves its API.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+    /// A client of the same sidecar whose calls name this agent as the caller.
+    pub fn client(&self) -> Client {
+        self.client.with_caller(&self.name, &self.instance_id())
+    }
+    /// Calls handled so far.
+    pub fn handled(&self) -> u64 {
+        self.stats.handled.load(Ordering::Relaxed)
+    }
+
+    /// Graceful shutdown: report PAUSED, deregister, let in-flight calls finish (up to the
+    /// drain timeout), stop serving.
+    pub async fn shutdown(self) {
+        let _ = self.state.send(HealthState::Paused);
+        let instance_id = self.instance_id();
+        let mut sidecar = self.sidecar.clone();
+        let request = proto::HeartbeatRequest {
+            instance_id: instance_id.clone(),
+            state: proto::HealthState::Paused as i32,
+            load: Some(self.stats.load(0).into()),
+        };
+        let _ = sidecar.heartbeat(request).await;
+        self.heartbeat.abort();
+        if let Err(status) = sidecar.deregister(proto::DeregisterRequest { instance_id: instance_id.clone() }).await {
+            tracing::warn!(instance = %instance_id, "deregister failed (the lease will expire): {}", status.message());
+        }
+        let _ = self.stop.send(true);
+        let server = self.server;
+        if tokio::time::timeout(self.drain_timeout, server).await.is_err() {
+            tracing::warn!(instance = %instance_id, "in-flight calls still running after the drain timeout");
+        }
+    }
+
+    /// Stops without deregistering, as a crash looks to the mesh: heartbeats stop, the
+    /// listener closes (new connections are refused), open connections are told to go away
+    /// (no new calls on them), and the registration is left to expire. Calls already
+    /// running finish in the background.
+    pub fn abort(self) {
+        self.heartbeat.abort();
+        let _ = self.stop.send(true);
+    }
+}
+
+#[derive(Default)]
+struct Stats {
+    in_flight: AtomicU32,
+    handled: AtomicU64,
+    /// EWMA of handler latency in microseconds.
+    latency_us: AtomicU64,
+}
+
+impl Stats {
+    fn load(&self, max_concurrency: u32) -> Load {
+        let in_flight = self.in_flight.load(Ordering::Relaxed);
+        Load {
+            in_flight,
+            queue_length: 0,
+            load_ratio: if max_concurrency == 0 { 0.0 } else { f64::from(in_flight) / f64::from(max_concurrency) },
+            avg_latency_ms: u32::try_from(self.latency_us.load(Ordering::Relaxed) / 1000).unwrap_or(u32::MAX),
+        }
+    }
+
+    fn begin(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight { stats: self.clone(), started: Instant::now() }
+    }
+}
+
+/// Counts a call in flight until dropped.
+struct InFlight {
+    stats: Arc<Stats>,
+    started: Instant,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let s = &self.stats;
+        s.in_flight.fetch_sub(1, Ordering::Relaxed);
+        s.handled.fetch_add(1, Ordering::Relaxed);
+        let sample = u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let old = s.latency_us.load(Ordering::Relaxed);
+        let new = if old == 0 { sample } else { (old * 7 + sample) / 8 };
+        s.latency_us.store(new, Ordering::Relaxed);
+    }
+}
+
+struct AgentImpl {
+    unary: Arc<HashMap<String, UnaryHandler>>,
+    streaming: Arc<HashMap<String, StreamHandler>>,
+    default_capability: Option<String>,
+    stats: Arc<Stats>,
+}
+
+impl AgentImpl {
+    /// The capability a call is for: the one the mesh routed by, else the target's, else
+    /// the agent's only capability.
+    fn capability_of(&self, req: &proto::HandleRequest) -> Result<String, Status> {
+        if !req.capability.is_empty() {
+            return Ok(req.capability.clone());
+        }
+        if let Some(proto::target::Kind::Capability(c)) = req.target.as_ref().and_then(|t| t.kind.as_ref()) {
+            return Ok(c.clone());
+        }
+        self.default_capability.clone().ok_or_else(|| {
+            reason::invalid_argument("target", "this agent offers several capabilities; call it by capability")
+        })
+    }
+}
+
+fn call_from_request(request: tonic::Request<proto::HandleRequest>, capability: String) -> Call {
+    let deadline = request
+        .metadata()
+        .get(crate::grpc_timeout::HEADER)
+        .and_then(|v| crate::grpc_timeout::parse(v.as_bytes()))
+        .map(|d| Instant::now() + d);
+    let traceparent = request.metadata().get("traceparent").and_then(|v| v.to_str().ok()).map(str::to_string);
+    Call { inner: request.into_inner(), capability, deadline, traceparent }
+}
+
+#[tonic::async_trait]
+impl AgentService for AgentImpl {
+    async fn handle(
+        &self,
+        request: tonic::Request<proto::HandleRequest>,
+    ) -> Result<tonic::Response<proto::HandleReply>, Status> {
+        let capability = self.capability_of(request.get_ref())?;
+        let Some(handler) = self.unary.get(&capability) else {
+            return Err(reason::status(
+                Reason::AgentNotFound,
+                format!("this agent has no unary handler for {capability:?}"),
+                &[],
+            ));
+        };
+        let call = call_from_request(request, capability);
+        let _in_flight = self.stats.begin();
+        let reply = handler(call).await.map_err(HandlerError::into_status)?;
+        Ok(tonic::Response::new(proto::HandleReply {
+            payload: reply.payload,
+            content_type: reply.content_type,
+            metadata: reply.metadata,
+        }))
+    }
+
+    type HandleStreamStream = BoxStream<Result<proto::Chunk, Status>>;
+
+    async fn handle_stream(
+        &self,
+        request: tonic::Request<proto::HandleRequest>,
+    ) -> Result<tonic::Response<Self::HandleStreamStream>, Status> {
+        let capability = self.capability_of(request.get_ref())?;
+        let Some(handler) = self.streaming.get(&capability) else {
+            return Err(reason::status(
+                Reason::AgentNotFound,
+                format!("this agent has no streaming handler for {capability:?}"),
+                &[],
+            ));
+        };
+        let call = call_from_request(request, capability);
+        let in_flight = self.stats.begin();
+        let stream = handler(call).map(move |item| {
+            let _keep = &in_flight;
+            item.map(|r| proto::Chunk { payload: r.payload, content_type: r.content_type, metadata: r.metadata })
+                .map_err(HandlerError::into_status)
+        });
+        Ok(tonic::Response::new(Box::pin(stream)))
+    }
+}
+
+/// A call delivered to a handler.
+#[derive(Clone, Debug)]
+pub struct Call {
+    inner: proto::HandleRequest,
+    capability: String,
+    deadline: Option<Instant>,
+    traceparent: Option<String>,
+}
+
+impl Call {
+    /// Builds a call by hand, e.g. to unit-test a handler.
+    pub fn new(capability: impl Into<String>, payload: impl Into<Bytes>) -> Call {
+        Call {
+            inner: proto::HandleRequest { payload: payload.into(), ..Default::default() },
+            capability: capability.into(),
+            deadline: None,
+            traceparent: None,
+        }
+    }
+    pub fn payload(&self) -> &Bytes {
+        &self.inner.payload
+    }
+    /// The payload as UTF-8.
+    pub fn text(&self) -> Result<&str, HandlerError> {
+        std::str::from_utf8(&self.inner.payload)
+            .map_err(|_| HandlerError::new(Code::InvalidArgument, "payload is not valid UTF-8"))
+    }
+    pub fn content_type(&self) -> &str {
+        &self.inner.content_type
+    }
+    /// The capability this call was routed by.
+    pub fn capability(&self) -> &str {
+        &self.capability
+    }
+    pub fn session_id(&self) -> &str {
+        &self.inner.session_id
+    }
+    pub fn message_id(&self) -> &str {
+        &self.inner.message_id
+    }
+    pub fn priority(&self) -> Priority {
+        crate::convert::priority_from_i32(self.inner.priority)
+    }
+    pub fn metadata(&self) -> &HashMap<String, String> {
+        &self.inner.metadata
+    }
+    /// The calling agent and instance, when the caller said.
+    pub fn caller(&self) -> Option<&proto::Caller> {
+        self.inner.caller.as_ref()
+    }
+    /// The instance handling the call.
+    pub fn instance_id(&self) -> &str {
+        &self.inner.instance_id
+    }
+    /// 1 for a first try, 2 when the caller's sidecar retried on this instance.
+    pub fn attempt(&self) -> u32 {
+        self.inner.attempt
+    }
+    /// When the caller stops waiting.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+    /// The W3C trace context of the call.
+    pub fn traceparent(&self) -> Option<&str> {
+        self.traceparent.as_deref()
+    }
+    pub fn as_proto(&self) -> &proto::HandleRequest {
+        &self.inner
+    }
+}
+
+/// A handler's answer (or one chunk of a streamed answer).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Reply {
+    payload: Bytes,
+    content_type: String,
+    metadata: HashMap<String, String>,
+}
+
+impl Reply {
+    pub fn bytes(payload: impl Into<Bytes>) -> Reply {
+        Reply { payload: payload.into(), ..Default::default() }
+    }
+    pub fn text(text: impl Into<String>) -> Reply {
+        Reply {
+            payload: Bytes::from(text.into()),
+            content_type: "text/plain; charset=utf-8".into(),
+            metadata: HashMap::new(),
+        }
+    }
+    pub fn content_type(mut self, content_type: impl Into<String>) -> Reply {
+        self.content_type = content_type.into();
+        self
+    }
+    pub fn metadata(mut self, key: impl Into<String>, value: impl Into<String>) -> Reply {
+        self.metadata.insert(key.into(), value.into());
+        self
+    }
+    pub fn payload(&self) -> &Bytes {
+        &self.payload
+    }
+}
+
+/// A handler's failure: a gRPC code and a message the caller will see. Any error converts
+/// into one with code INTERNAL, so `?` works in handlers.
+#[derive(Debug)]
+pub struct HandlerError {
+    code: Code,
+    message: String,
+}
+
+impl HandlerError {
+    pub fn new(code: Code, message: impl Into<String>) -> HandlerError {
+        HandlerError { code, message: message.into() }
+    }
+    pub fn invalid_argument(message: impl Into<String>) -> HandlerError {
+        HandlerError::new(Code::InvalidArgument, message)
+    }
+    pub fn unavailable(message: impl Into<String>) -> HandlerError {
+        HandlerError::new(Code::Unavailable, message)
+    }
+    fn into_status(self) -> Status {
+        Status::new(self.code, self.message)
+    }
+}
+
+impl<E: Into<Box<dyn std::error::Error + Send + Sync>>> From<E> for HandlerError {
+    fn from(e: E) -> Self {
+        HandlerError::new(Code::Internal, e.into().to_string())
+    }
+}
+
+/// Why an agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("agent configuration: {0}")]
+    Config(String),
+    #[error("invalid registration: {0}")]
+    Invalid(FieldError),
+    #[error("sidecar refused the registration: {0}")]
+    Sidecar(InvokeError),
+}
