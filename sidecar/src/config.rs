@@ -1,0 +1,179 @@
+//! The sidecar's configuration: command-line flags and `AGENT_REACH_*` environment
+//! variables, parsed once at start into [`SidecarConfig`]. Bad values fail start with a
+//! message naming the flag. Nothing here is read again after start.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Parser;
+
+/// agent-reach-sidecar: routes agents' calls by capability and carries them to the sidecar
+/// next to the chosen instance.
+#[derive(Clone, Debug, Parser)]
+#[command(name = "agent-reach-sidecar", version, about)]
+pub struct SidecarArgs {
+    /// Address of the local API (agents call Register, Invoke... here).
+    #[arg(long, env = "AGENT_REACH_LISTEN", default_value = "127.0.0.1:7700")]
+    pub listen: SocketAddr,
+
+    /// Address of the mesh API (other sidecars deliver calls here).
+    #[arg(long, env = "AGENT_REACH_MESH_LISTEN", default_value = "0.0.0.0:7701")]
+    pub mesh_listen: SocketAddr,
+
+    /// Mesh address other sidecars use to reach this one ("host:port"). Default: the mesh
+    /// listen address, or this host's name with the mesh port when listening on 0.0.0.0.
+    #[arg(long, env = "AGENT_REACH_ADVERTISE")]
+    pub advertise: Option<String>,
+
+    /// Control service endpoints, comma-separated ("http://host:7800,...").
+    #[arg(long, env = "AGENT_REACH_CONTROL", value_delimiter = ',', default_value = "http://127.0.0.1:7800")]
+    pub control: Vec<String>,
+
+    /// Tenant this sidecar and its agents belong to.
+    #[arg(long, env = "AGENT_REACH_TENANT", default_value = "default")]
+    pub tenant: String,
+
+    /// Unique id of this sidecar. Default: host name plus a random suffix.
+    #[arg(long, env = "AGENT_REACH_SIDECAR_ID")]
+    pub sidecar_id: Option<String>,
+
+    /// Largest payload accepted in a call, in bytes.
+    #[arg(long, env = "AGENT_REACH_MAX_PAYLOAD_BYTES", default_value_t = 4 * 1024 * 1024)]
+    pub max_payload_bytes: usize,
+
+    /// Deadline applied to calls that carry none, e.g. "30s".
+    #[arg(long, env = "AGENT_REACH_DEFAULT_TIMEOUT", default_value = "30s", value_parser = agent_reach::duration::parse)]
+    pub default_timeout: Duration,
+
+    /// Time kept back from the remaining deadline at each hop, so an answer that arrives is
+    /// never already too late for the caller, e.g. "5ms".
+    #[arg(long, env = "AGENT_REACH_DEADLINE_RESERVE", default_value = "5ms", value_parser = agent_reach::duration::parse)]
+    pub deadline_reserve: Duration,
+
+    /// How often agents are asked to heartbeat.
+    #[arg(long, env = "AGENT_REACH_HEARTBEAT_INTERVAL", default_value = "2s", value_parser = agent_reach::duration::parse)]
+    pub heartbeat_interval: Duration,
+
+    /// How often the sidecar checks its agents with grpc.health.v1.
+    #[arg(long, env = "AGENT_REACH_PROBE_INTERVAL", default_value = "2s", value_parser = agent_reach::duration::parse)]
+    pub probe_interval: Duration,
+
+    /// Timeout of control-service requests (Register, Heartbeat, Deregister).
+    #[arg(long, env = "AGENT_REACH_CONTROL_TIMEOUT", default_value = "3s", value_parser = agent_reach::duration::parse)]
+    pub control_timeout: Duration,
+
+    /// Runtime worker threads (1 = a single-threaded runtime).
+    #[arg(long, env = "AGENT_REACH_WORKER_THREADS", default_value_t = 0)]
+    pub worker_threads: usize,
+
+    /// Log format: "text" or "json".
+    #[arg(long, env = "AGENT_REACH_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+}
+
+/// Validated configuration.
+#[derive(Clone, Debug)]
+pub struct SidecarConfig {
+    pub tenant: String,
+    pub sidecar_id: String,
+    /// Filled in by [`crate::Sidecar::start`] from the bound mesh listener when not given.
+    pub advertise: Option<String>,
+    pub control: Vec<String>,
+    pub max_payload_bytes: usize,
+    pub default_timeout: Duration,
+    pub deadline_reserve: Duration,
+    pub heartbeat_interval: Duration,
+    pub probe_interval: Duration,
+    pub control_timeout: Duration,
+}
+
+impl SidecarConfig {
+    /// Defaults for a sidecar talking to `control` (used by tests and `agent-reach up`).
+    pub fn new(control: Vec<String>) -> SidecarConfig {
+        SidecarConfig {
+            tenant: "default".into(),
+            sidecar_id: default_sidecar_id(),
+            advertise: None,
+            control,
+            max_payload_bytes: 4 * 1024 * 1024,
+            default_timeout: Duration::from_secs(30),
+            deadline_reserve: Duration::from_millis(5),
+            heartbeat_interval: Duration::from_secs(2),
+            probe_interval: Duration::from_secs(2),
+            control_timeout: Duration::from_secs(3),
+        }
+    }
+}
+
+impl TryFrom<&SidecarArgs> for SidecarConfig {
+    type Error = String;
+
+    fn try_from(a: &SidecarArgs) -> Result<Self, String> {
+        agent_reach::model::validate_tenant("--tenant", &a.tenant).map_err(|e| e.to_string())?;
+        if a.control.is_empty() || a.control.iter().any(|c| c.trim().is_empty()) {
+            return Err("--control: at least one control endpoint is required".into());
+        }
+        if a.max_payload_bytes == 0 {
+            return Err("--max-payload-bytes must be greater than 0".into());
+        }
+        if a.heartbeat_interval.is_zero() || a.probe_interval.is_zero() || a.control_timeout.is_zero() {
+            return Err("--heartbeat-interval, --probe-interval and --control-timeout must be greater than 0".into());
+        }
+        if a.default_timeout.is_zero() {
+            return Err("--default-timeout must be greater than 0".into());
+        }
+        let sidecar_id = match &a.sidecar_id {
+            Some(id) => {
+                agent_reach::model::validate_name("--sidecar-id", id).map_err(|e| e.to_string())?;
+                id.clone()
+            }
+            None => default_sidecar_id(),
+        };
+        Ok(SidecarConfig {
+            tenant: a.tenant.clone(),
+            sidecar_id,
+            advertise: a.advertise.clone(),
+            control: a.control.iter().map(|c| c.trim().to_string()).collect(),
+            max_payload_bytes: a.max_payload_bytes,
+            default_timeout: a.default_timeout,
+            deadline_reserve: a.deadline_reserve,
+            heartbeat_interval: a.heartbeat_interval,
+            probe_interval: a.probe_interval,
+            control_timeout: a.control_timeout,
+        })
+    }
+}
+
+/// This host's name (or "sidecar") plus 6 random hex digits.
+pub fn default_sidecar_id() -> String {
+    let host = hostname().unwrap_or_else(|| "sidecar".into());
+    let host: String =
+        host.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '-' }).collect();
+    format!("{host}-{:06x}", rand::random::<u32>() & 0xff_ffff)
+}
+
+/// The host name from the environment or /etc/hostname.
+pub fn hostname() -> Option<String> {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_flags_are_named() {
+        let args = SidecarArgs::parse_from(["sidecar", "--tenant", "Bad/Tenant"]);
+        assert!(SidecarConfig::try_from(&args).unwrap_err().contains("--tenant"));
+        let args = SidecarArgs::parse_from(["sidecar", "--max-payload-bytes", "0"]);
+        assert!(SidecarConfig::try_from(&args).unwrap_err().contains("--max-payload-bytes"));
+        let args = SidecarArgs::parse_from(["sidecar"]);
+        let cfg = SidecarConfig::try_from(&args).unwrap();
+        assert_eq!(cfg.control, vec!["http://127.0.0.1:7800".to_string()]);
+        assert_eq!(cfg.max_payload_bytes, 4 * 1024 * 1024);
+    }
+}

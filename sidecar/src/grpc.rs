@@ -1,0 +1,314 @@
+//! gRPC over raw HTTP/2 for the forwarding path: length-prefixed message frames, the one
+//! body type every request and response of the sidecar uses, and status-only responses.
+//!
+//! The forwarding path never decodes payloads: it reads a unary message as `Bytes`, slices
+//! it, and forwards it with a few appended protobuf fields (protobuf merges concatenated
+//! messages). Streams pass through frame by frame. This module does no routing.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use tonic::Status;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Length of the prefix of a gRPC message: compressed flag + u32 big-endian length.
+pub const PREFIX_LEN: usize = 5;
+/// Messages up to this size are forwarded as one contiguous buffer; larger ones as slices.
+const COALESCE_LIMIT: usize = 16 * 1024;
+
+pub const CONTENT_TYPE_GRPC: HeaderValue = HeaderValue::from_static("application/grpc");
+/// Request header naming the instance a `Mesh` call is for.
+pub const HEADER_INSTANCE: HeaderName = HeaderName::from_static("ar-instance");
+/// Response header set when the call provably never reached the agent (safe to retry).
+pub const HEADER_NOT_DELIVERED: HeaderName = HeaderName::from_static("ar-not-delivered");
+pub const HEADER_GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+pub const HEADER_GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+pub const HEADER_TE: HeaderName = HeaderName::from_static("te");
+pub const TRAILERS: HeaderValue = HeaderValue::from_static("trailers");
+
+/// The body of every request and response the sidecar sends.
+#[derive(Default)]
+pub enum Body {
+    /// No data (status-only responses).
+    #[default]
+    Empty,
+    /// Up to three buffers, then optional trailers (a built or rebuilt message).
+    Frames(Frames),
+    /// A body passed through unchanged from another connection.
+    Incoming(Incoming),
+    /// A body produced by tonic (the non-forwarding RPCs).
+    Tonic(tonic::body::Body),
+}
+
+impl HttpBody for Body {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            Body::Empty => Poll::Ready(None),
+            Body::Frames(f) => Poll::Ready(f.next_frame().map(Ok)),
+            Body::Incoming(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            Body::Tonic(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Body::Empty => true,
+            Body::Frames(f) => f.is_empty(),
+            Body::Incoming(b) => b.is_end_stream(),
+            Body::Tonic(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Body::Empty => SizeHint::with_exact(0),
+            Body::Frames(f) => SizeHint::with_exact(f.len() as u64),
+            Body::Incoming(b) => b.size_hint(),
+            Body::Tonic(b) => b.size_hint(),
+        }
+    }
+}
+
+/// A short sequence of data buffers followed by optional trailers.
+#[derive(Default)]
+pub struct Frames {
+    parts: [Option<Bytes>; 3],
+    next: usize,
+    trailers: Option<HeaderMap>,
+}
+
+impl Frames {
+    /// One gRPC message: `message` followed by the encoded fields `extra`, with a fresh
+    /// length prefix. Small messages are copied into one buffer (one DATA frame); large ones
+    /// are sent as slices without copying the payload.
+    pub fn message(message: Bytes, extra: &[u8]) -> Frames {
+        let len = message.len() + extra.len();
+        let mut prefix = [0u8; PREFIX_LEN];
+        prefix[1..].copy_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
+        let parts = if len <= COALESCE_LIMIT {
+            let mut buf = BytesMut::with_capacity(PREFIX_LEN + len);
+            buf.put_slice(&prefix);
+            buf.put_slice(&message);
+            buf.put_slice(extra);
+            [Some(buf.freeze()), None, None]
+        } else {
+            [Some(Bytes::copy_from_slice(&prefix)), Some(message), Some(Bytes::copy_from_slice(extra))]
+        };
+        Frames { parts, next: 0, trailers: None }
+    }
+
+    /// Bytes passed on as they are.
+    pub fn raw(data: Bytes) -> Frames {
+        Frames { parts: [Some(data), None, None], next: 0, trailers: None }
+    }
+
+    pub fn with_trailers(mut self, trailers: Option<HeaderMap>) -> Frames {
+        self.trailers = trailers;
+        self
+    }
+
+    fn next_frame(&mut self) -> Option<Frame<Bytes>> {
+        while self.next < self.parts.len() {
+            let i = self.next;
+            self.next += 1;
+            if let Some(b) = self.parts[i].take().filter(|b| !b.is_empty()) {
+                return Some(Frame::data(b));
+            }
+        }
+        self.trailers.take().map(Frame::trailers)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.parts.iter().all(|p| p.as_ref().is_none_or(Bytes::is_empty)) && self.trailers.is_none()
+    }
+
+    fn len(&self) -> usize {
+        self.parts.iter().flatten().map(Bytes::len).sum()
+    }
+}
+
+/// Why a unary message could not be read.
+#[derive(Debug)]
+pub enum ReadError {
+    /// The declared message length is over the limit.
+    TooLarge(usize),
+    /// The message is compressed; the sidecar forwards only uncompressed messages.
+    Compressed,
+    /// Not exactly one well-formed message.
+    Malformed(&'static str),
+    /// The stream failed while reading.
+    Body(String),
+}
+
+/// Reads the single message of a unary request body, without copying when it arrives in
+/// one DATA frame. Fails as soon as the length prefix announces more than `limit` bytes.
+pub async fn read_message(body: &mut Incoming, limit: usize) -> Result<Bytes, ReadError> {
+    let mut buf = BytesMut::new();
+    let mut first: Option<Bytes> = None;
+    let mut expected: Option<usize> = None;
+    loop {
+        let have = first.as_ref().map_or(0, Bytes::len) + buf.len();
+        if let Some(total) = expected
+            && have >= total
+        {
+            break;
+        }
+        let Some(frame) = body.frame().await else { break };
+        let frame = frame.map_err(|e| ReadError::Body(e.to_string()))?;
+        let Ok(data) = frame.into_data() else { continue };
+        if first.is_none() && buf.is_empty() {
+            first = Some(data);
+        } else {
+            if let Some(f) = first.take() {
+                buf.extend_from_slice(&f);
+            }
+            buf.extend_from_slice(&data);
+        }
+        if expected.is_none() {
+            let head: &[u8] = first.as_deref().unwrap_or(&buf);
+            if head.len() >= PREFIX_LEN {
+                if head[0] != 0 {
+                    return Err(ReadError::Compressed);
+                }
+                let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+                if len > limit {
+                    return Err(ReadError::TooLarge(len));
+                }
+                expected = Some(PREFIX_LEN + len);
+            }
+        }
+    }
+    let data = match first {
+        Some(f) => f,
+        None => buf.freeze(),
+    };
+    let Some(total) = expected else {
+        return Err(ReadError::Malformed("request ended before a complete gRPC message"));
+    };
+    if data.len() < total {
+        return Err(ReadError::Malformed("request ended before a complete gRPC message"));
+    }
+    if data.len() > total || !body.is_end_stream() && more_data(body).await {
+        return Err(ReadError::Malformed("a unary request must carry exactly one message"));
+    }
+    Ok(data.slice(PREFIX_LEN..total))
+}
+
+/// Whether the rest of the body holds more data (an empty final DATA frame does not count).
+async fn more_data(body: &mut Incoming) -> bool {
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(f) if f.data_ref().is_some_and(|d| !d.is_empty()) => return true,
+            Ok(_) => {}
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
+/// Splits one collected response body into its message (without prefix). `None` when the
+/// body is not exactly one uncompressed message.
+pub fn single_message(data: &Bytes) -> Option<Bytes> {
+    if data.len() < PREFIX_LEN || data[0] != 0 {
+        return None;
+    }
+    let len = u32::from_be_bytes([data[1], data[2], data[3], data[4]]) as usize;
+    (data.len() == PREFIX_LEN + len).then(|| data.slice(PREFIX_LEN..))
+}
+
+/// A trailers-only gRPC response carrying `status`.
+pub fn status_response(status: Status) -> http::Response<Body> {
+    status.into_http()
+}
+
+/// A trailers-only response telling the caller's sidecar that the call never reached the
+/// agent, so it may retry on another instance.
+pub fn not_delivered_response(status: Status) -> http::Response<Body> {
+    let mut resp = status.into_http::<Body>();
+    resp.headers_mut().insert(HEADER_NOT_DELIVERED, HeaderValue::from_static("1"));
+    resp
+}
+
+/// A gRPC POST request to `uri` with the standard headers.
+pub fn grpc_request(uri: http::Uri, body: Body) -> http::Request<Body> {
+    let mut req = http::Request::new(body);
+    *req.method_mut() = http::Method::POST;
+    *req.uri_mut() = uri;
+    let h = req.headers_mut();
+    h.insert(http::header::CONTENT_TYPE, CONTENT_TYPE_GRPC);
+    h.insert(HEADER_TE, TRAILERS);
+    req
+}
+
+/// Whether a request header should travel on to the next hop: custom metadata and trace
+/// context do; HTTP/2 and gRPC framing headers and the mesh's own `ar-*` headers do not.
+pub fn forwardable_header(name: &HeaderName) -> bool {
+    let n = name.as_str();
+    !(n.starts_with("grpc-")
+        || n.starts_with("ar-")
+        || matches!(n, "content-type" | "te" | "user-agent" | "content-length" | "host" | "connection"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(msg: &[u8]) -> Vec<u8> {
+        let mut v = vec![0u8];
+        v.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+        v.extend_from_slice(msg);
+        v
+    }
+
+    #[test]
+    fn message_frames_prefix_the_new_length() {
+        let mut f = Frames::message(Bytes::from_static(b"hello"), b"!!");
+        let data = f.next_frame().unwrap().into_data().unwrap();
+        assert_eq!(&data[..], &frame(b"hello!!")[..]);
+        assert!(f.next_frame().is_none());
+
+        let big = Bytes::from(vec![7u8; COALESCE_LIMIT + 1]);
+        let mut f = Frames::message(big.clone(), b"x");
+        assert_eq!(f.len(), PREFIX_LEN + big.len() + 1);
+        let parts: Vec<Bytes> = std::iter::from_fn(|| f.next_frame()).map(|fr| fr.into_data().unwrap()).collect();
+        assert_eq!(parts.len(), 3);
+        assert_eq!(parts[1].as_ptr(), big.as_ptr(), "large payloads are not copied");
+        let mut joined = parts.concat();
+        assert_eq!(joined.split_off(PREFIX_LEN).len(), big.len() + 1);
+        assert_eq!(u32::from_be_bytes(joined[1..5].try_into().unwrap()) as usize, big.len() + 1);
+    }
+
+    #[test]
+    fn single_message_requires_exact_length() {
+        assert_eq!(single_message(&Bytes::from(frame(b"abc"))).as_deref(), Some(&b"abc"[..]));
+        let mut two = frame(b"a");
+        two.extend(frame(b"b"));
+        assert_eq!(single_message(&Bytes::from(two)), None);
+        assert_eq!(single_message(&Bytes::from_static(&[0, 0, 0])), None);
+        let mut compressed = frame(b"abc");
+        compressed[0] = 1;
+        assert_eq!(single_message(&Bytes::from(compressed)), None);
+    }
+
+    #[test]
+    fn internal_headers_are_not_forwarded() {
+        for (name, fwd) in [
+            ("x-tenant-hint", true),
+            ("traceparent", true),
+            ("grpc-timeout", false),
+            ("ar-instance", false),
+            ("te", false),
+        ] {
+            assert_eq!(forwardable_header(&HeaderName::from_static(name)), fwd, "{name}");
+        }
+    }
+}

@@ -1,0 +1,379 @@
+//! The Agent-Reach sidecar: one per host or pod, next to the agents.
+//!
+//! It serves two gRPC APIs over HTTP/2:
+//! - the local API (`agentreach.v1.Sidecar`, default 127.0.0.1:7700): agents register,
+//!   heartbeat, ask for routes and invoke capabilities;
+//! - the mesh API (`agentreach.v1.Mesh`, default :7701): other sidecars deliver calls for
+//!   the agents on this host.
+//!
+//! It keeps a routing table fed by the control service's watch stream ([`control`]),
+//! routes each call from it without asking control ([`route`]), and forwards calls without
+//! decoding payloads ([`forward`]). It keeps serving from its last table when control is
+//! unreachable. Governance (rate limits, breakers, priorities) is not built yet.
+//!
+//! [`Sidecar::start`] takes already-bound listeners, so tests run sidecars on port 0.
+
+pub mod config;
+pub mod control;
+pub mod error;
+pub mod forward;
+pub mod grpc;
+pub mod pool;
+pub mod registry;
+pub mod route;
+pub mod table;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_reach::convert::{health_state_from_i32, registration_from_proto, target_from_proto};
+use agent_reach::model::Load;
+use agent_reach::proto;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tonic::{Code, Status};
+
+pub use config::{SidecarArgs, SidecarConfig};
+pub use control::WatchStats;
+use forward::Shape;
+use grpc::Body;
+pub use table::{RoutingTable, TableHandle};
+
+/// State shared by every request handler.
+pub struct Inner {
+    pub config: SidecarConfig,
+    pub table: TableHandle,
+    pub registry: Arc<registry::Registry>,
+    pub pool: pool::Pool,
+    pub watch_stats: Arc<WatchStats>,
+    health: tonic_health::pb::health_server::HealthServer<tonic_health::server::HealthService>,
+}
+
+/// Why a sidecar could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error("listener: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A running sidecar.
+pub struct Sidecar {
+    inner: Arc<Inner>,
+    local_addr: SocketAddr,
+    mesh_addr: SocketAddr,
+    revision: watch::Receiver<i64>,
+    shutdown: watch::Sender<bool>,
+    tasks: JoinSet<()>,
+}
+
+impl Sidecar {
+    /// Starts serving on already-bound listeners and starts watching control.
+    pub async fn start(
+        mut config: SidecarConfig,
+        local: TcpListener,
+        mesh: TcpListener,
+    ) -> Result<Sidecar, StartError> {
+        let local_addr = local.local_addr()?;
+        let mesh_addr = mesh.local_addr()?;
+        let advertise = match config.advertise.clone() {
+            Some(a) => a,
+            None if mesh_addr.ip().is_unspecified() => {
+                format!("{}:{}", config::hostname().unwrap_or_else(|| "localhost".into()), mesh_addr.port())
+            }
+            None => mesh_addr.to_string(),
+        };
+        config.advertise = Some(advertise.clone());
+        let identity = proto::SidecarIdentity { sidecar_id: config.sidecar_id.clone(), mesh_address: advertise };
+        let control = Arc::new(
+            control::ControlClients::new(&config.control, config.control_timeout).map_err(StartError::Config)?,
+        );
+        let registry = Arc::new(registry::Registry::new(
+            config.tenant.clone(),
+            identity.clone(),
+            control.clone(),
+            config.heartbeat_interval,
+        ));
+        // The overall status ("") starts SERVING.
+        let health = tonic_health::pb::health_server::HealthServer::new(
+            tonic_health::server::HealthService::from_health_reporter(tonic_health::server::HealthReporter::new()),
+        );
+        let table = TableHandle::default();
+        let watch_stats = Arc::new(WatchStats::default());
+        let inner = Arc::new(Inner {
+            config: config.clone(),
+            table: table.clone(),
+            registry: registry.clone(),
+            pool: pool::Pool::default(),
+            watch_stats: watch_stats.clone(),
+            health,
+        });
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let (revision_tx, revision) = watch::channel(0i64);
+        let mut tasks = JoinSet::new();
+        let watch_request =
+            proto::WatchRequest { tenant: config.tenant.clone(), sidecar: Some(identity), from_revision: 0 };
+        tasks.spawn(control::run_watch(control, watch_request, table, revision_tx, watch_stats, shutdown_rx.clone()));
+        tasks.spawn(registry.clone().run_renewals(shutdown_rx.clone()));
+        tasks.spawn(registry.run_probes(config.probe_interval, shutdown_rx.clone()));
+        let local_inner = inner.clone();
+        tasks.spawn(serve_http2(local, shutdown_rx.clone(), move |req| local_api(local_inner.clone(), req)));
+        let mesh_inner = inner.clone();
+        tasks.spawn(serve_http2(mesh, shutdown_rx, move |req| mesh_api(mesh_inner.clone(), req)));
+        tracing::info!(
+            sidecar = %config.sidecar_id, tenant = %config.tenant, local = %local_addr, mesh = %mesh_addr,
+            advertise = ?config.advertise, control = ?config.control, "sidecar started"
+        );
+        Ok(Sidecar { inner, local_addr, mesh_addr, revision, shutdown, tasks })
+    }
+
+    /// Address of the local API.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+    /// Address of the mesh API.
+    pub fn mesh_addr(&self) -> SocketAddr {
+        self.mesh_addr
+    }
+    pub fn id(&self) -> &str {
+        &self.inner.config.sidecar_id
+    }
+    /// The current routing table.
+    pub fn table(&self) -> Arc<RoutingTable> {
+        self.inner.table.load_full()
+    }
+    pub fn watch_stats(&self) -> &WatchStats {
+        &self.inner.watch_stats
+    }
+    /// Agents registered through this sidecar.
+    pub fn local_instances(&self) -> usize {
+        self.inner.registry.len()
+    }
+
+    /// Waits until the routing table satisfies `pred` (checked after every change).
+    pub async fn wait_for_table(&self, timeout: Duration, pred: impl Fn(&RoutingTable) -> bool) -> Result<(), String> {
+        let mut rx = self.revision.clone();
+        let check = async {
+            loop {
+                if pred(&self.inner.table.load()) {
+                    return;
+                }
+                if rx.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        tokio::time::timeout(timeout, check).await.map_err(|_| {
+            let t = self.inner.table.load();
+            format!(
+                "routing table did not converge within {timeout:?} (revision {}, {} instances)",
+                t.revision,
+                t.len()
+            )
+        })
+    }
+
+    /// Stops serving: closes listeners, ends streams and background loops.
+    pub async fn shutdown(mut self) {
+        let _ = self.shutdown.send(true);
+        while self.tasks.join_next().await.is_some() {}
+    }
+
+    /// Runs until `signal` completes, then shuts down.
+    pub async fn run_until(self, signal: impl Future<Output = ()>) {
+        signal.await;
+        self.shutdown().await;
+    }
+}
+
+type HandlerFuture = Pin<Box<dyn Future<Output = Response<Body>> + Send>>;
+
+/// Accepts HTTP/2 connections until shutdown, then closes them gracefully.
+async fn serve_http2<F>(listener: TcpListener, mut shutdown: watch::Receiver<bool>, handler: F)
+where
+    F: Fn(Request<Incoming>) -> HandlerFuture + Clone + Send + Sync + 'static,
+{
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .initial_stream_window_size(1 << 20)
+        .initial_connection_window_size(8 << 20)
+        .max_concurrent_streams(4096)
+        .keep_alive_interval(Duration::from_secs(20))
+        .keep_alive_timeout(Duration::from_secs(10));
+    loop {
+        let accepted = tokio::select! {
+            _ = agent_reach::process::stopped(&mut shutdown) => break,
+            a = listener.accept() => a,
+        };
+        let (stream, _) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let handler = handler.clone();
+        let service = hyper::service::service_fn(move |req| {
+            let fut = handler(req);
+            async move { Ok::<_, Infallible>(fut.await) }
+        });
+        let conn = builder.serve_connection(TokioIo::new(stream), service);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!("connection ended: {e}");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(Duration::from_secs(10), graceful.shutdown()).await.is_err() {
+        tracing::warn!("connections still open 10s after shutdown");
+    }
+}
+
+fn local_api(inner: Arc<Inner>, req: Request<Incoming>) -> HandlerFuture {
+    Box::pin(async move {
+        match req.uri().path() {
+            forward::PATH_INVOKE => forward::invoke(inner, req, Shape::Unary).await,
+            forward::PATH_INVOKE_STREAM => forward::invoke(inner, req, Shape::Stream).await,
+            "/agentreach.v1.Sidecar/Register" => {
+                unary(req, move |r: tonic::Request<proto::RegisterRequest>| {
+                    let inner = inner.clone();
+                    async move {
+                        let registration = registration_from_proto("registration", r.into_inner().registration)
+                            .map_err(error::SidecarError::from)?;
+                        inner.registry.register(registration).await
+                    }
+                })
+                .await
+            }
+            "/agentreach.v1.Sidecar/Heartbeat" => {
+                unary(req, move |r: tonic::Request<proto::HeartbeatRequest>| {
+                    let inner = inner.clone();
+                    async move {
+                        let r = r.into_inner();
+                        inner
+                            .registry
+                            .heartbeat(&r.instance_id, health_state_from_i32(r.state), r.load.map(Load::from))
+                            .await?;
+                        Ok(proto::HeartbeatReply {})
+                    }
+                })
+                .await
+            }
+            "/agentreach.v1.Sidecar/Deregister" => {
+                unary(req, move |r: tonic::Request<proto::DeregisterRequest>| {
+                    let inner = inner.clone();
+                    async move {
+                        inner.registry.deregister(&r.into_inner().instance_id).await?;
+                        Ok(proto::DeregisterReply {})
+                    }
+                })
+                .await
+            }
+            "/agentreach.v1.Sidecar/Route" => {
+                unary(req, move |r: tonic::Request<proto::RouteRequest>| {
+                    let inner = inner.clone();
+                    async move { route_rpc(&inner, r.into_inner()) }
+                })
+                .await
+            }
+            p if p.starts_with("/grpc.health.v1.Health/") => health(&inner, req).await,
+            p => unknown_method(p),
+        }
+    })
+}
+
+fn mesh_api(inner: Arc<Inner>, req: Request<Incoming>) -> HandlerFuture {
+    Box::pin(async move {
+        match req.uri().path() {
+            forward::PATH_DELIVER => forward::deliver(inner, req, Shape::Unary).await,
+            forward::PATH_DELIVER_STREAM => forward::deliver(inner, req, Shape::Stream).await,
+            p if p.starts_with("/grpc.health.v1.Health/") => health(&inner, req).await,
+            p => unknown_method(p),
+        }
+    })
+}
+
+/// The answer gRPC defines for a method the server does not have.
+fn unknown_method(path: &str) -> Response<Body> {
+    grpc::status_response(Status::new(Code::Unimplemented, format!("unknown method {path}")))
+}
+
+async fn health(inner: &Inner, req: Request<Incoming>) -> Response<Body> {
+    use tower_service::Service;
+    let mut svc = inner.health.clone();
+    match svc.call(req).await {
+        Ok(resp) => resp.map(Body::Tonic),
+        Err(never) => match never {},
+    }
+}
+
+fn route_rpc(inner: &Inner, r: proto::RouteRequest) -> Result<proto::RouteReply, error::SidecarError> {
+    let target = target_from_proto(r.target)?;
+    let table = inner.table.load();
+    route::resolve(&table, &target)?;
+    let max = if r.max_candidates == 0 { 5 } else { r.max_candidates as usize };
+    let explanation = route::explain(&table, &target, &[], max);
+    Ok(proto::RouteReply {
+        candidates: explanation
+            .candidates
+            .iter()
+            .map(|(inst, score)| proto::RouteCandidate {
+                instance: Some(proto::Instance::from(&**inst)),
+                score: *score,
+            })
+            .collect(),
+        skipped: explanation
+            .skipped
+            .into_iter()
+            .map(|s| proto::SkippedInstance {
+                instance_id: s.instance_id,
+                agent: s.agent,
+                reason: s.reason,
+                detail: s.detail,
+            })
+            .collect(),
+        table_revision: table.revision,
+        strategy: "round_robin".into(),
+    })
+}
+
+/// Serves one unary tonic RPC with `handler`; errors become statuses in
+/// [`error::SidecarError::into_status`].
+async fn unary<Req, Resp, F, Fut>(req: Request<Incoming>, handler: F) -> Response<Body>
+where
+    Req: prost::Message + Default + Send + 'static,
+    Resp: prost::Message + Send + 'static,
+    F: FnMut(tonic::Request<Req>) -> Fut + Send,
+    Fut: Future<Output = Result<Resp, error::SidecarError>> + Send + 'static,
+{
+    struct Svc<F>(F);
+    impl<Req, Resp, F, Fut> tonic::server::UnaryService<Req> for Svc<F>
+    where
+        F: FnMut(tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<Resp, error::SidecarError>> + Send + 'static,
+    {
+        type Response = Resp;
+        type Future = Pin<Box<dyn Future<Output = Result<tonic::Response<Resp>, Status>> + Send>>;
+        fn call(&mut self, request: tonic::Request<Req>) -> Self::Future {
+            let fut = (self.0)(request);
+            Box::pin(async move { fut.await.map(tonic::Response::new).map_err(error::SidecarError::into_status) })
+        }
+    }
+    let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::<Resp, Req>::default());
+    grpc.unary(Svc(handler), req).await.map(Body::Tonic)
+}

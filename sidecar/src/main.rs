@@ -1,0 +1,41 @@
+//! `agent-reach-sidecar`: the sidecar binary.
+
+use agent_reach_sidecar::{Sidecar, SidecarArgs, SidecarConfig};
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    let args = SidecarArgs::parse();
+    let config = match SidecarConfig::try_from(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("agent-reach-sidecar: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    agent_reach::process::init_logging(&args.log_format);
+    let runtime = match agent_reach::process::runtime(args.worker_threads) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("agent-reach-sidecar: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args, config)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("agent-reach-sidecar: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: SidecarArgs, config: SidecarConfig) -> Result<(), String> {
+    let local =
+        tokio::net::TcpListener::bind(args.listen).await.map_err(|e| format!("--listen {}: {e}", args.listen))?;
+    let mesh = tokio::net::TcpListener::bind(args.mesh_listen)
+        .await
+        .map_err(|e| format!("--mesh-listen {}: {e}", args.mesh_listen))?;
+    let sidecar = Sidecar::start(config, local, mesh).await.map_err(|e| e.to_string())?;
+    sidecar.run_until(agent_reach::process::shutdown_signal()).await;
+    Ok(())
+}
