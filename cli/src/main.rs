@@ -1,0 +1,116 @@
+//! `agent-reach`: the command-line entry point.
+//!
+//! - `agent-reach up`: a development mesh in one process — the control service on the
+//!   embedded store plus one sidecar — for running your own agents against.
+//! - `agent-reach demo`: control, two sidecars and sample agents in one process; makes calls
+//!   by capability and shows where they went, then exits.
+
+mod demo;
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use agent_reach_control::{ControlConfig, ControlHandle};
+use agent_reach_sidecar::{Sidecar, SidecarConfig};
+use agent_reach_store::EmbeddedStore;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "agent-reach", version, about = "Agent-Reach: a service mesh for AI agents")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a development mesh: control (embedded store) + one sidecar, until ctrl-c.
+    Up(UpArgs),
+    /// Run a self-contained demo: control, two sidecars, sample agents, calls; then exit.
+    Demo(DemoArgs),
+}
+
+#[derive(clap::Args)]
+struct UpArgs {
+    /// Control service gRPC address.
+    #[arg(long, env = "AGENT_REACH_CONTROL_LISTEN", default_value = "127.0.0.1:7800")]
+    control_listen: SocketAddr,
+    /// Sidecar local API address (agents connect here).
+    #[arg(long, env = "AGENT_REACH_LISTEN", default_value = "127.0.0.1:7700")]
+    listen: SocketAddr,
+    /// Sidecar mesh API address.
+    #[arg(long, env = "AGENT_REACH_MESH_LISTEN", default_value = "127.0.0.1:7701")]
+    mesh_listen: SocketAddr,
+    /// Lease TTL of registrations.
+    #[arg(long, env = "AGENT_REACH_LEASE_TTL", default_value = "15s", value_parser = agent_reach::duration::parse)]
+    lease_ttl: Duration,
+    /// Log format: "text" or "json".
+    #[arg(long, env = "AGENT_REACH_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+}
+
+#[derive(clap::Args)]
+struct DemoArgs {
+    /// Show the mesh's own logs (they are hidden by default to keep the demo readable).
+    #[arg(long)]
+    verbose: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match agent_reach::process::runtime(0) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("agent-reach: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match cli.command {
+        Command::Up(args) => {
+            agent_reach::process::init_logging(&args.log_format);
+            runtime.block_on(up(args))
+        }
+        Command::Demo(args) => {
+            if args.verbose {
+                agent_reach::process::init_logging("text");
+            }
+            runtime.block_on(demo::run())
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("agent-reach: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn up(args: UpArgs) -> Result<(), String> {
+    let bind = |addr: SocketAddr, flag: &'static str| async move {
+        tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("{flag} {addr}: {e}"))
+    };
+    let control_listener = bind(args.control_listen, "--control-listen").await?;
+    let local = bind(args.listen, "--listen").await?;
+    let mesh = bind(args.mesh_listen, "--mesh-listen").await?;
+    let control = ControlHandle::spawn(
+        std::sync::Arc::new(EmbeddedStore::default()),
+        ControlConfig { lease_ttl: args.lease_ttl },
+        control_listener,
+    )
+    .map_err(|e| e.to_string())?;
+    let config = SidecarConfig::new(vec![control.endpoint()]);
+    let sidecar = Sidecar::start(config, local, mesh).await.map_err(|e| e.to_string())?;
+    println!("Agent-Reach dev mesh is up (embedded store: state lives in this process only).");
+    println!("  control   {}   (Control API, grpc.health.v1)", control.addr());
+    println!("  sidecar   {}   (local API: agents Register and Invoke here)", sidecar.local_addr());
+    println!("            {}   (mesh API)", sidecar.mesh_addr());
+    println!();
+    println!("Point agents at it with AGENT_REACH_SIDECAR={} (the SDK's default). Ctrl-C stops.", sidecar.local_addr());
+    agent_reach::process::shutdown_signal().await;
+    println!("stopping");
+    sidecar.shutdown().await;
+    control.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,122 @@
+//! Harness for the end-to-end tests: a real etcd process (or the embedded store), a control
+//! service and sidecars on 127.0.0.1 port 0, and sample agents built with the SDK.
+//!
+//! Everything runs in the test process except etcd, which is a real `etcd` binary started
+//! by `agent_reach_store::testing::EtcdServer`; when etcd cannot start the test fails.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_reach::{Agent, Reply, RunningAgent};
+use agent_reach_control::{ControlConfig, ControlHandle};
+use agent_reach_sidecar::{Sidecar, SidecarConfig};
+use agent_reach_store::testing::EtcdServer;
+use agent_reach_store::{EmbeddedStore, EtcdOptions, EtcdStore, Store};
+use tokio::net::TcpListener;
+
+/// Which store the control service runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Etcd,
+    Embedded,
+}
+
+/// A store for a test, with the etcd process behind it when there is one.
+pub struct TestStore {
+    pub store: Arc<dyn Store>,
+    pub etcd: Option<EtcdServer>,
+}
+
+impl TestStore {
+    /// Starts a real etcd (and connects to it) or creates an embedded store. Panics with
+    /// etcd's own words when etcd cannot start.
+    pub async fn start(backend: Backend) -> TestStore {
+        match backend {
+            Backend::Embedded => TestStore { store: Arc::new(EmbeddedStore::default()), etcd: None },
+            Backend::Etcd => {
+                let etcd = tokio::task::spawn_blocking(EtcdServer::start)
+                    .await
+                    .expect("etcd start task")
+                    .unwrap_or_else(|e| panic!("etcd is required for this test and did not start: {e}"));
+                let store = EtcdStore::connect(EtcdOptions {
+                    endpoints: vec![etcd.endpoint()],
+                    connect_timeout: Duration::from_secs(5),
+                    request_timeout: Duration::from_secs(5),
+                })
+                .await
+                .unwrap_or_else(|e| panic!("cannot connect to the test etcd at {}: {e}", etcd.endpoint()));
+                TestStore { store: Arc::new(store), etcd: Some(etcd) }
+            }
+        }
+    }
+}
+
+/// 127.0.0.1 on a free port.
+pub async fn listener() -> TcpListener {
+    TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0")
+}
+
+/// Control on `store` with `lease_ttl`.
+pub async fn start_control(store: Arc<dyn Store>, lease_ttl: Duration) -> ControlHandle {
+    start_control_on(store, lease_ttl, listener().await)
+}
+
+/// Control on a given listener (e.g. rebound on a port sidecars already point at).
+pub fn start_control_on(store: Arc<dyn Store>, lease_ttl: Duration, listener: TcpListener) -> ControlHandle {
+    ControlHandle::spawn(store, ControlConfig { lease_ttl }, listener).expect("control listener address")
+}
+
+/// Sidecar settings for tests: fast heartbeats, probes and control timeouts.
+pub fn sidecar_config(control: &str, id: &str) -> SidecarConfig {
+    let mut c = SidecarConfig::new(vec![control.to_string()]);
+    c.sidecar_id = id.to_string();
+    c.heartbeat_interval = Duration::from_millis(200);
+    c.probe_interval = Duration::from_millis(200);
+    c.control_timeout = Duration::from_secs(1);
+    c
+}
+
+/// A sidecar on free ports.
+pub async fn start_sidecar(config: SidecarConfig) -> Sidecar {
+    Sidecar::start(config, listener().await, listener().await).await.expect("sidecar start")
+}
+
+/// An agent whose handlers answer "<agent>@<instance>:<payload>" for each capability,
+/// registered through the sidecar at `sidecar`.
+pub async fn echo_agent(sidecar: SocketAddr, agent: &str, capabilities: &[(&str, &[&str])]) -> RunningAgent {
+    let mut builder = Agent::builder(agent).version("1.0.0").sidecar(sidecar.to_string());
+    for (cap, tags) in capabilities {
+        let name = agent.to_string();
+        builder = builder.capability(*cap, tags.iter().copied()).handle(*cap, move |call| {
+            let name = name.clone();
+            async move { Ok(Reply::text(format!("{name}@{}:{}", call.instance_id(), call.text()?))) }
+        });
+    }
+    builder.register_timeout(Duration::from_secs(10)).start().await.expect("agent start")
+}
+
+/// Waits until `sidecar`'s table has exactly the instance ids `ids` (in any order).
+pub async fn wait_for_instances(sidecar: &Sidecar, ids: &[String]) {
+    let mut want: Vec<String> = ids.to_vec();
+    want.sort();
+    sidecar
+        .wait_for_table(Duration::from_secs(15), |t| {
+            let mut have: Vec<&String> = t.instances.keys().collect();
+            have.sort();
+            have == want.iter().collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_else(|e| {
+            let mut have: Vec<String> = sidecar.table().instances.keys().cloned().collect();
+            have.sort();
+            panic!("{e}: want {want:?}, have {have:?}")
+        });
+}
+
+/// Logs of the code under test, when `RUST_LOG` is set.
+pub fn init_logging() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        agent_reach::process::init_logging("text");
+    }
+}

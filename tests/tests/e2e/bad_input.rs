@@ -1,0 +1,167 @@
+//! Bad input gets a clear error with a reason, and nothing is forwarded.
+
+use std::time::Duration;
+
+use agent_reach::proto;
+use agent_reach::reason::error_info;
+use agent_reach::{Agent, Client, Reply};
+use agent_reach_e2e::{
+    Backend, TestStore, echo_agent, init_logging, listener, sidecar_config, start_control, start_control_on,
+    start_sidecar, wait_for_instances,
+};
+use tonic::Code;
+
+fn assert_invalid(status: &tonic::Status, field: &str) {
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    let info = error_info(status).expect("error info");
+    assert_eq!(info.reason, "INVALID_ARGUMENT");
+    assert_eq!(info.metadata["field"], field, "{status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_requests_name_the_field() {
+    init_logging();
+    let ts = TestStore::start(Backend::Embedded).await;
+    let control = start_control(ts.store.clone(), Duration::from_secs(15)).await;
+    let a = start_sidecar(sidecar_config(&control.endpoint(), "host-a")).await;
+    let agent = echo_agent(a.local_addr(), "summarizer", &[("text.summarize", &[])]).await;
+    wait_for_instances(&a, &[agent.instance_id()]).await;
+    let client = Client::connect(&a.local_addr().to_string()).await.unwrap();
+    let mut raw = client.raw();
+
+    let registration = |agent: &str, capability: &str| proto::RegisterRequest {
+        registration: Some(proto::AgentRegistration {
+            agent: agent.into(),
+            capabilities: vec![proto::Capability { name: capability.into(), tags: vec![] }],
+            endpoint: "http://127.0.0.1:9".into(),
+            ..Default::default()
+        }),
+    };
+    let err = raw.register(registration("", "text.summarize")).await.unwrap_err();
+    assert_invalid(&err, "registration.agent");
+    let err = raw.register(registration("summarizer", "")).await.unwrap_err();
+    assert_invalid(&err, "registration.capabilities[0].name");
+    let err = raw.register(proto::RegisterRequest { registration: None }).await.unwrap_err();
+    assert_invalid(&err, "registration");
+
+    let err = client.invoke("").text("x").send().await.unwrap_err();
+    assert_invalid(err.status(), "target.capability");
+    let err = client.invoke_agent("").text("x").send().await.unwrap_err();
+    assert_invalid(err.status(), "target.agent");
+    let err = raw.invoke(proto::InvokeRequest::default()).await.unwrap_err();
+    assert_invalid(&err, "target");
+
+    let err = raw
+        .heartbeat(proto::HeartbeatRequest { instance_id: "nobody-1".into(), ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    assert_eq!(error_info(&err).unwrap().reason, "INSTANCE_NOT_FOUND");
+
+    // Unknown capability: NOT_FOUND with the closest names as suggestions.
+    let err = client.invoke("text.summarise").text("x").send().await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    assert_eq!(err.reason(), Some("AGENT_NOT_FOUND"));
+    assert_eq!(err.suggestions(), ["text.summarize"]);
+    assert!(err.message().contains("did you mean text.summarize"), "{err}");
+
+    assert_eq!(agent.handled(), 0, "no bad request may reach the agent");
+    agent.shutdown().await;
+    a.shutdown().await;
+    control.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_payloads_are_refused_before_forwarding() {
+    init_logging();
+    let ts = TestStore::start(Backend::Embedded).await;
+    let control = start_control(ts.store.clone(), Duration::from_secs(15)).await;
+    let a = start_sidecar(sidecar_config(&control.endpoint(), "host-a")).await;
+    let mut small = sidecar_config(&control.endpoint(), "host-small");
+    small.max_payload_bytes = 1024;
+    let s = start_sidecar(small).await;
+    let b = start_sidecar(sidecar_config(&control.endpoint(), "host-b")).await;
+    let agent = echo_agent(b.local_addr(), "sink", &[("sink", &[])]).await;
+    wait_for_instances(&a, &[agent.instance_id()]).await;
+    wait_for_instances(&s, &[agent.instance_id()]).await;
+
+    let client = Client::connect(&a.local_addr().to_string()).await.unwrap();
+    // The default limit is 4 MiB: one byte over is refused, by payload size...
+    let err = client.invoke("sink").payload(vec![b'x'; 4 * 1024 * 1024 + 1]).send().await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted);
+    assert_eq!(err.reason(), Some("PAYLOAD_TOO_LARGE"));
+    assert_eq!(err.detail("limit"), Some("4194304"));
+    // ...and far over, by the length prefix, before the body is read.
+    let err = client.invoke("sink").payload(vec![b'x'; 6 * 1024 * 1024]).send().await.unwrap_err();
+    assert_eq!(err.reason(), Some("PAYLOAD_TOO_LARGE"));
+    // The limit is configurable.
+    let small_client = Client::connect(&s.local_addr().to_string()).await.unwrap();
+    let err = small_client.invoke("sink").payload(vec![b'x'; 1025]).send().await.unwrap_err();
+    assert_eq!(err.reason(), Some("PAYLOAD_TOO_LARGE"));
+    assert_eq!(err.detail("limit"), Some("1024"));
+    assert_eq!(agent.handled(), 0, "nothing oversized was forwarded");
+
+    // At the limit the call goes through.
+    let reply = small_client.invoke("sink").payload(vec![b'y'; 1024]).send().await.unwrap();
+    assert!(reply.text().ends_with(&"y".repeat(1024)));
+    assert_eq!(agent.handled(), 1);
+
+    agent.shutdown().await;
+    for sc in [a, s, b] {
+        sc.shutdown().await;
+    }
+    control.shutdown().await;
+}
+
+/// A sidecar starts without control, refuses registrations with CONTROL_UNAVAILABLE, and
+/// recovers when control comes up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_down_at_sidecar_start() {
+    init_logging();
+    let reserved = listener().await;
+    let control_addr = reserved.local_addr().unwrap();
+    drop(reserved);
+    let a = start_sidecar(sidecar_config(&format!("http://{control_addr}"), "host-a")).await;
+    let client = Client::connect(&a.local_addr().to_string()).await.unwrap();
+    let err = client
+        .raw()
+        .register(proto::RegisterRequest {
+            registration: Some(proto::AgentRegistration {
+                agent: "echo".into(),
+                capabilities: vec![proto::Capability { name: "echo".into(), tags: vec![] }],
+                endpoint: "http://127.0.0.1:9".into(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable);
+    assert_eq!(error_info(&err).unwrap().reason, "CONTROL_UNAVAILABLE");
+    assert_eq!(a.local_instances(), 0);
+
+    // An SDK agent keeps retrying; it registers once control is up.
+    let sidecar = a.local_addr().to_string();
+    let starting = tokio::spawn(async move {
+        Agent::builder("echo")
+            .sidecar(sidecar)
+            .handle("echo", |call| async move { Ok(Reply::bytes(call.payload().clone())) })
+            .start()
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!starting.is_finished(), "the agent cannot have registered while control is down");
+
+    let ts = TestStore::start(Backend::Embedded).await;
+    let bound = tokio::net::TcpListener::bind(control_addr).await.expect("rebind the control port");
+    let control = start_control_on(ts.store.clone(), Duration::from_secs(15), bound);
+    let agent =
+        tokio::time::timeout(Duration::from_secs(15), starting).await.expect("registered in time").unwrap().unwrap();
+    wait_for_instances(&a, &[agent.instance_id()]).await;
+    let reply = client.invoke("echo").payload("ping").send().await.unwrap();
+    assert_eq!(reply.payload().as_ref(), b"ping");
+    assert_eq!(reply.instance(), agent.instance_id());
+
+    agent.shutdown().await;
+    a.shutdown().await;
+    control.shutdown().await;
+}
