@@ -265,10 +265,11 @@ fn local_api(inner: Arc<Inner>, req: Request<Incoming>) -> HandlerFuture {
                     let inner = inner.clone();
                     async move {
                         let r = r.into_inner();
-                        inner
-                            .registry
-                            .heartbeat(&r.instance_id, health_state_from_i32(r.state), r.load.map(Load::from))
-                            .await?;
+                        inner.registry.heartbeat(
+                            &r.instance_id,
+                            health_state_from_i32(r.state),
+                            r.load.map(Load::from),
+                        )?;
                         Ok(proto::HeartbeatReply {})
                     }
                 })

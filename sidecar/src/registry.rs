@@ -185,8 +185,8 @@ impl Registry {
 
     /// Records an agent's heartbeat. Unknown instance ids get INSTANCE_NOT_FOUND, which
     /// tells the agent to register again.
-    pub async fn heartbeat(
-        &self,
+    pub fn heartbeat(
+        self: &Arc<Self>,
         instance_id: &str,
         state: Option<HealthState>,
         load: Option<Load>,
@@ -202,9 +202,11 @@ impl Registry {
                 reported.1 = l;
             }
         }
-        // A state change reaches control at once, not at the next renewal.
+        // A state change reaches control at once, not at the next renewal; the agent's
+        // heartbeat does not wait for it.
         if inst.effective_state() != *lock(&inst.published) {
-            self.publish(&[inst]).await;
+            let registry = self.clone();
+            tokio::spawn(async move { registry.publish(&[inst]).await });
         }
         Ok(())
     }
