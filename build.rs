@@ -7,6 +7,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     unsafe { std::env::set_var("PROTOC", protoc) };
     let files = [
         "proto/agentreach/v1/common.proto",
+        "proto/agentreach/v1/policy.proto",
         "proto/agentreach/v1/agent.proto",
         "proto/agentreach/v1/sidecar.proto",
         "proto/agentreach/v1/mesh.proto",

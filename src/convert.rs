@@ -8,6 +8,9 @@ use crate::model::{
     Capability, FieldError, HealthState, Instance, InstanceRecord, Load, Priority, Registration, Target, TargetKind,
     Transport,
 };
+use crate::policy::{
+    Admission, CircuitBreaker, Fallback, Policy, PolicyKind, PolicySpec, RateLimit, RetryPolicy, Strategy, VersionSplit,
+};
 use crate::proto;
 
 impl From<proto::Priority> for Priority {
@@ -187,6 +190,173 @@ pub fn instance_from_proto(i: proto::Instance) -> Result<Instance, FieldError> {
     })
 }
 
+impl From<PolicyKind> for proto::PolicyKind {
+    fn from(k: PolicyKind) -> Self {
+        match k {
+            PolicyKind::Capability => proto::PolicyKind::Capability,
+            PolicyKind::Agent => proto::PolicyKind::Agent,
+            PolicyKind::Tenant => proto::PolicyKind::Tenant,
+        }
+    }
+}
+
+/// A policy kind from its wire value.
+pub fn policy_kind_from_i32(field: &str, v: i32) -> Result<PolicyKind, FieldError> {
+    match proto::PolicyKind::try_from(v) {
+        Ok(proto::PolicyKind::Capability) => Ok(PolicyKind::Capability),
+        Ok(proto::PolicyKind::Agent) => Ok(PolicyKind::Agent),
+        Ok(proto::PolicyKind::Tenant) => Ok(PolicyKind::Tenant),
+        _ => Err(FieldError::new(field, "set CAPABILITY, AGENT or TENANT")),
+    }
+}
+
+fn strategy_to_proto(s: Option<Strategy>) -> i32 {
+    (match s {
+        None => proto::Strategy::Unspecified,
+        Some(Strategy::LeastLoaded) => proto::Strategy::LeastLoaded,
+        Some(Strategy::RoundRobin) => proto::Strategy::RoundRobin,
+        Some(Strategy::Random) => proto::Strategy::Random,
+        Some(Strategy::Weighted) => proto::Strategy::Weighted,
+        Some(Strategy::ConsistentHash) => proto::Strategy::ConsistentHash,
+    }) as i32
+}
+
+fn strategy_from_proto(v: i32) -> Result<Option<Strategy>, FieldError> {
+    Ok(match proto::Strategy::try_from(v) {
+        Ok(proto::Strategy::Unspecified) => None,
+        Ok(proto::Strategy::LeastLoaded) => Some(Strategy::LeastLoaded),
+        Ok(proto::Strategy::RoundRobin) => Some(Strategy::RoundRobin),
+        Ok(proto::Strategy::Random) => Some(Strategy::Random),
+        Ok(proto::Strategy::Weighted) => Some(Strategy::Weighted),
+        Ok(proto::Strategy::ConsistentHash) => Some(Strategy::ConsistentHash),
+        Err(_) => return Err(FieldError::new("spec.strategy", format!("unknown strategy {v}"))),
+    })
+}
+
+impl From<&PolicySpec> for proto::PolicySpec {
+    fn from(s: &PolicySpec) -> Self {
+        proto::PolicySpec {
+            strategy: strategy_to_proto(s.strategy),
+            hash_key: s.hash_key.clone(),
+            weights: s.weights.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            default_timeout_ms: s.default_timeout_ms.unwrap_or(0),
+            retry: s.retry.map(|r| proto::RetryPolicy {
+                idempotent: r.idempotent,
+                budget_ratio: r.budget_ratio,
+                budget_min_per_second: r.budget_min_per_second,
+                max_payload_bytes: r.max_payload_bytes,
+            }),
+            fallback: s.fallback.as_ref().map(|f| proto::Fallback {
+                target: Some(match f {
+                    Fallback::Capability(c) => proto::fallback::Target::Capability(c.clone()),
+                    Fallback::Agent(a) => proto::fallback::Target::Agent(a.clone()),
+                }),
+            }),
+            rate_limit: s.rate_limit.map(|r| proto::RateLimit { per_second: r.per_second, burst: r.burst }),
+            breaker: s.breaker.map(|b| proto::CircuitBreaker {
+                consecutive_failures: b.consecutive_failures,
+                failure_rate: b.failure_rate,
+                window_ms: b.window_ms,
+                min_requests: b.min_requests,
+                open_ms: b.open_ms,
+                max_open_ms: b.max_open_ms,
+                half_open_probes: b.half_open_probes,
+            }),
+            split: s.split.as_ref().map(|v| proto::VersionSplit {
+                weights: v
+                    .weights
+                    .iter()
+                    .map(|(version, percent)| proto::VersionWeight { version: version.clone(), percent: *percent })
+                    .collect(),
+                match_key: v.match_key.clone(),
+                match_value: v.match_value.clone(),
+                match_version: v.match_version.clone(),
+            }),
+            read_only: s.read_only,
+            cache_ttl_ms: s.cache_ttl_ms,
+            admission: s.admission.map(|a| proto::Admission {
+                normal_percent: a.normal_percent,
+                low_percent: a.low_percent,
+                queue_length: a.queue_length,
+                queue_timeout_ms: a.queue_timeout_ms,
+            }),
+        }
+    }
+}
+
+/// Policy rules from the wire (not validated; see [`Policy::validate`]).
+pub fn policy_spec_from_proto(s: proto::PolicySpec) -> Result<PolicySpec, FieldError> {
+    Ok(PolicySpec {
+        strategy: strategy_from_proto(s.strategy)?,
+        hash_key: s.hash_key,
+        weights: s.weights.into_iter().collect(),
+        default_timeout_ms: (s.default_timeout_ms != 0).then_some(s.default_timeout_ms),
+        retry: s.retry.map(|r| RetryPolicy {
+            idempotent: r.idempotent,
+            budget_ratio: r.budget_ratio,
+            budget_min_per_second: r.budget_min_per_second,
+            max_payload_bytes: r.max_payload_bytes,
+        }),
+        fallback: match s.fallback {
+            None => None,
+            Some(proto::Fallback { target: Some(proto::fallback::Target::Capability(c)) }) => {
+                Some(Fallback::Capability(c))
+            }
+            Some(proto::Fallback { target: Some(proto::fallback::Target::Agent(a)) }) => Some(Fallback::Agent(a)),
+            Some(proto::Fallback { target: None }) => {
+                return Err(FieldError::new("spec.fallback", "set fallback.capability or fallback.agent"));
+            }
+        },
+        rate_limit: s.rate_limit.map(|r| RateLimit { per_second: r.per_second, burst: r.burst }),
+        breaker: s.breaker.map(|b| CircuitBreaker {
+            consecutive_failures: b.consecutive_failures,
+            failure_rate: b.failure_rate,
+            window_ms: b.window_ms,
+            min_requests: b.min_requests,
+            open_ms: b.open_ms,
+            max_open_ms: b.max_open_ms,
+            half_open_probes: b.half_open_probes,
+        }),
+        split: s.split.map(|v| VersionSplit {
+            weights: v.weights.into_iter().map(|w| (w.version, w.percent)).collect(),
+            match_key: v.match_key,
+            match_value: v.match_value,
+            match_version: v.match_version,
+        }),
+        read_only: s.read_only,
+        cache_ttl_ms: s.cache_ttl_ms,
+        admission: s.admission.map(|a| Admission {
+            normal_percent: a.normal_percent,
+            low_percent: a.low_percent,
+            queue_length: a.queue_length,
+            queue_timeout_ms: a.queue_timeout_ms,
+        }),
+    })
+}
+
+/// A policy on the wire, with the store revision it was read at.
+pub fn policy_to_proto(p: &Policy, revision: i64) -> proto::Policy {
+    proto::Policy {
+        tenant: p.tenant.clone(),
+        kind: proto::PolicyKind::from(p.kind) as i32,
+        name: p.name.clone(),
+        spec: Some(proto::PolicySpec::from(&p.spec)),
+        revision,
+        description: p.description.clone(),
+    }
+}
+
+/// A policy from the wire (not validated; see [`Policy::validate`]).
+pub fn policy_from_proto(p: proto::Policy) -> Result<Policy, FieldError> {
+    Ok(Policy {
+        tenant: p.tenant,
+        kind: policy_kind_from_i32("kind", p.kind)?,
+        name: p.name,
+        spec: policy_spec_from_proto(p.spec.unwrap_or_default())?,
+        description: p.description,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,6 +386,39 @@ mod tests {
             revision: 42,
         };
         assert_eq!(instance_from_proto(proto::Instance::from(&inst)).unwrap(), inst);
+    }
+
+    #[test]
+    fn policy_round_trips() {
+        let policy = Policy {
+            tenant: "default".into(),
+            kind: PolicyKind::Capability,
+            name: "text.summarize".into(),
+            spec: PolicySpec {
+                strategy: Some(Strategy::Weighted),
+                hash_key: String::new(),
+                weights: [("1.0".to_string(), 3), ("2.0".to_string(), 1)].into(),
+                default_timeout_ms: Some(500),
+                retry: Some(RetryPolicy { idempotent: true, budget_ratio: 0.1, ..Default::default() }),
+                fallback: Some(Fallback::Agent("backup".into())),
+                rate_limit: Some(RateLimit { per_second: 5.5, burst: 3 }),
+                breaker: Some(CircuitBreaker { consecutive_failures: 3, ..Default::default() }),
+                split: Some(VersionSplit {
+                    weights: vec![("1.0".into(), 90), ("2.0".into(), 10)],
+                    match_key: "x-canary".into(),
+                    match_value: "true".into(),
+                    match_version: "2.0".into(),
+                }),
+                read_only: true,
+                cache_ttl_ms: 100,
+                admission: None,
+            },
+            description: "d".into(),
+        };
+        let wire = policy_to_proto(&policy, 7);
+        assert_eq!(wire.revision, 7);
+        assert_eq!(policy_from_proto(wire).unwrap(), policy);
+        assert_eq!(policy_kind_from_i32("kind", 0).unwrap_err().field, "kind");
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod convert;
 pub mod duration;
 pub mod grpc_timeout;
 pub mod model;
+pub mod policy;
 pub mod process;
 pub mod reason;
 mod sdk;

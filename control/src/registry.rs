@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use agent_reach::model::{
     FieldError, HealthState, Instance, InstanceRecord, Load, Registration, validate_name, validate_tenant,
 };
+use agent_reach::policy::Policy;
 use agent_reach_store::{KeyValue, LeaseId, Revision, Store, StoreError};
 use bytes::Bytes;
 
@@ -146,6 +147,28 @@ impl Registry {
         Ok(revision)
     }
 
+    /// Every instance and policy of `tenant`, at one revision.
+    pub async fn tenant_state(&self, tenant: &str) -> Result<TenantState, RegistryError> {
+        let range = self.store.get_prefix(&keys::tenant_prefix(tenant)).await?;
+        let agents = keys::agents_prefix(tenant);
+        let policies = keys::policies_prefix(tenant);
+        let mut state = TenantState { revision: range.revision, ..Default::default() };
+        for kv in &range.kvs {
+            if kv.key.starts_with(&agents) {
+                match decode(kv) {
+                    Ok(record) => state.instances.push(Instance { record, revision: kv.mod_revision }),
+                    Err(e) => tracing::warn!("skipping {e}"),
+                }
+            } else if kv.key.starts_with(&policies) {
+                match decode_policy(kv) {
+                    Ok(policy) => state.policies.push((policy, kv.mod_revision)),
+                    Err(e) => tracing::warn!("skipping {e}"),
+                }
+            }
+        }
+        Ok(state)
+    }
+
     /// Every instance of `tenant`, at one revision.
     pub async fn instances(&self, tenant: &str) -> Result<(Vec<Instance>, Revision), RegistryError> {
         let prefix = keys::agents_prefix(tenant);
@@ -163,6 +186,24 @@ impl Registry {
 
 fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+/// Everything routing needs of one tenant, at one revision.
+#[derive(Debug, Default)]
+pub struct TenantState {
+    pub revision: Revision,
+    pub instances: Vec<Instance>,
+    /// Each policy with the revision it was written at.
+    pub policies: Vec<(Policy, Revision)>,
+}
+
+pub fn encode_policy(policy: &Policy) -> Bytes {
+    // Serializing plain structs of strings and numbers to JSON cannot fail.
+    Bytes::from(serde_json::to_vec(policy).unwrap_or_default())
+}
+
+pub fn decode_policy(kv: &KeyValue) -> Result<Policy, RegistryError> {
+    serde_json::from_slice(&kv.value).map_err(|e| RegistryError::Corrupt { key: kv.key.clone(), why: e.to_string() })
 }
 
 pub fn encode(record: &InstanceRecord) -> Bytes {

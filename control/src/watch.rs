@@ -1,11 +1,12 @@
-//! The routing-state stream a sidecar watches: one snapshot of its tenant's instances at
-//! revision R, then one delta per later revision, in order, with no gaps.
+//! The routing-state stream a sidecar watches: one snapshot of its tenant's instances and
+//! policies at revision R, then one delta per later revision, in order, with no gaps.
 //!
 //! A sidecar that reconnects with its last revision gets only the deltas after it. If the
 //! store has compacted that history, or the revision is ahead of the store (the store was
 //! replaced), it gets a fresh snapshot flagged `resync` instead of a silent gap. The stream
 //! ends with UNAVAILABLE when the store fails, and ends when the service shuts down.
 
+use agent_reach::convert::policy_to_proto;
 use agent_reach::model::Instance;
 use agent_reach::proto;
 use agent_reach_store::{EventKind, Revision, StoreError, WatchStream};
@@ -14,7 +15,7 @@ use tokio::sync::{mpsc, watch};
 use tonic::Status;
 
 use crate::keys;
-use crate::registry::{Registry, decode};
+use crate::registry::{Registry, decode, decode_policy};
 
 /// Runs one sidecar's watch, sending events into `tx` until the receiver goes away,
 /// `shutdown` turns true, or the store fails.
@@ -42,7 +43,9 @@ async fn stream(
     tx: &mpsc::Sender<Result<proto::WatchEvent, Status>>,
 ) -> Result<(), Status> {
     let store = registry.store();
-    let prefix = keys::agents_prefix(tenant);
+    let prefix = keys::tenant_prefix(tenant);
+    let agents = keys::agents_prefix(tenant);
+    let policies = keys::policies_prefix(tenant);
     let head = store.current_revision().await.map_err(store_status)?;
     // Resume when the sidecar's revision is still in the store's history.
     let mut resync = false;
@@ -81,16 +84,24 @@ async fn stream(
                 send(tx, proto::watch_event::Event::Delta(delta.take().unwrap_or_default())).await?;
             }
             let d = delta.get_or_insert_with(|| proto::Delta { revision: rev, ..Default::default() });
+            let key = event.kv.key.as_str();
             match event.kind {
-                EventKind::Put => match decode(&event.kv) {
+                EventKind::Put if key.starts_with(&agents) => match decode(&event.kv) {
                     Ok(record) => d.upserted.push(proto::Instance::from(&Instance { record, revision: rev })),
                     Err(e) => tracing::warn!("skipping {e}"),
                 },
+                EventKind::Put if key.starts_with(&policies) => match decode_policy(&event.kv) {
+                    Ok(policy) => d.upserted_policies.push(policy_to_proto(&policy, rev)),
+                    Err(e) => tracing::warn!("skipping {e}"),
+                },
                 EventKind::Delete => {
-                    if let Some((_, instance)) = keys::parse_instance_key(&prefix, &event.kv.key) {
+                    if let Some((_, instance)) = keys::parse_instance_key(&agents, key) {
                         d.removed_instance_ids.push(instance.to_string());
+                    } else if let Some((kind, name)) = keys::parse_policy_key(&policies, key) {
+                        d.removed_policies.push(proto::PolicyRef { kind: proto::PolicyKind::from(kind) as i32, name });
                     }
                 }
+                EventKind::Put => {}
             }
         }
         if let Some(d) = delta {
@@ -107,10 +118,14 @@ async fn send_snapshot(
     resync: bool,
     tx: &mpsc::Sender<Result<proto::WatchEvent, Status>>,
 ) -> Result<WatchStream, Status> {
-    let (instances, revision) = registry.instances(tenant).await.map_err(|e| Status::unavailable(e.to_string()))?;
-    let watch = registry.store().watch_prefix(prefix, revision + 1).await.map_err(store_status)?;
-    let snapshot =
-        proto::Snapshot { revision, instances: instances.iter().map(proto::Instance::from).collect(), resync };
+    let state = registry.tenant_state(tenant).await.map_err(|e| Status::unavailable(e.to_string()))?;
+    let watch = registry.store().watch_prefix(prefix, state.revision + 1).await.map_err(store_status)?;
+    let snapshot = proto::Snapshot {
+        revision: state.revision,
+        instances: state.instances.iter().map(proto::Instance::from).collect(),
+        resync,
+        policies: state.policies.iter().map(|(p, rev)| policy_to_proto(p, *rev)).collect(),
+    };
     send(tx, proto::watch_event::Event::Snapshot(snapshot)).await?;
     Ok(watch)
 }

@@ -13,15 +13,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use agent_reach::convert::instance_from_proto;
+use agent_reach::convert::{instance_from_proto, policy_from_proto, policy_kind_from_i32};
 use agent_reach::model::Instance;
+use agent_reach::policy::{Policy, PolicyKind};
 use agent_reach::proto;
 use agent_reach::proto::control_client::ControlClient;
 use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
-use crate::table::{RoutingTable, TableHandle};
+use agent_reach_routing::{Change, RoutingTable, TableHandle};
 
 /// Clients of every configured control endpoint.
 pub struct ControlClients {
@@ -101,6 +102,7 @@ pub struct WatchStats {
     pub resyncs: AtomicU64,
     pub deltas: AtomicU64,
     pub rejected: AtomicU64,
+    /// Instances or policies from control that failed conversion and were skipped.
     pub invalid_instances: AtomicU64,
 }
 
@@ -164,24 +166,30 @@ pub async fn run_watch(
 
 /// Applies one watch event to the table.
 pub fn apply(table: &TableHandle, event: proto::WatchEvent, stats: &WatchStats) {
-    let convert = |list: Vec<proto::Instance>| -> Vec<Instance> {
-        list.into_iter()
-            .filter_map(|p| match instance_from_proto(p) {
-                Ok(i) => Some(i),
-                Err(e) => {
-                    stats.invalid_instances.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!("ignoring an invalid instance from control: {e}");
-                    None
-                }
-            })
-            .collect()
+    let invalid = |what: &str, e: &dyn std::fmt::Display| {
+        stats.invalid_instances.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!("ignoring an invalid {what} from control: {e}");
+    };
+    let instances = |list: Vec<proto::Instance>| -> Vec<Instance> {
+        list.into_iter().filter_map(|p| instance_from_proto(p).map_err(|e| invalid("instance", &e)).ok()).collect()
+    };
+    let policies = |list: Vec<proto::Policy>| -> Vec<Policy> {
+        list.into_iter().filter_map(|p| policy_from_proto(p).map_err(|e| invalid("policy", &e)).ok()).collect()
     };
     match event.event {
         Some(proto::watch_event::Event::Snapshot(s)) => {
             let instances: HashMap<String, Arc<Instance>> =
-                convert(s.instances).into_iter().map(|i| (i.record.instance_id.clone(), Arc::new(i))).collect();
-            tracing::info!(revision = s.revision, instances = instances.len(), resync = s.resync, "applied snapshot");
-            table.store(RoutingTable::build(s.revision, instances));
+                instances(s.instances).into_iter().map(|i| (i.record.instance_id.clone(), Arc::new(i))).collect();
+            let policies: HashMap<(PolicyKind, String), Arc<Policy>> =
+                policies(s.policies).into_iter().map(|p| ((p.kind, p.name.clone()), Arc::new(p))).collect();
+            tracing::info!(
+                revision = s.revision,
+                instances = instances.len(),
+                policies = policies.len(),
+                resync = s.resync,
+                "applied snapshot"
+            );
+            table.store(RoutingTable::build(s.revision, instances, policies));
             stats.snapshots.fetch_add(1, Ordering::Relaxed);
             if s.resync {
                 stats.resyncs.fetch_add(1, Ordering::Relaxed);
@@ -198,7 +206,24 @@ pub fn apply(table: &TableHandle, event: proto::WatchEvent, stats: &WatchStats) 
                 );
                 return;
             }
-            table.store(current.apply(d.revision, convert(d.upserted), &d.removed_instance_ids));
+            let removed_policies = d
+                .removed_policies
+                .into_iter()
+                .filter_map(|r| match policy_kind_from_i32("kind", r.kind) {
+                    Ok(kind) => Some((kind, r.name)),
+                    Err(e) => {
+                        invalid("policy reference", &e);
+                        None
+                    }
+                })
+                .collect();
+            table.store(current.apply(Change {
+                revision: d.revision,
+                upserted: instances(d.upserted),
+                removed: d.removed_instance_ids,
+                upserted_policies: policies(d.upserted_policies),
+                removed_policies,
+            }));
             stats.deltas.fetch_add(1, Ordering::Relaxed);
         }
         None => {}

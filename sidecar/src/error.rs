@@ -78,6 +78,19 @@ impl SidecarError {
     }
 }
 
+impl From<agent_reach_routing::RouteError> for SidecarError {
+    fn from(e: agent_reach_routing::RouteError) -> Self {
+        match e {
+            agent_reach_routing::RouteError::NotFound { target, suggestions } => {
+                SidecarError::AgentNotFound { target, suggestions }
+            }
+            agent_reach_routing::RouteError::NoHealthyInstance { target, why, tried } => {
+                SidecarError::NoHealthyInstance { target, why, tried }
+            }
+        }
+    }
+}
+
 impl From<SidecarError> for Status {
     fn from(e: SidecarError) -> Status {
         e.into_status()

@@ -27,7 +27,7 @@ use tonic::Status;
 use crate::Inner;
 use crate::error::SidecarError;
 use crate::grpc::{self, Body, Frames, ReadError};
-use crate::route;
+use agent_reach_routing as route;
 
 /// Room for the envelope fields around a payload of the maximum size.
 const ENVELOPE_ALLOWANCE: usize = 64 * 1024;
@@ -116,14 +116,14 @@ async fn invoke_inner(inner: &Inner, req: Request<Incoming>, shape: Shape) -> Re
     for attempt in 1..=MAX_ATTEMPTS {
         let instance = match route::pick(&inner.table.load(), &target, &tried) {
             Ok(i) => i,
-            Err(SidecarError::NoHealthyInstance { target, why, tried }) if !last_failure.is_empty() => {
+            Err(route::RouteError::NoHealthyInstance { target, why, tried }) if !last_failure.is_empty() => {
                 return Err(SidecarError::NoHealthyInstance {
                     target,
                     why: format!("{last_failure}; and no other instance: {why}"),
                     tried,
                 });
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         };
         let remaining = deadline.saturating_duration_since(Instant::now()).saturating_sub(cfg.deadline_reserve);
         if remaining.is_zero() {

@@ -20,8 +20,6 @@ pub mod forward;
 pub mod grpc;
 pub mod pool;
 pub mod registry;
-pub mod route;
-pub mod table;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -41,11 +39,11 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tonic::{Code, Status};
 
+pub use agent_reach_routing::{RoutingTable, TableHandle};
 pub use config::{SidecarArgs, SidecarConfig};
 pub use control::WatchStats;
 use forward::Shape;
 use grpc::Body;
-pub use table::{RoutingTable, TableHandle};
 
 /// State shared by every request handler.
 pub struct Inner {
@@ -326,9 +324,9 @@ async fn health(inner: &Inner, req: Request<Incoming>) -> Response<Body> {
 fn route_rpc(inner: &Inner, r: proto::RouteRequest) -> Result<proto::RouteReply, error::SidecarError> {
     let target = target_from_proto(r.target)?;
     let table = inner.table.load();
-    route::resolve(&table, &target)?;
+    agent_reach_routing::resolve(&table, &target)?;
     let max = if r.max_candidates == 0 { 5 } else { r.max_candidates as usize };
-    let explanation = route::explain(&table, &target, &[], max);
+    let explanation = agent_reach_routing::explain(&table, &target, &[], max);
     Ok(proto::RouteReply {
         candidates: explanation
             .candidates

@@ -10,8 +10,18 @@ use std::sync::atomic::Ordering;
 
 use agent_reach::model::{HealthState, Instance, Target, TargetKind};
 
-use crate::error::SidecarError;
 use crate::table::{Group, RoutingTable};
+
+/// Why no instance could be picked.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    /// Nothing in the table offers the target.
+    #[error("no agent offers {target}")]
+    NotFound { target: String, suggestions: Vec<String> },
+    /// Instances exist, but none can take the call.
+    #[error("no healthy instance for {target}: {why}")]
+    NoHealthyInstance { target: String, why: String, tried: Vec<String> },
+}
 
 /// Why an instance of the target was not a candidate.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,12 +34,12 @@ pub struct Skip {
 }
 
 /// The group of instances the target names, or AGENT_NOT_FOUND with suggestions.
-pub fn resolve<'t>(table: &'t RoutingTable, target: &Target) -> Result<&'t Group, SidecarError> {
+pub fn resolve<'t>(table: &'t RoutingTable, target: &Target) -> Result<&'t Group, RouteError> {
     let (groups, name) = match &target.kind {
         TargetKind::Capability(c) => (&table.by_capability, c),
         TargetKind::Agent(a) => (&table.by_agent, a),
     };
-    groups.get(name.as_str()).ok_or_else(|| SidecarError::AgentNotFound {
+    groups.get(name.as_str()).ok_or_else(|| RouteError::NotFound {
         target: target.to_string(),
         suggestions: suggestions(groups.keys().map(String::as_str), name),
     })
@@ -63,7 +73,7 @@ fn eligible(inst: &Instance, target: &Target, exclude: &[String], state: HealthS
 }
 
 /// Picks an instance for `target`, never one in `exclude`.
-pub fn pick(table: &RoutingTable, target: &Target, exclude: &[String]) -> Result<Arc<Instance>, SidecarError> {
+pub fn pick(table: &RoutingTable, target: &Target, exclude: &[String]) -> Result<Arc<Instance>, RouteError> {
     let group = resolve(table, target)?;
     for state in [HealthState::Up, HealthState::Degraded] {
         let count = group.instances.iter().filter(|i| eligible(i, target, exclude, state)).count();
@@ -81,7 +91,7 @@ pub fn pick(table: &RoutingTable, target: &Target, exclude: &[String]) -> Result
     } else {
         skipped.iter().map(|s| format!("{} {}", s.instance_id, s.reason)).collect::<Vec<_>>().join(", ")
     };
-    Err(SidecarError::NoHealthyInstance { target: target.to_string(), why, tried: exclude.to_vec() })
+    Err(RouteError::NoHealthyInstance { target: target.to_string(), why, tried: exclude.to_vec() })
 }
 
 /// Where a call would go: candidates in the order they would be tried, and every other
@@ -173,7 +183,7 @@ mod tests {
     fn table(list: Vec<Instance>) -> RoutingTable {
         let map: HashMap<String, Arc<Instance>> =
             list.into_iter().map(|i| (i.record.instance_id.clone(), Arc::new(i))).collect();
-        RoutingTable::build(7, map)
+        RoutingTable::build(7, map, HashMap::new())
     }
 
     #[test]
@@ -211,7 +221,7 @@ mod tests {
         assert_eq!(pick(&t, &target, &["c".into()]).unwrap().id(), "b");
         let err = pick(&t, &target, &["b".into(), "c".into()]).unwrap_err();
         match err {
-            SidecarError::NoHealthyInstance { why, tried, .. } => {
+            RouteError::NoHealthyInstance { why, tried, .. } => {
                 assert_eq!(tried, ["b", "c"]);
                 assert!(why.contains("a STATE_DOWN"), "{why}");
             }
@@ -230,15 +240,15 @@ mod tests {
             inst("b", "translator", "text.translate", &[], HealthState::Up),
         ]);
         match pick(&t, &Target::capability("text.summarise"), &[]).unwrap_err() {
-            SidecarError::AgentNotFound { suggestions, .. } => assert_eq!(suggestions[0], "text.summarize"),
+            RouteError::NotFound { suggestions, .. } => assert_eq!(suggestions[0], "text.summarize"),
             other => panic!("unexpected {other:?}"),
         }
         match pick(&t, &Target::agent("translater"), &[]).unwrap_err() {
-            SidecarError::AgentNotFound { suggestions, .. } => assert_eq!(suggestions, ["translator"]),
+            RouteError::NotFound { suggestions, .. } => assert_eq!(suggestions, ["translator"]),
             other => panic!("unexpected {other:?}"),
         }
         match pick(&t, &Target::capability("image.render"), &[]).unwrap_err() {
-            SidecarError::AgentNotFound { suggestions, .. } => assert!(suggestions.is_empty()),
+            RouteError::NotFound { suggestions, .. } => assert!(suggestions.is_empty()),
             other => panic!("unexpected {other:?}"),
         }
     }

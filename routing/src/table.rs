@@ -1,5 +1,5 @@
-//! The routing table: every instance of the sidecar's tenant at one store revision, indexed
-//! by capability and by agent name.
+//! The routing table: every instance and policy of the sidecar's tenant at one store
+//! revision, instances indexed by capability and by agent name.
 //!
 //! A table is immutable once built. The watch loop builds a new one from each snapshot or
 //! batch of deltas and swaps it in whole ([`TableHandle`], an `ArcSwap`), so routing reads
@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 
 use agent_reach::model::Instance;
+use agent_reach::policy::{Policy, PolicyKind};
 use arc_swap::ArcSwap;
 
 /// The instances that can serve one capability or one agent name.
@@ -30,11 +31,27 @@ pub struct RoutingTable {
     pub instances: HashMap<String, Arc<Instance>>,
     pub by_capability: HashMap<String, Group>,
     pub by_agent: HashMap<String, Group>,
+    /// Policies by kind and name.
+    pub policies: HashMap<(PolicyKind, String), Arc<Policy>>,
+}
+
+/// Changes at one revision, as a watch delta carries them.
+#[derive(Debug, Default)]
+pub struct Change {
+    pub revision: i64,
+    pub upserted: Vec<Instance>,
+    pub removed: Vec<String>,
+    pub upserted_policies: Vec<Policy>,
+    pub removed_policies: Vec<(PolicyKind, String)>,
 }
 
 impl RoutingTable {
-    /// Builds a table from all instances at `revision`.
-    pub fn build(revision: i64, instances: HashMap<String, Arc<Instance>>) -> RoutingTable {
+    /// Builds a table from all instances and policies at `revision`.
+    pub fn build(
+        revision: i64,
+        instances: HashMap<String, Arc<Instance>>,
+        policies: HashMap<(PolicyKind, String), Arc<Policy>>,
+    ) -> RoutingTable {
         let mut by_capability: HashMap<String, Group> = HashMap::new();
         let mut by_agent: HashMap<String, Group> = HashMap::new();
         for inst in instances.values() {
@@ -47,19 +64,31 @@ impl RoutingTable {
         for g in by_capability.values_mut().chain(by_agent.values_mut()) {
             g.instances.sort_by(|a, b| a.id().cmp(b.id()));
         }
-        RoutingTable { revision, instances, by_capability, by_agent }
+        RoutingTable { revision, instances, by_capability, by_agent, policies }
     }
 
-    /// A new table with `upserted` written and `removed` deleted, at `revision`.
-    pub fn apply(&self, revision: i64, upserted: Vec<Instance>, removed: &[String]) -> RoutingTable {
+    /// A new table with `change` applied.
+    pub fn apply(&self, change: Change) -> RoutingTable {
         let mut instances = self.instances.clone();
-        for id in removed {
+        for id in &change.removed {
             instances.remove(id);
         }
-        for inst in upserted {
+        for inst in change.upserted {
             instances.insert(inst.record.instance_id.clone(), Arc::new(inst));
         }
-        RoutingTable::build(revision, instances)
+        let mut policies = self.policies.clone();
+        for key in change.removed_policies {
+            policies.remove(&key);
+        }
+        for p in change.upserted_policies {
+            policies.insert((p.kind, p.name.clone()), Arc::new(p));
+        }
+        RoutingTable::build(change.revision, instances, policies)
+    }
+
+    /// The policy of `kind` named `name`, if any.
+    pub fn policy(&self, kind: PolicyKind, name: &str) -> Option<&Arc<Policy>> {
+        self.policies.get(&(kind, name.to_string()))
     }
 
     pub fn len(&self) -> usize {
