@@ -2,6 +2,7 @@
 //! parsed once at start into [`ControlConfig`]; bad values fail start naming the flag.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
@@ -20,6 +21,19 @@ pub struct ControlArgs {
     /// when the process stops and replicas do not share it).
     #[arg(long, env = "AGENT_REACH_ETCD_ENDPOINTS", value_delimiter = ',')]
     pub etcd_endpoints: Vec<String>,
+
+    /// CA certificate (PEM) to verify etcd with; enables TLS (endpoints must be https://).
+    #[arg(long, env = "AGENT_REACH_ETCD_CA_FILE")]
+    pub etcd_ca_file: Option<PathBuf>,
+
+    /// Client certificate (PEM) for etcd's client-certificate authentication; needs
+    /// --etcd-key-file.
+    #[arg(long, env = "AGENT_REACH_ETCD_CERT_FILE", requires = "etcd_key_file")]
+    pub etcd_cert_file: Option<PathBuf>,
+
+    /// Private key (PEM) of --etcd-cert-file.
+    #[arg(long, env = "AGENT_REACH_ETCD_KEY_FILE", requires = "etcd_cert_file")]
+    pub etcd_key_file: Option<PathBuf>,
 
     /// Timeout of each etcd request.
     #[arg(long, env = "AGENT_REACH_ETCD_TIMEOUT", default_value = "5s", value_parser = agent_reach::duration::parse)]
@@ -64,6 +78,13 @@ impl TryFrom<&ControlArgs> for ControlConfig {
         if a.etcd_endpoints.iter().any(|e| e.trim().is_empty()) {
             return Err("--etcd-endpoints: empty endpoint in the list".into());
         }
+        let tls = a.etcd_ca_file.is_some() || a.etcd_cert_file.is_some();
+        if tls && a.etcd_endpoints.is_empty() {
+            return Err("--etcd-ca-file / --etcd-cert-file need --etcd-endpoints".into());
+        }
+        if let Some(plain) = a.etcd_endpoints.iter().find(|e| tls && !e.trim().starts_with("https://")) {
+            return Err(format!("--etcd-endpoints: {plain} must be https:// when etcd TLS files are given"));
+        }
         Ok(ControlConfig { lease_ttl: a.lease_ttl })
     }
 }
@@ -81,5 +102,11 @@ mod tests {
         let a = ControlArgs::parse_from(["control"]);
         assert_eq!(ControlConfig::try_from(&a).unwrap().lease_ttl, Duration::from_secs(15));
         assert!(a.etcd_endpoints.is_empty());
+        let a = ControlArgs::parse_from(["control", "--etcd-endpoints", "http://e:2379", "--etcd-ca-file", "/ca.pem"]);
+        assert!(ControlConfig::try_from(&a).unwrap_err().contains("https://"));
+        assert!(
+            ControlArgs::try_parse_from(["control", "--etcd-cert-file", "/c.pem"]).is_err(),
+            "a cert needs its key"
+        );
     }
 }

@@ -19,25 +19,74 @@ use std::future::Future;
 use std::sync::Arc;
 
 use agent_reach::proto::control_server::ControlServer;
-use agent_reach_store::{EmbeddedStore, EtcdOptions, EtcdStore, Store, StoreError};
+use agent_reach_store::{EmbeddedStore, EtcdOptions, EtcdStore, EtcdTls, Store};
 use tokio::net::TcpListener;
 
 pub use config::{ControlArgs, ControlConfig};
 pub use registry::Registry;
 pub use service::ControlService;
 
+/// Files of the TLS connection to etcd.
+#[derive(Clone, Debug, Default)]
+pub struct EtcdTlsFiles {
+    pub ca: Option<std::path::PathBuf>,
+    pub cert: Option<std::path::PathBuf>,
+    pub key: Option<std::path::PathBuf>,
+}
+
+impl EtcdTlsFiles {
+    fn is_empty(&self) -> bool {
+        self.ca.is_none() && self.cert.is_none() && self.key.is_none()
+    }
+
+    /// Reads the PEM files; the error names the flag and the file.
+    fn load(&self) -> Result<EtcdTls, String> {
+        let read = |flag: &str, path: &std::path::Path| {
+            std::fs::read(path).map_err(|e| format!("{flag} {}: {e}", path.display()))
+        };
+        let ca_pem = self.ca.as_deref().map(|p| read("--etcd-ca-file", p)).transpose()?;
+        let identity = match (&self.cert, &self.key) {
+            (Some(c), Some(k)) => Some((read("--etcd-cert-file", c)?, read("--etcd-key-file", k)?)),
+            (None, None) => None,
+            _ => return Err("--etcd-cert-file and --etcd-key-file go together".into()),
+        };
+        Ok(EtcdTls { ca_pem, identity })
+    }
+}
+
 /// Connects to etcd when endpoints are given, else creates the embedded store.
-pub async fn open_store(etcd_endpoints: &[String], timeout: std::time::Duration) -> Result<Arc<dyn Store>, StoreError> {
+pub async fn open_store(
+    etcd_endpoints: &[String],
+    timeout: std::time::Duration,
+    tls: &EtcdTlsFiles,
+) -> Result<Arc<dyn Store>, String> {
     if etcd_endpoints.is_empty() {
         return Ok(Arc::new(EmbeddedStore::default()));
     }
+    let tls = if tls.is_empty() { None } else { Some(tls.load()?) };
     let store = EtcdStore::connect(EtcdOptions {
         endpoints: etcd_endpoints.to_vec(),
         connect_timeout: timeout,
         request_timeout: timeout,
+        tls,
     })
-    .await?;
+    .await
+    .map_err(|e| format!("--etcd-endpoints: {e}"))?;
     Ok(Arc::new(store))
+}
+
+/// Runs the control service as the `agent-reach-control` binary does: opens the store the
+/// flags name, binds `--listen`, serves until ctrl-c or SIGTERM.
+pub async fn run(args: ControlArgs, config: ControlConfig) -> Result<(), String> {
+    let tls = EtcdTlsFiles {
+        ca: args.etcd_ca_file.clone(),
+        cert: args.etcd_cert_file.clone(),
+        key: args.etcd_key_file.clone(),
+    };
+    let store = open_store(&args.etcd_endpoints, args.etcd_timeout, &tls).await?;
+    let listener = TcpListener::bind(args.listen).await.map_err(|e| format!("--listen {}: {e}", args.listen))?;
+    tracing::info!(listen = %args.listen, store = store.backend(), lease_ttl = ?config.lease_ttl, "control service started");
+    serve(store, config, listener, agent_reach::process::shutdown_signal()).await.map_err(|e| e.to_string())
 }
 
 /// Serves the Control API (and grpc.health.v1) on `listener` until `shutdown` completes.

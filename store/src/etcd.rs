@@ -13,6 +13,7 @@
 //! not configure TLS or authentication.
 
 use std::collections::{HashMap, VecDeque};
+use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,12 +51,33 @@ pub struct EtcdOptions {
     pub connect_timeout: Duration,
     /// Longest wait for the answer to one request; then the call fails with `Unavailable`.
     pub request_timeout: Duration,
+    /// TLS to etcd (endpoints must then be `https://`).
+    pub tls: Option<EtcdTls>,
+}
+
+/// TLS material for the connection to etcd, as PEM.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct EtcdTls {
+    /// CA certificate(s) to verify the etcd members with; none = the system roots.
+    pub ca_pem: Option<Vec<u8>>,
+    /// Client certificate and key, for etcd's client-certificate authentication.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdTls")
+            .field("ca", &self.ca_pem.is_some())
+            .field("client_certificate", &self.identity.is_some())
+            .finish()
+    }
 }
 
 impl Default for EtcdOptions {
     fn default() -> Self {
         Self {
             endpoints: vec!["http://127.0.0.1:2379".to_owned()],
+            tls: None,
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(5),
         }
@@ -90,12 +112,25 @@ impl EtcdStore {
         if options.endpoints.is_empty() {
             return Err(StoreError::Invalid("no etcd endpoints given".to_owned()));
         }
-        let connect = etcd::ConnectOptions::new()
+        let mut connect = etcd::ConnectOptions::new()
             .with_connect_timeout(options.connect_timeout)
             .with_keep_alive(PING_INTERVAL, options.request_timeout)
             // A member cut off from its cluster fails requests and watches instead of
             // serving stale data or keeping a watch silently stuck.
             .with_require_leader(true);
+        if let Some(tls) = &options.tls {
+            if let Some(plain) = options.endpoints.iter().find(|e| !e.starts_with("https://")) {
+                return Err(StoreError::Invalid(format!("TLS is configured but endpoint {plain} is not https://")));
+            }
+            let mut config = etcd::TlsOptions::new();
+            if let Some(ca) = &tls.ca_pem {
+                config = config.ca_certificate(etcd::Certificate::from_pem(ca));
+            }
+            if let Some((cert, key)) = &tls.identity {
+                config = config.identity(etcd::Identity::from_pem(cert, key));
+            }
+            connect = connect.with_tls(config);
+        }
         let client = etcd::Client::connect(&options.endpoints, Some(connect)).await.map_err(|error| match error {
             etcd::Error::InvalidUri(error) => StoreError::Invalid(format!("invalid etcd endpoint: {error}")),
             other => to_store_error(other, None),
