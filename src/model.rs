@@ -283,10 +283,10 @@ impl Registration {
             return Err(FieldError::new("registration.endpoint", "must not be empty"));
         }
         endpoint_authority(&self.endpoint).map_err(|reason| FieldError::new("registration.endpoint", reason))?;
-        if self.transport == Transport::Http {
+        if self.transport == Transport::Grpc && endpoint_path(&self.endpoint) != "/" {
             return Err(FieldError::new(
-                "registration.transport",
-                "transport HTTP is not supported yet; register with GRPC",
+                "registration.endpoint",
+                "a gRPC endpoint is http://host:port without a path (paths are for HTTP agents)",
             ));
         }
         Ok(())
@@ -307,19 +307,29 @@ impl Target {
     }
 }
 
-/// The `host:port` part of an endpoint such as `http://127.0.0.1:50051` or `127.0.0.1:50051`.
+/// The `host:port` part of an endpoint such as `http://127.0.0.1:50051`, `127.0.0.1:50051`
+/// or (HTTP agents) `http://127.0.0.1:8080/invoke`.
 pub fn endpoint_authority(endpoint: &str) -> Result<&str, String> {
-    let rest = endpoint.strip_prefix("http://").or_else(|| endpoint.strip_prefix("grpc://")).unwrap_or(endpoint);
     if endpoint.starts_with("https://") {
         return Err("https endpoints are not supported between an agent and its local sidecar".into());
     }
-    let authority = rest.trim_end_matches('/');
-    if authority.is_empty() || authority.contains('/') {
+    let rest = endpoint.strip_prefix("http://").or_else(|| endpoint.strip_prefix("grpc://")).unwrap_or(endpoint);
+    let authority = rest.split('/').next().unwrap_or_default();
+    if authority.is_empty() {
         return Err(format!("{endpoint:?} is not of the form http://host:port"));
     }
     match authority.rsplit_once(':') {
         Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0) => Ok(authority),
         _ => Err(format!("{endpoint:?} has no valid port (expected http://host:port)")),
+    }
+}
+
+/// The path of an endpoint ("/" when it has none).
+pub fn endpoint_path(endpoint: &str) -> &str {
+    let rest = endpoint.strip_prefix("http://").or_else(|| endpoint.strip_prefix("grpc://")).unwrap_or(endpoint);
+    match rest.find('/') {
+        Some(i) if i + 1 < rest.len() => &rest[i..],
+        _ => "/",
     }
 }
 
@@ -359,7 +369,7 @@ mod tests {
             (Box::new(|r| r.capabilities.push(r.capabilities[0].clone())), "registration.capabilities[1].name"),
             (Box::new(|r| r.endpoint.clear()), "registration.endpoint"),
             (Box::new(|r| r.endpoint = "http://127.0.0.1".into()), "registration.endpoint"),
-            (Box::new(|r| r.transport = Transport::Http), "registration.transport"),
+            (Box::new(|r| r.endpoint = "http://127.0.0.1:5000/x".into()), "registration.endpoint"),
         ];
         for (mutate, field) in cases {
             let mut r = reg();
@@ -383,7 +393,14 @@ mod tests {
         assert_eq!(endpoint_authority("localhost:9"), Ok("localhost:9"));
         assert!(endpoint_authority("http://127.0.0.1:0").is_err());
         assert!(endpoint_authority("https://x:1").is_err());
-        assert!(endpoint_authority("http://x:1/path").is_err());
+        assert_eq!(endpoint_authority("http://x:1/path"), Ok("x:1"));
+        assert_eq!(endpoint_path("http://x:1/path/more"), "/path/more");
+        assert_eq!(endpoint_path("http://x:1/"), "/");
+        assert_eq!(endpoint_path("x:1"), "/");
+        let mut http = reg();
+        http.transport = Transport::Http;
+        http.endpoint = "http://127.0.0.1:8080/invoke".into();
+        assert_eq!(http.validate(), Ok(()));
     }
 
     #[test]

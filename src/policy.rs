@@ -292,10 +292,10 @@ impl Policy {
         {
             return Err(FieldError::new("spec.default_timeout_ms", "must be between 1 and 3600000"));
         }
-        if let Some(r) = &s.retry {
-            if !r.budget_ratio.is_finite() || !(0.0..=1.0).contains(&r.budget_ratio) {
-                return Err(FieldError::new("spec.retry.budget_ratio", "must be between 0 and 1"));
-            }
+        if let Some(r) = &s.retry
+            && (!r.budget_ratio.is_finite() || !(0.0..=1.0).contains(&r.budget_ratio))
+        {
+            return Err(FieldError::new("spec.retry.budget_ratio", "must be between 0 and 1"));
         }
         if let Some(f) = &s.fallback {
             let (field, name, same) = match f {

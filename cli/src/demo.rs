@@ -12,10 +12,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agent_reach::model::Target;
+use agent_reach::policy::{Policy, PolicyKind, PolicySpec, Strategy};
 use agent_reach::{Agent, Client, Reply, RunningAgent};
 use agent_reach_control::{ControlConfig, ControlHandle};
 use agent_reach_sidecar::{Sidecar, SidecarConfig};
-use agent_reach_store::EmbeddedStore;
+use agent_reach_store::{EmbeddedStore, Store};
 use tokio::net::TcpListener;
 
 async fn bind() -> Result<TcpListener, String> {
@@ -86,6 +87,30 @@ async fn planner(sidecar: &Sidecar) -> Result<RunningAgent, String> {
         .map_err(|e| e.to_string())
 }
 
+/// Stores a capability policy with `strategy`, as `agent-reach ctl policy put` would, and
+/// waits until the sidecars have it.
+async fn set_strategy(
+    store: &Arc<dyn Store>,
+    sidecars: &[&Sidecar],
+    capability: &str,
+    strategy: Strategy,
+) -> Result<(), String> {
+    let policy = Policy {
+        tenant: "default".into(),
+        kind: PolicyKind::Capability,
+        name: capability.into(),
+        spec: PolicySpec { strategy: Some(strategy), ..Default::default() },
+        description: "demo".into(),
+    };
+    policy.validate().map_err(|e| e.to_string())?;
+    let key = agent_reach_control::keys::policy_key("default", PolicyKind::Capability, capability);
+    store.put(&key, agent_reach_control::registry::encode_policy(&policy), None).await.map_err(|e| e.to_string())?;
+    for sc in sidecars {
+        sc.wait_for_table(Duration::from_secs(10), |t| t.policy(PolicyKind::Capability, capability).is_some()).await?;
+    }
+    Ok(())
+}
+
 fn check(ok: bool, what: &str) -> Result<(), String> {
     if ok { Ok(()) } else { Err(format!("demo check failed: {what}")) }
 }
@@ -93,8 +118,9 @@ fn check(ok: bool, what: &str) -> Result<(), String> {
 pub async fn run() -> Result<(), String> {
     let started = Instant::now();
     println!("Agent-Reach demo: a control service, two sidecars and five agents in this process, on 127.0.0.1.\n");
-    let control = ControlHandle::spawn(Arc::new(EmbeddedStore::default()), ControlConfig::default(), bind().await?)
-        .map_err(|e| e.to_string())?;
+    let store: Arc<dyn Store> = Arc::new(EmbeddedStore::default());
+    let control =
+        ControlHandle::spawn(store.clone(), ControlConfig::default(), bind().await?).map_err(|e| e.to_string())?;
     let a = sidecar(&control, "host-a").await?;
     let b = sidecar(&control, "host-b").await?;
     println!("  control    {}  (embedded store: registrations on 15 s leases)", control.addr());
@@ -129,7 +155,8 @@ pub async fn run() -> Result<(), String> {
     );
 
     let mesh = plan.client();
-    println!("\n1. The planner calls text.summarize 8 times; sidecar A picks round-robin among healthy instances:");
+    println!("\n1. The planner calls text.summarize 8 times. The default strategy, least_loaded, compares two");
+    println!("   instances by latency x calls in flight, so the summarizer next door (no mesh hop) takes most:");
     let mut spread: BTreeMap<String, usize> = BTreeMap::new();
     for i in 1..=8 {
         let reply = mesh
@@ -143,7 +170,26 @@ pub async fn run() -> Result<(), String> {
     }
     let line: Vec<String> = spread.iter().map(|(k, v)| format!("{k} x{v}")).collect();
     println!("   spread: {}", line.join(", "));
-    check(spread.len() == 2 && spread.values().all(|n| *n == 4), "8 calls split 4/4 across the two summarizers")?;
+    check(
+        spread.keys().all(|k| *k == sum_a.instance_id() || *k == sum_b.instance_id()),
+        "every text.summarize call went to a summarizer",
+    )?;
+
+    println!("\n   A policy switches text.summarize to round_robin (stored as `agent-reach ctl policy put` would,");
+    println!("   pushed to both sidecars through the watch stream); 8 more calls split exactly 4/4:");
+    set_strategy(&store, &[&a, &b], "text.summarize", Strategy::RoundRobin).await?;
+    let mut spread: BTreeMap<String, usize> = BTreeMap::new();
+    for i in 9..=16 {
+        let reply =
+            mesh.invoke("text.summarize").text(format!("report {i}")).send().await.map_err(|e| e.to_string())?;
+        *spread.entry(reply.instance().to_string()).or_default() += 1;
+    }
+    let line: Vec<String> = spread.iter().map(|(k, v)| format!("{k} x{v}")).collect();
+    println!("   spread: {}", line.join(", "));
+    check(
+        spread.len() == 2 && spread.values().all(|n| *n == 4),
+        "8 round-robin calls split 4/4 across the two summarizers",
+    )?;
 
     println!("\n2. Required tags: text.translate with tags [fr] can only go to the translator tagged fr:");
     for _ in 0..3 {
@@ -184,11 +230,13 @@ pub async fn run() -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     for c in &route.candidates {
         let inst = c.instance.as_ref().map(|i| i.instance_id.as_str()).unwrap_or("?");
-        println!("   candidate {inst} (score {})", c.score);
+        println!("   candidate {inst}  cost {:.3} (least_loaded: latency x calls in flight; lower is better)", c.score);
     }
 
     let dead = tr_b.instance_id();
-    println!("\n6. Kill translator {dead} on host-b without deregistering, then call text.translate [zh] 6 times:");
+    set_strategy(&store, &[&a, &b], "text.translate", Strategy::RoundRobin).await?;
+    println!("\n6. With text.translate on round_robin, kill translator {dead} on host-b without deregistering,");
+    println!("   then call text.translate [zh] 6 times:");
     tr_b.abort();
     let mut retried = 0;
     for i in 1..=6 {
@@ -216,8 +264,8 @@ pub async fn run() -> Result<(), String> {
     );
 
     println!(
-        "\nSummary: 8 calls spread 4/4 by capability, tags honoured, a 3-agent chain, a helpful NOT_FOUND, \
-         and no failed call after a kill. Done in {:.1} s.",
+        "\nSummary: calls by capability (least_loaded, then round_robin 4/4 by policy), tags honoured, a 3-agent \
+         chain, a helpful NOT_FOUND, and no failed call after a kill. Done in {:.1} s.",
         started.elapsed().as_secs_f64()
     );
     for agent in [sum_a, sum_b, tr_a, plan] {

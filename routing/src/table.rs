@@ -3,32 +3,180 @@
 //!
 //! A table is immutable once built. The watch loop builds a new one from each snapshot or
 //! batch of deltas and swaps it in whole ([`TableHandle`], an `ArcSwap`), so routing reads
-//! never take a lock shared with the updater. This module does not pick instances; see
+//! never take a lock shared with the updater. What the sidecar learns at run time (latency,
+//! in-flight calls, round-robin cursors, retry budgets) lives in `Arc`ed atomics that each
+//! new table inherits from the previous one. This module does not pick instances; see
 //! [`crate::route`].
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicU32, AtomicUsize};
+use std::sync::{Arc, OnceLock};
 
-use agent_reach::model::Instance;
-use agent_reach::policy::{Policy, PolicyKind};
+use agent_reach::model::{HealthState, Instance};
+use agent_reach::policy::{Policy, PolicyKind, PolicySpec, Strategy};
 use arc_swap::ArcSwap;
+
+use crate::budget::RetryBudget;
+use crate::ring::Ring;
+use crate::stats::InstanceStats;
+
+/// One instance as routing sees it: its record and what this sidecar observed of it.
+#[derive(Clone, Debug)]
+pub struct Member {
+    pub instance: Arc<Instance>,
+    pub stats: Arc<InstanceStats>,
+}
+
+impl Member {
+    pub fn id(&self) -> &str {
+        self.instance.id()
+    }
+}
+
+/// A call in flight to a member, counted on the member and on its group until dropped.
+#[derive(Debug)]
+pub struct CallGuard {
+    _instance: crate::stats::InFlight,
+    group: Arc<GroupState>,
+}
+
+impl CallGuard {
+    pub fn begin(member: &Member, group: &Arc<GroupState>) -> CallGuard {
+        group.in_flight.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        CallGuard { _instance: member.stats.begin(), group: group.clone() }
+    }
+}
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        self.group.in_flight.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Run-time state of a group that survives table swaps.
+#[derive(Debug, Default)]
+pub struct GroupState {
+    /// Round-robin cursor.
+    pub cursor: AtomicUsize,
+    /// Calls in flight from this sidecar to the group (bounded-load hashing).
+    pub in_flight: AtomicU32,
+    pub retry_budget: RetryBudget,
+}
 
 /// The instances that can serve one capability or one agent name.
 #[derive(Debug, Default)]
 pub struct Group {
     /// Sorted by instance id, so every sidecar sees the same order.
-    pub instances: Vec<Arc<Instance>>,
-    /// Round-robin cursor.
-    pub cursor: AtomicUsize,
+    pub members: Vec<Member>,
+    pub state: Arc<GroupState>,
+    /// The group's policy (capability policy for capability groups, agent policy for agent
+    /// groups), if any.
+    pub policy: Option<Arc<Policy>>,
+    /// Members UP (indices), the first choice for HIGH priority calls.
+    pub up: Vec<u32>,
+    /// Members UP or DEGRADED, the first choice for NORMAL and LOW calls.
+    pub up_or_degraded: Vec<u32>,
+    /// `weighted`: cumulative weights over `up_or_degraded` (empty when unused).
+    pub cumulative_weights: Vec<u64>,
+    /// `weighted`: the largest member weight (for rejection sampling of tagged calls).
+    pub max_weight: u32,
+    /// Members carrying each tag (for capability groups, the tags of that capability), so
+    /// a call with required tags samples among members that can match.
+    pub by_tag: HashMap<String, Vec<u32>>,
+    ring: OnceLock<Ring>,
 }
 
-/// All instances of the tenant at one revision.
+impl Group {
+    fn new(
+        members: Vec<Member>,
+        state: Arc<GroupState>,
+        policy: Option<Arc<Policy>>,
+        capability: Option<&str>,
+    ) -> Group {
+        let mut up = Vec::new();
+        let mut up_or_degraded = Vec::new();
+        let mut by_tag: HashMap<String, Vec<u32>> = HashMap::new();
+        for (i, m) in members.iter().enumerate() {
+            for cap in &m.instance.record.registration.capabilities {
+                if capability.is_none_or(|c| c == cap.name) {
+                    for tag in &cap.tags {
+                        let list = by_tag.entry(tag.clone()).or_default();
+                        if list.last() != Some(&(i as u32)) {
+                            list.push(i as u32);
+                        }
+                    }
+                }
+            }
+            match m.instance.record.state {
+                HealthState::Up => {
+                    up.push(i as u32);
+                    up_or_degraded.push(i as u32);
+                }
+                HealthState::Degraded => up_or_degraded.push(i as u32),
+                _ => {}
+            }
+        }
+        let spec = policy.as_ref().map(|p| &p.spec);
+        let cumulative_weights = if spec.and_then(|s| s.strategy) == Some(Strategy::Weighted) {
+            let mut total = 0u64;
+            up_or_degraded
+                .iter()
+                .map(|i| {
+                    total += u64::from(weight(&members[*i as usize], spec));
+                    total
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let max_weight =
+            if cumulative_weights.is_empty() { 0 } else { members.iter().map(|m| weight(m, spec)).max().unwrap_or(0) };
+        Group {
+            members,
+            state,
+            policy,
+            up,
+            up_or_degraded,
+            cumulative_weights,
+            max_weight,
+            by_tag,
+            ring: OnceLock::new(),
+        }
+    }
+
+    /// The routing strategy (policy's, else least_loaded).
+    pub fn strategy(&self) -> Strategy {
+        self.policy.as_ref().and_then(|p| p.spec.strategy).unwrap_or_default()
+    }
+
+    /// The group's policy rules, if any.
+    pub fn spec(&self) -> Option<&PolicySpec> {
+        self.policy.as_ref().map(|p| &p.spec)
+    }
+
+    /// The consistent-hash ring, built on first use.
+    pub fn ring(&self) -> &Ring {
+        self.ring.get_or_init(|| Ring::build(self.members.iter().map(Member::id)))
+    }
+}
+
+/// A member's weight for the `weighted` strategy: the policy's weight for its version when
+/// the policy lists weights (unlisted versions weigh 0), else its registration metadata
+/// `weight` (default 1).
+pub fn weight(m: &Member, spec: Option<&PolicySpec>) -> u32 {
+    let reg = &m.instance.record.registration;
+    match spec {
+        Some(s) if !s.weights.is_empty() => s.weights.get(&reg.version).copied().unwrap_or(0),
+        _ => reg.metadata.get("weight").and_then(|w| w.parse().ok()).unwrap_or(1),
+    }
+}
+
+/// All instances and policies of the tenant at one revision.
 #[derive(Debug, Default)]
 pub struct RoutingTable {
     /// Store revision the table reflects; 0 before the first snapshot.
     pub revision: i64,
-    pub instances: HashMap<String, Arc<Instance>>,
+    pub instances: HashMap<String, Member>,
     pub by_capability: HashMap<String, Group>,
     pub by_agent: HashMap<String, Group>,
     /// Policies by kind and name.
@@ -46,30 +194,56 @@ pub struct Change {
 }
 
 impl RoutingTable {
-    /// Builds a table from all instances and policies at `revision`.
+    /// Builds a table from all instances and policies at `revision`, keeping the run-time
+    /// state of `previous` for instances and groups that are still there.
     pub fn build(
         revision: i64,
         instances: HashMap<String, Arc<Instance>>,
         policies: HashMap<(PolicyKind, String), Arc<Policy>>,
+        previous: Option<&RoutingTable>,
     ) -> RoutingTable {
-        let mut by_capability: HashMap<String, Group> = HashMap::new();
-        let mut by_agent: HashMap<String, Group> = HashMap::new();
-        for inst in instances.values() {
-            let reg = &inst.record.registration;
-            by_agent.entry(reg.agent.clone()).or_default().instances.push(inst.clone());
+        let members: HashMap<String, Member> = instances
+            .into_iter()
+            .map(|(id, instance)| {
+                let stats = previous.and_then(|p| p.instances.get(&id)).map(|m| m.stats.clone()).unwrap_or_default();
+                (id, Member { instance, stats })
+            })
+            .collect();
+        let mut caps: HashMap<String, Vec<Member>> = HashMap::new();
+        let mut agents: HashMap<String, Vec<Member>> = HashMap::new();
+        for m in members.values() {
+            let reg = &m.instance.record.registration;
+            agents.entry(reg.agent.clone()).or_default().push(m.clone());
             for cap in &reg.capabilities {
-                by_capability.entry(cap.name.clone()).or_default().instances.push(inst.clone());
+                caps.entry(cap.name.clone()).or_default().push(m.clone());
             }
         }
-        for g in by_capability.values_mut().chain(by_agent.values_mut()) {
-            g.instances.sort_by(|a, b| a.id().cmp(b.id()));
-        }
-        RoutingTable { revision, instances, by_capability, by_agent, policies }
+        let finish = |groups: HashMap<String, Vec<Member>>, kind: PolicyKind| -> HashMap<String, Group> {
+            groups
+                .into_iter()
+                .map(|(name, mut list)| {
+                    list.sort_by(|a, b| a.id().cmp(b.id()));
+                    let prior = previous.and_then(|p| match kind {
+                        PolicyKind::Agent => p.by_agent.get(&name),
+                        _ => p.by_capability.get(&name),
+                    });
+                    let state = prior.map(|g| g.state.clone()).unwrap_or_default();
+                    let policy = policies.get(&(kind, name.clone())).cloned();
+                    let capability = (kind == PolicyKind::Capability).then_some(name.as_str());
+                    let group = Group::new(list, state, policy, capability);
+                    (name, group)
+                })
+                .collect()
+        };
+        let by_capability = finish(caps, PolicyKind::Capability);
+        let by_agent = finish(agents, PolicyKind::Agent);
+        RoutingTable { revision, instances: members, by_capability, by_agent, policies }
     }
 
     /// A new table with `change` applied.
     pub fn apply(&self, change: Change) -> RoutingTable {
-        let mut instances = self.instances.clone();
+        let mut instances: HashMap<String, Arc<Instance>> =
+            self.instances.iter().map(|(id, m)| (id.clone(), m.instance.clone())).collect();
         for id in &change.removed {
             instances.remove(id);
         }
@@ -83,12 +257,17 @@ impl RoutingTable {
         for p in change.upserted_policies {
             policies.insert((p.kind, p.name.clone()), Arc::new(p));
         }
-        RoutingTable::build(change.revision, instances, policies)
+        RoutingTable::build(change.revision, instances, policies, Some(self))
     }
 
     /// The policy of `kind` named `name`, if any.
     pub fn policy(&self, kind: PolicyKind, name: &str) -> Option<&Arc<Policy>> {
         self.policies.get(&(kind, name.to_string()))
+    }
+
+    /// The tenant-wide policy, if any.
+    pub fn tenant_policy(&self) -> Option<&Arc<Policy>> {
+        self.policy(PolicyKind::Tenant, "default")
     }
 
     pub fn len(&self) -> usize {

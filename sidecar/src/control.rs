@@ -102,8 +102,32 @@ pub struct WatchStats {
     pub resyncs: AtomicU64,
     pub deltas: AtomicU64,
     pub rejected: AtomicU64,
+    /// Unix milliseconds when the table was last known to match control (an event applied
+    /// or a watch established); 0 = never.
+    pub confirmed_at_ms: AtomicU64,
     /// Instances or policies from control that failed conversion and were skipped.
     pub invalid_instances: AtomicU64,
+}
+
+impl WatchStats {
+    /// Records that the table matches control now.
+    pub fn confirm(&self) {
+        self.confirmed_at_ms.store(unix_ms(), Ordering::Relaxed);
+    }
+
+    /// Whether the table may be out of date (no live watch), and for how long it has not
+    /// been confirmed.
+    pub fn staleness(&self) -> (bool, Duration) {
+        let stale = !self.connected.load(Ordering::Relaxed);
+        let at = self.confirmed_at_ms.load(Ordering::Relaxed);
+        let age = if at == 0 { Duration::ZERO } else { Duration::from_millis(unix_ms().saturating_sub(at)) };
+        (stale, if stale { age } else { Duration::ZERO })
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 /// Keeps `table` in step with control until `shutdown` turns true.
@@ -128,6 +152,7 @@ pub async fn run_watch(
         match outcome {
             Ok(resp) => {
                 stats.connected.store(true, Ordering::Relaxed);
+                stats.confirm();
                 tracing::info!(control = %uri, "watching routing state");
                 let mut stream = resp.into_inner();
                 loop {
@@ -139,6 +164,7 @@ pub async fn run_watch(
                         Ok(Some(event)) => {
                             failures = 0;
                             apply(&table, event, &stats);
+                            stats.confirm();
                             revision_tx.send_replace(table.load().revision);
                         }
                         Ok(None) => {
@@ -189,7 +215,8 @@ pub fn apply(table: &TableHandle, event: proto::WatchEvent, stats: &WatchStats) 
                 resync = s.resync,
                 "applied snapshot"
             );
-            table.store(RoutingTable::build(s.revision, instances, policies));
+            let previous = table.load_full();
+            table.store(RoutingTable::build(s.revision, instances, policies, Some(&previous)));
             stats.snapshots.fetch_add(1, Ordering::Relaxed);
             if s.resync {
                 stats.resyncs.fetch_add(1, Ordering::Relaxed);

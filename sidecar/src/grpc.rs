@@ -42,8 +42,44 @@ pub enum Body {
     Frames(Frames),
     /// A body passed through unchanged from another connection.
     Incoming(Incoming),
+    /// Frames produced by a task (e.g. a streamed answer converted from JSON lines).
+    Channel(ChannelBody),
+    /// A body whose trailers are read or annotated on the way, and whose call stays counted
+    /// in flight until it ends.
+    Tapped(Tapped),
     /// A body produced by tonic (the non-forwarding RPCs).
     Tonic(tonic::body::Body),
+}
+
+impl Body {
+    /// Taps this body: `annotate` adds the local instance's load to the trailers (target
+    /// side); `observe` counts the call until the body ends and reads the reported load
+    /// into the instance's stats (caller side).
+    pub fn tap(
+        self,
+        annotate: Option<crate::inbound::InboundGuard>,
+        observe: Option<(agent_reach_routing::CallGuard, std::sync::Arc<agent_reach_routing::InstanceStats>)>,
+    ) -> Body {
+        let inner = match self {
+            Body::Incoming(b) => Source::Incoming(b),
+            Body::Frames(f) => Source::Frames(f),
+            Body::Channel(c) => Source::Channel(c),
+            Body::Tapped(mut t) => {
+                t.annotate = t.annotate.or(annotate);
+                if let Some((guard, stats)) = observe {
+                    t.observe = Some(guard);
+                    t.stats = Some(stats);
+                }
+                return Body::Tapped(t);
+            }
+            other => return other,
+        };
+        let (observe, stats) = match observe {
+            Some((g, s)) => (Some(g), Some(s)),
+            None => (None, None),
+        };
+        Body::Tapped(Tapped { inner, annotate, observe, stats })
+    }
 }
 
 impl HttpBody for Body {
@@ -55,6 +91,8 @@ impl HttpBody for Body {
             Body::Empty => Poll::Ready(None),
             Body::Frames(f) => Poll::Ready(f.next_frame().map(Ok)),
             Body::Incoming(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            Body::Channel(c) => c.poll_frame(cx),
+            Body::Tapped(t) => t.poll_frame(cx),
             Body::Tonic(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
         }
     }
@@ -64,6 +102,8 @@ impl HttpBody for Body {
             Body::Empty => true,
             Body::Frames(f) => f.is_empty(),
             Body::Incoming(b) => b.is_end_stream(),
+            Body::Channel(_) => false,
+            Body::Tapped(t) => t.inner.is_end_stream(),
             Body::Tonic(b) => b.is_end_stream(),
         }
     }
@@ -73,7 +113,90 @@ impl HttpBody for Body {
             Body::Empty => SizeHint::with_exact(0),
             Body::Frames(f) => SizeHint::with_exact(f.len() as u64),
             Body::Incoming(b) => b.size_hint(),
+            Body::Channel(_) => SizeHint::default(),
+            Body::Tapped(t) => t.inner.size_hint(),
             Body::Tonic(b) => b.size_hint(),
+        }
+    }
+}
+
+/// Frames sent by a task through a bounded channel (the bound is the back-pressure).
+pub struct ChannelBody {
+    rx: tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, BoxError>>,
+}
+
+impl ChannelBody {
+    /// A body and the sender that feeds it, holding at most `capacity` frames.
+    pub fn new(capacity: usize) -> (tokio::sync::mpsc::Sender<Result<Frame<Bytes>, BoxError>>, ChannelBody) {
+        let (tx, rx) = tokio::sync::mpsc::channel(capacity);
+        (tx, ChannelBody { rx })
+    }
+
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
+/// What a [`Tapped`] body passes through.
+enum Source {
+    Incoming(Incoming),
+    Frames(Frames),
+    Channel(ChannelBody),
+}
+
+impl Source {
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Source::Incoming(b) => b.is_end_stream(),
+            Source::Frames(f) => f.is_empty(),
+            Source::Channel(_) => false,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Source::Incoming(b) => b.size_hint(),
+            Source::Frames(f) => SizeHint::with_exact(f.len() as u64),
+            Source::Channel(_) => SizeHint::default(),
+        }
+    }
+}
+
+/// See [`Body::tap`].
+pub struct Tapped {
+    inner: Source,
+    annotate: Option<crate::inbound::InboundGuard>,
+    observe: Option<agent_reach_routing::CallGuard>,
+    stats: Option<std::sync::Arc<agent_reach_routing::InstanceStats>>,
+}
+
+impl Tapped {
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = match &mut self.inner {
+            Source::Incoming(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            Source::Frames(f) => Poll::Ready(f.next_frame().map(Ok)),
+            Source::Channel(c) => c.poll_frame(cx),
+        };
+        match polled {
+            Poll::Ready(Some(Ok(frame))) if frame.is_trailers() => {
+                let mut trailers = frame.into_trailers().unwrap_or_default();
+                if let Some(guard) = &self.annotate {
+                    guard.instance().annotate(&mut trailers);
+                }
+                if let (Some(stats), Some(load)) = (&self.stats, crate::inbound::parse_load(&trailers)) {
+                    stats.report_load(load, agent_reach_routing::clock());
+                }
+                // The call is over once its trailers pass.
+                self.annotate = None;
+                self.observe = None;
+                Poll::Ready(Some(Ok(Frame::trailers(trailers))))
+            }
+            Poll::Ready(None) => {
+                self.annotate = None;
+                self.observe = None;
+                Poll::Ready(None)
+            }
+            other => other,
         }
     }
 }
@@ -114,6 +237,11 @@ impl Frames {
     pub fn with_trailers(mut self, trailers: Option<HeaderMap>) -> Frames {
         self.trailers = trailers;
         self
+    }
+
+    /// The next data frame, then the trailers; `None` when all were taken.
+    pub fn take_frame(&mut self) -> Option<Frame<Bytes>> {
+        self.next_frame()
     }
 
     fn next_frame(&mut self) -> Option<Frame<Bytes>> {

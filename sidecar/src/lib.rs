@@ -18,7 +18,10 @@ pub mod control;
 pub mod error;
 pub mod forward;
 pub mod grpc;
+pub mod http_agent;
+pub mod inbound;
 pub mod pool;
+pub mod probe;
 pub mod registry;
 
 use std::convert::Infallible;
@@ -52,7 +55,55 @@ pub struct Inner {
     pub registry: Arc<registry::Registry>,
     pub pool: pool::Pool,
     pub watch_stats: Arc<WatchStats>,
+    /// Delivery counters of local instances (the load reported to callers).
+    pub inbound: inbound::Inbound,
+    /// Calls in flight through this sidecar (both directions), for draining.
+    pub calls: Calls,
     health: tonic_health::pb::health_server::HealthServer<tonic_health::server::HealthService>,
+}
+
+/// Calls in flight through the sidecar, with a notification when the count drops, so
+/// shutdown can wait for them.
+#[derive(Default)]
+pub struct Calls {
+    count: std::sync::atomic::AtomicU64,
+    idle: tokio::sync::Notify,
+}
+
+impl Calls {
+    /// Counts a call until the guard drops.
+    pub fn begin(&self) -> CallCount<'_> {
+        self.count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        CallCount { calls: self }
+    }
+
+    pub fn in_flight(&self) -> u64 {
+        self.count.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Completes when no call is in flight.
+    pub async fn idle(&self) {
+        loop {
+            let notified = self.idle.notified();
+            if self.in_flight() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// One call counted in [`Calls`].
+pub struct CallCount<'a> {
+    calls: &'a Calls,
+}
+
+impl Drop for CallCount<'_> {
+    fn drop(&mut self) {
+        if self.calls.count.fetch_sub(1, std::sync::atomic::Ordering::Relaxed) == 1 {
+            self.calls.idle.notify_waiters();
+        }
+    }
 }
 
 /// Why a sidecar could not start.
@@ -113,6 +164,8 @@ impl Sidecar {
             registry: registry.clone(),
             pool: pool::Pool::default(),
             watch_stats: watch_stats.clone(),
+            inbound: inbound::Inbound::default(),
+            calls: Calls::default(),
             health,
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
@@ -326,14 +379,23 @@ fn route_rpc(inner: &Inner, r: proto::RouteRequest) -> Result<proto::RouteReply,
     let table = inner.table.load();
     agent_reach_routing::resolve(&table, &target)?;
     let max = if r.max_candidates == 0 { 5 } else { r.max_candidates as usize };
-    let explanation = agent_reach_routing::explain(&table, &target, &[], max);
+    let request = agent_reach_routing::PickRequest {
+        target: &target,
+        priority: agent_reach::convert::priority_from_i32(r.priority),
+        hash_key: (!r.session_id.is_empty()).then_some(r.session_id.as_str()),
+        exclude: &[],
+        now: agent_reach_routing::clock(),
+    };
+    let explanation = agent_reach_routing::explain(&table, &request, max);
+    let (stale, age) = inner.watch_stats.staleness();
     Ok(proto::RouteReply {
         candidates: explanation
             .candidates
             .iter()
-            .map(|(inst, score)| proto::RouteCandidate {
-                instance: Some(proto::Instance::from(&**inst)),
-                score: *score,
+            .map(|c| proto::RouteCandidate {
+                instance: Some(proto::Instance::from(&*c.member.instance)),
+                score: c.score,
+                note: c.note.clone(),
             })
             .collect(),
         skipped: explanation
@@ -347,7 +409,9 @@ fn route_rpc(inner: &Inner, r: proto::RouteRequest) -> Result<proto::RouteReply,
             })
             .collect(),
         table_revision: table.revision,
-        strategy: "round_robin".into(),
+        strategy: explanation.strategy.unwrap_or_default().as_str().to_string(),
+        table_stale: stale,
+        table_age_ms: age.as_millis() as i64,
     })
 }
 

@@ -19,7 +19,6 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tonic::Status;
 use tonic::transport::{Channel, Endpoint};
-use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
 use crate::control::ControlClients;
@@ -44,7 +43,7 @@ pub struct LocalInstance {
     probe_failures: AtomicU32,
     /// State last sent to control.
     published: Mutex<HealthState>,
-    health: HealthClient<Channel>,
+    pub(crate) health: HealthClient<Channel>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -329,12 +328,7 @@ impl Registry {
             }
             let instances: Vec<Arc<LocalInstance>> = self.instances.load().values().cloned().collect();
             let probes = instances.iter().map(|inst| async move {
-                let mut health = inst.health.clone();
-                let request = tonic_health::pb::HealthCheckRequest { service: String::new() };
-                let ok = matches!(
-                    tokio::time::timeout(PROBE_TIMEOUT, health.check(request)).await,
-                    Ok(Ok(r)) if r.get_ref().status == ServingStatus::Serving as i32
-                );
+                let ok = crate::probe::healthy(inst, PROBE_TIMEOUT).await;
                 let before = inst.effective_state();
                 if ok {
                     inst.probe_failures.store(0, Ordering::Relaxed);

@@ -188,8 +188,19 @@ impl AgentBuilder {
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         health_reporter.set_serving::<AgentServer<AgentImpl>>().await;
         let (stop_tx, mut stop_rx) = watch::channel(false);
+        let kill = tokio_util::sync::CancellationToken::new();
+        let killed = kill.clone();
         let server = tokio::spawn(async move {
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            // Accepts until killed (the listener then closes); each connection breaks when
+            // killed.
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener)
+                .take_until(killed.clone().cancelled_owned())
+                .map(move |conn| {
+                    conn.map(|tcp| {
+                        let _ = tcp.set_nodelay(true);
+                        super::killable::KillableIo::new(tcp, &killed)
+                    })
+                });
             Server::builder()
                 .tcp_nodelay(true)
                 .add_service(health_service)
@@ -229,6 +240,7 @@ impl AgentBuilder {
             stats,
             state: state_tx,
             stop: stop_tx,
+            kill,
             server,
             heartbeat,
             drain_timeout: self.drain_timeout,
@@ -310,6 +322,7 @@ pub struct RunningAgent {
     stats: Arc<Stats>,
     state: watch::Sender<HealthState>,
     stop: watch::Sender<bool>,
+    kill: tokio_util::sync::CancellationToken,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
     heartbeat: JoinHandle<()>,
     drain_timeout: Duration,
@@ -359,13 +372,12 @@ impl RunningAgent {
         }
     }
 
-    /// Stops without deregistering, as a crash looks to the mesh: heartbeats stop, the
-    /// listener closes (new connections are refused), open connections are told to go away
-    /// (no new calls on them), and the registration is left to expire. Calls already
-    /// running finish in the background.
+    /// Stops at once without deregistering, as a crash looks to the mesh: heartbeats stop,
+    /// the listener closes (new connections are refused), every open connection breaks
+    /// (calls in flight on it fail), and the registration is left to expire.
     pub fn abort(self) {
         self.heartbeat.abort();
-        let _ = self.stop.send(true);
+        self.kill.cancel();
     }
 }
 

@@ -216,6 +216,10 @@ impl InvokeReply {
     pub fn attempts(&self) -> u32 {
         self.inner.attempts
     }
+    /// When a fallback served the call: the target that could not (e.g. "capability x").
+    pub fn fallback_from(&self) -> Option<&str> {
+        (!self.inner.fallback_from.is_empty()).then_some(self.inner.fallback_from.as_str())
+    }
     pub fn into_proto(self) -> proto::InvokeReply {
         self.inner
     }

@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod client;
+mod killable;
 
 /// Address of the local sidecar: `AGENT_REACH_SIDECAR` or [`crate::DEFAULT_SIDECAR_ADDR`].
 pub(crate) fn default_sidecar_addr() -> String {

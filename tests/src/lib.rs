@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use agent_reach::policy::{Policy, PolicyKind, PolicySpec};
 use agent_reach::{Agent, Reply, RunningAgent};
 use agent_reach_control::{ControlConfig, ControlHandle};
 use agent_reach_sidecar::{Sidecar, SidecarConfig};
@@ -40,6 +41,7 @@ impl TestStore {
                     .expect("etcd start task")
                     .unwrap_or_else(|e| panic!("etcd is required for this test and did not start: {e}"));
                 let store = EtcdStore::connect(EtcdOptions {
+                    tls: None,
                     endpoints: vec![etcd.endpoint()],
                     connect_timeout: Duration::from_secs(5),
                     request_timeout: Duration::from_secs(5),
@@ -112,6 +114,32 @@ pub async fn wait_for_instances(sidecar: &Sidecar, ids: &[String]) {
             have.sort();
             panic!("{e}: want {want:?}, have {have:?}")
         });
+}
+
+/// Writes a policy straight into the store (as the Admin API stores it) and waits until
+/// every sidecar in `sidecars` has it in its table.
+pub async fn put_policy(store: &Arc<dyn Store>, sidecars: &[&Sidecar], policy: Policy) {
+    policy.validate().unwrap_or_else(|e| panic!("invalid test policy: {e}"));
+    let key = agent_reach_control::keys::policy_key(&policy.tenant, policy.kind, &policy.name);
+    store.put(&key, agent_reach_control::registry::encode_policy(&policy), None).await.expect("put policy");
+    for sc in sidecars {
+        sc.wait_for_table(Duration::from_secs(10), |t| {
+            t.policy(policy.kind, &policy.name).is_some_and(|p| **p == policy)
+        })
+        .await
+        .expect("policy reached the sidecar");
+    }
+}
+
+/// A capability policy of the default tenant.
+pub fn capability_policy(capability: &str, spec: PolicySpec) -> Policy {
+    Policy {
+        tenant: "default".into(),
+        kind: PolicyKind::Capability,
+        name: capability.into(),
+        spec,
+        description: String::new(),
+    }
 }
 
 /// Logs of the code under test, when `RUST_LOG` is set.

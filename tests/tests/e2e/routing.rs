@@ -5,8 +5,10 @@ use std::time::{Duration, Instant};
 
 use agent_reach::Client;
 use agent_reach::model::Target;
+use agent_reach::policy::{PolicySpec, Strategy};
 use agent_reach_e2e::{
-    Backend, TestStore, echo_agent, init_logging, sidecar_config, start_control, start_sidecar, wait_for_instances,
+    Backend, TestStore, capability_policy, echo_agent, init_logging, put_policy, sidecar_config, start_control,
+    start_sidecar, wait_for_instances,
 };
 
 async fn calls_by_capability(backend: Backend) {
@@ -24,6 +26,8 @@ async fn calls_by_capability(backend: Backend) {
     wait_for_instances(&b, &all).await;
 
     let client = Client::connect(&a.local_addr().to_string()).await.unwrap();
+    let round_robin = PolicySpec { strategy: Some(Strategy::RoundRobin), ..Default::default() };
+    put_policy(&ts.store, &[&a, &b], capability_policy("text.summarize", round_robin)).await;
 
     // 20 calls by capability land only on the two summarizers, exactly 10 each.
     let mut served: BTreeMap<String, usize> = BTreeMap::new();

@@ -1,0 +1,333 @@
+//! The HTTP/JSON adapter: agents registered with transport `http` receive each call as a
+//! JSON `POST` to their endpoint URL and answer JSON, so agents without gRPC can join.
+//!
+//! Request body (`Content-Type: application/json`):
+//! ```json
+//! { "capability": "text.summarize", "target": {"capability": "text.summarize", "tags": ["en"]},
+//!   "message_id": "…", "session_id": "…", "priority": "NORMAL", "idempotency_key": "",
+//!   "metadata": {"k": "v"}, "caller": {"agent": "planner", "instance_id": "planner-…"},
+//!   "instance_id": "summarizer-…", "attempt": 1, "tenant": "default",
+//!   "content_type": "text/plain", "payload_base64": "aGVsbG8=", "text": "hello",
+//!   "deadline_ms": 2950, "stream": false }
+//! ```
+//! `text` is present when the payload is valid UTF-8. The remaining deadline is also sent
+//! as the header `X-Agent-Reach-Deadline-Ms`, and `traceparent` travels as a header.
+//!
+//! Answer: HTTP 2xx with `{"text": "…"}` or `{"payload_base64": "…"}`, optionally
+//! `"content_type"` and `"metadata"`. For `InvokeStream` (`"stream": true`) the answer is
+//! newline-delimited JSON (`application/x-ndjson`), one such object per chunk. Errors: a
+//! non-2xx status with `{"error": "why"}`; 400 → INVALID_ARGUMENT, 404 → NOT_FOUND,
+//! 409 → ABORTED, 429 → RESOURCE_EXHAUSTED, 503 → UNAVAILABLE, 504 → DEADLINE_EXCEEDED,
+//! anything else → INTERNAL.
+//!
+//! Health: `GET` of the agent's `health_path` (registration metadata, default `/healthz`).
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use agent_reach::proto;
+use base64::Engine as _;
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use prost::Message;
+use serde::{Deserialize, Serialize};
+use tonic::{Code, Status};
+
+use crate::Inner;
+use crate::forward::{Attempt, Shape};
+use crate::grpc::{self, Body, ChannelBody, Frames};
+use crate::inbound::InboundGuard;
+use crate::registry::LocalInstance;
+
+/// Largest JSON answer accepted from an HTTP agent.
+const MAX_ANSWER_BYTES: usize = 8 * 1024 * 1024;
+
+fn client() -> &'static Client<HttpConnector, Full<Bytes>> {
+    static CLIENT: OnceLock<Client<HttpConnector, Full<Bytes>>> = OnceLock::new();
+    CLIENT.get_or_init(|| {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_secs(2)));
+        Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector)
+    })
+}
+
+/// GETs `url` and returns the status (health probes).
+pub async fn get(url: &str) -> Result<StatusCode, String> {
+    let req = Request::get(url).body(Full::new(Bytes::new())).map_err(|e| e.to_string())?;
+    let resp = client().request(req).await.map_err(|e| e.to_string())?;
+    Ok(resp.status())
+}
+
+#[derive(Serialize)]
+struct JsonCall<'a> {
+    capability: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    target: Option<JsonTarget<'a>>,
+    message_id: &'a str,
+    session_id: &'a str,
+    priority: &'static str,
+    idempotency_key: &'a str,
+    metadata: &'a HashMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    caller: Option<JsonCaller<'a>>,
+    instance_id: &'a str,
+    attempt: u32,
+    tenant: &'a str,
+    content_type: &'a str,
+    payload_base64: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    deadline_ms: Option<u64>,
+    stream: bool,
+}
+
+#[derive(Serialize)]
+struct JsonTarget<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    agent: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    capability: Option<&'a str>,
+    tags: &'a [String],
+}
+
+#[derive(Serialize)]
+struct JsonCaller<'a> {
+    agent: &'a str,
+    instance_id: &'a str,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct JsonAnswer {
+    text: Option<String>,
+    payload_base64: Option<String>,
+    content_type: Option<String>,
+    metadata: HashMap<String, String>,
+    error: Option<String>,
+}
+
+impl JsonAnswer {
+    fn into_chunk(self) -> Result<proto::Chunk, Status> {
+        let (payload, default_type) = match (self.text, self.payload_base64) {
+            (Some(t), None) => (Bytes::from(t), "text/plain; charset=utf-8"),
+            (None, Some(b)) => (
+                Bytes::from(
+                    base64::engine::general_purpose::STANDARD
+                        .decode(b)
+                        .map_err(|e| Status::internal(format!("HTTP agent answered invalid payload_base64: {e}")))?,
+                ),
+                "",
+            ),
+            (None, None) => (Bytes::new(), ""),
+            (Some(_), Some(_)) => {
+                return Err(Status::internal("HTTP agent answered both text and payload_base64"));
+            }
+        };
+        Ok(proto::Chunk {
+            payload,
+            content_type: self.content_type.unwrap_or_else(|| default_type.to_string()),
+            metadata: self.metadata,
+        })
+    }
+}
+
+fn priority_name(p: i32) -> &'static str {
+    agent_reach::convert::priority_from_i32(p).as_str()
+}
+
+fn code_for(status: StatusCode) -> Code {
+    match status.as_u16() {
+        400 => Code::InvalidArgument,
+        404 => Code::NotFound,
+        409 => Code::Aborted,
+        429 => Code::ResourceExhausted,
+        503 => Code::Unavailable,
+        504 => Code::DeadlineExceeded,
+        _ => Code::Internal,
+    }
+}
+
+/// Delivers one call to an HTTP/JSON agent and converts its answer back to gRPC.
+pub(crate) async fn deliver(
+    _inner: &Inner,
+    local: &LocalInstance,
+    body: Body,
+    remaining: Option<Duration>,
+    headers: &HeaderMap,
+    shape: Shape,
+    guard: InboundGuard,
+) -> Attempt {
+    let collected = match Limited::new(body, MAX_ANSWER_BYTES).collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(e) => return Attempt::Failed(Status::internal(format!("reading the call: {e}"))),
+    };
+    let Some(message) = grpc::single_message(&collected) else {
+        return Attempt::Failed(Status::invalid_argument("the call is not a single uncompressed message"));
+    };
+    let call = match proto::HandleRequest::decode(message) {
+        Ok(c) => c,
+        Err(e) => return Attempt::Failed(Status::invalid_argument(format!("not a HandleRequest: {e}"))),
+    };
+    let target = call.target.as_ref().map(|t| JsonTarget {
+        agent: match &t.kind {
+            Some(proto::target::Kind::Agent(a)) => Some(a.as_str()),
+            _ => None,
+        },
+        capability: match &t.kind {
+            Some(proto::target::Kind::Capability(c)) => Some(c.as_str()),
+            _ => None,
+        },
+        tags: &t.tags,
+    });
+    let json = JsonCall {
+        capability: &call.capability,
+        target,
+        message_id: &call.message_id,
+        session_id: &call.session_id,
+        priority: priority_name(call.priority),
+        idempotency_key: &call.idempotency_key,
+        metadata: &call.metadata,
+        caller: call.caller.as_ref().map(|c| JsonCaller { agent: &c.agent, instance_id: &c.instance_id }),
+        instance_id: &call.instance_id,
+        attempt: call.attempt,
+        tenant: &call.tenant,
+        content_type: &call.content_type,
+        payload_base64: base64::engine::general_purpose::STANDARD.encode(&call.payload),
+        text: std::str::from_utf8(&call.payload).ok(),
+        deadline_ms: remaining.map(|r| r.as_millis() as u64),
+        stream: shape == Shape::Stream,
+    };
+    let body = match serde_json::to_vec(&json) {
+        Ok(b) => b,
+        Err(e) => return Attempt::Failed(Status::internal(format!("encoding the call as JSON: {e}"))),
+    };
+    let url = format!("http://{}{}", local.authority, agent_reach::model::endpoint_path(&local.registration.endpoint));
+    let mut req = match Request::post(&url).body(Full::new(Bytes::from(body))) {
+        Ok(r) => r,
+        Err(e) => return Attempt::NotDelivered(format!("bad agent endpoint {url:?}: {e}")),
+    };
+    let h = req.headers_mut();
+    h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if shape == Shape::Stream {
+        h.insert(http::header::ACCEPT, HeaderValue::from_static("application/x-ndjson"));
+    }
+    if let Some(r) = remaining
+        && let Ok(v) = HeaderValue::from_str(&r.as_millis().to_string())
+    {
+        h.insert("x-agent-reach-deadline-ms", v);
+    }
+    if let Some(tp) = headers.get("traceparent") {
+        h.insert("traceparent", tp.clone());
+    }
+    let sent = client().request(req);
+    let resp = match remaining {
+        Some(r) => match tokio::time::timeout(r, sent).await {
+            Ok(r) => r,
+            Err(_) => {
+                return Attempt::Failed(Status::deadline_exceeded(format!("HTTP agent did not answer within {r:?}")));
+            }
+        },
+        None => sent.await,
+    };
+    let resp = match resp {
+        Ok(r) => r,
+        Err(e) if e.is_connect() => return Attempt::NotDelivered(format!("HTTP agent {url}: {e}")),
+        Err(e) => return Attempt::Failed(Status::unavailable(format!("HTTP agent {url}: {e}"))),
+    };
+    let status = resp.status();
+    if !status.is_success() {
+        let bytes = Limited::new(resp.into_body(), 64 * 1024).collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+        let why = serde_json::from_slice::<JsonAnswer>(&bytes)
+            .ok()
+            .and_then(|a| a.error)
+            .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
+        let status = Status::new(code_for(status), format!("HTTP agent answered {status}: {why}"));
+        return Attempt::Answered(grpc::status_response(status), Some(guard));
+    }
+    if shape == Shape::Stream {
+        return Attempt::Answered(stream_answer(resp.into_body()), Some(guard));
+    }
+    let bytes = match Limited::new(resp.into_body(), MAX_ANSWER_BYTES).collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(e) => return Attempt::Failed(Status::unavailable(format!("reading the HTTP agent's answer: {e}"))),
+    };
+    let answer = serde_json::from_slice::<JsonAnswer>(&bytes)
+        .map_err(|e| Status::internal(format!("HTTP agent answered invalid JSON: {e}")))
+        .and_then(JsonAnswer::into_chunk);
+    match answer {
+        Ok(chunk) => {
+            let reply = proto::HandleReply {
+                payload: chunk.payload,
+                content_type: chunk.content_type,
+                metadata: chunk.metadata,
+            };
+            Attempt::Answered(grpc_ok(Frames::message(Bytes::from(reply.encode_to_vec()), &[])), Some(guard))
+        }
+        Err(status) => Attempt::Answered(grpc::status_response(status), Some(guard)),
+    }
+}
+
+/// A gRPC answer carrying `frames` and status OK.
+fn grpc_ok(frames: Frames) -> Response<Body> {
+    let mut trailers = HeaderMap::new();
+    trailers.insert(grpc::HEADER_GRPC_STATUS, HeaderValue::from_static("0"));
+    let mut resp = Response::new(Body::Frames(frames.with_trailers(Some(trailers))));
+    resp.headers_mut().insert(http::header::CONTENT_TYPE, grpc::CONTENT_TYPE_GRPC);
+    resp
+}
+
+/// Converts an NDJSON answer into a gRPC stream of `Chunk`s, one per line, with
+/// back-pressure through a small channel.
+fn stream_answer(body: hyper::body::Incoming) -> Response<Body> {
+    let (tx, channel) = ChannelBody::new(4);
+    tokio::spawn(async move {
+        let mut body = body;
+        let mut buf = BytesMut::new();
+        let status = 'read: loop {
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    let Ok(data) = frame.into_data() else { continue };
+                    buf.extend_from_slice(&data);
+                    while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+                        let line = buf.split_to(pos + 1);
+                        let line = &line[..line.len() - 1];
+                        if line.iter().all(u8::is_ascii_whitespace) {
+                            continue;
+                        }
+                        match serde_json::from_slice::<JsonAnswer>(line)
+                            .map_err(|e| Status::internal(format!("HTTP agent streamed invalid JSON: {e}")))
+                            .and_then(JsonAnswer::into_chunk)
+                        {
+                            Ok(chunk) => {
+                                let frame = Frames::message(Bytes::from(chunk.encode_to_vec()), &[]);
+                                let mut frames = frame;
+                                while let Some(f) = frames.take_frame() {
+                                    if tx.send(Ok(f)).await.is_err() {
+                                        return; // the caller went away
+                                    }
+                                }
+                            }
+                            Err(status) => break 'read status,
+                        }
+                    }
+                }
+                Some(Err(e)) => break Status::unavailable(format!("HTTP agent stream failed: {e}")),
+                None => break Status::new(Code::Ok, ""),
+            }
+        };
+        let mut trailers = HeaderMap::new();
+        if status.add_header(&mut trailers).is_ok() {
+            let _ = tx.send(Ok(http_body::Frame::trailers(trailers))).await;
+        }
+    });
+    let mut resp = Response::new(Body::Channel(channel));
+    resp.headers_mut().insert(http::header::CONTENT_TYPE, grpc::CONTENT_TYPE_GRPC);
+    resp
+}
