@@ -34,16 +34,16 @@ impl RetryBudget {
         self.with(now_ns, |b, second| current(b, second).calls += 1);
     }
 
-    /// Takes one retry from the budget if there is room; `ratio` retries per call plus
-    /// `min_per_second` retries per second are allowed over the window.
+    /// Takes one retry from the budget if there is room: ⌊`ratio` × calls⌋ plus
+    /// `min_per_second` × 10 retries are allowed over the ten-second window.
     pub fn try_retry(&self, now_ns: u64, ratio: f64, min_per_second: u32) -> bool {
         self.with(now_ns, |b, second| {
             let (calls, retries) = b
                 .iter()
                 .filter(|k| k.second + WINDOW_SECS > second)
                 .fold((0u64, 0u64), |(c, r), k| (c + u64::from(k.calls), r + u64::from(k.retries)));
-            let allowed = ratio * calls as f64 + f64::from(min_per_second) * WINDOW_SECS as f64;
-            if (retries as f64) < allowed {
+            let allowed = (ratio * calls as f64).floor() as u64 + u64::from(min_per_second) * WINDOW_SECS;
+            if retries < allowed {
                 current(b, second).retries += 1;
                 true
             } else {

@@ -3,6 +3,7 @@
 //! message naming the flag. Nothing here is read again after start.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
@@ -62,6 +63,17 @@ pub struct SidecarArgs {
     #[arg(long, env = "AGENT_REACH_CONTROL_TIMEOUT", default_value = "3s", value_parser = agent_reach::duration::parse)]
     pub control_timeout: Duration,
 
+    /// Where the last routing table is saved, to route from it after a restart while
+    /// control is unreachable. Default: agent-reach/<tenant>-<local port>.table.json in the
+    /// temporary directory; "off" disables it.
+    #[arg(long, env = "AGENT_REACH_TABLE_FILE")]
+    pub table_file: Option<String>,
+
+    /// On shutdown (SIGTERM), how long calls in flight may take to finish after the local
+    /// agents are reported PAUSED and before they are deregistered.
+    #[arg(long, env = "AGENT_REACH_DRAIN_TIMEOUT", default_value = "30s", value_parser = agent_reach::duration::parse)]
+    pub drain_timeout: Duration,
+
     /// Runtime worker threads (1 = a single-threaded runtime).
     #[arg(long, env = "AGENT_REACH_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
@@ -85,6 +97,9 @@ pub struct SidecarConfig {
     pub heartbeat_interval: Duration,
     pub probe_interval: Duration,
     pub control_timeout: Duration,
+    /// Where the routing table is saved and loaded from; `None` = not at all.
+    pub table_file: Option<PathBuf>,
+    pub drain_timeout: Duration,
 }
 
 impl SidecarConfig {
@@ -101,6 +116,8 @@ impl SidecarConfig {
             heartbeat_interval: Duration::from_secs(2),
             probe_interval: Duration::from_secs(2),
             control_timeout: Duration::from_secs(3),
+            table_file: None,
+            drain_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -140,6 +157,17 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
             heartbeat_interval: a.heartbeat_interval,
             probe_interval: a.probe_interval,
             control_timeout: a.control_timeout,
+            table_file: match a.table_file.as_deref() {
+                Some("off") => None,
+                Some("") => return Err("--table-file: empty path (use \"off\" to disable)".into()),
+                Some(path) => Some(PathBuf::from(path)),
+                None => Some(std::env::temp_dir().join("agent-reach").join(format!(
+                    "{}-{}.table.json",
+                    a.tenant,
+                    a.listen.port()
+                ))),
+            },
+            drain_timeout: a.drain_timeout,
         })
     }
 }
@@ -175,5 +203,8 @@ mod tests {
         let cfg = SidecarConfig::try_from(&args).unwrap();
         assert_eq!(cfg.control, vec!["http://127.0.0.1:7800".to_string()]);
         assert_eq!(cfg.max_payload_bytes, 4 * 1024 * 1024);
+        assert!(cfg.table_file.unwrap().ends_with("agent-reach/default-7700.table.json"));
+        let args = SidecarArgs::parse_from(["sidecar", "--table-file", "off"]);
+        assert_eq!(SidecarConfig::try_from(&args).unwrap().table_file, None);
     }
 }

@@ -312,16 +312,19 @@ async fn route_and_send(
                 member.stats.mark_overloaded(clock());
                 last_failure = format!("{id} not delivered: {why}");
                 // The first such retry is always allowed; later ones spend budget.
-                if attempt == 1
-                    || group_state.retry_budget.try_retry(clock(), retry.budget_ratio(), retry.budget_min_per_second())
-                {
+                if attempt < MAX_ATTEMPTS && (attempt == 1 || budget(&group_state, &retry)) {
                     continue;
                 }
                 break;
             }
             Ok(Attempt::Failed(status)) => {
                 last_failure = format!("{id}: {}", status.message());
-                if may_rerun && retry_payload_ok && retryable(&status) && budget(&group_state, &retry) {
+                if attempt < MAX_ATTEMPTS
+                    && may_rerun
+                    && retry_payload_ok
+                    && retryable(&status)
+                    && budget(&group_state, &retry)
+                {
                     last_answer = Some(grpc::status_response(status));
                     continue;
                 }
@@ -343,7 +346,12 @@ async fn route_and_send(
                     member.stats.mark_overloaded(clock());
                 }
                 last_failure = format!("{id}: {:?} {}", status.code(), status.message());
-                if may_rerun && retry_payload_ok && retryable(&status) && budget(&group_state, &retry) {
+                if attempt < MAX_ATTEMPTS
+                    && may_rerun
+                    && retry_payload_ok
+                    && retryable(&status)
+                    && budget(&group_state, &retry)
+                {
                     last_answer = Some(resp);
                     continue;
                 }

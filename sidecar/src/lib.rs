@@ -20,6 +20,7 @@ pub mod forward;
 pub mod grpc;
 pub mod http_agent;
 pub mod inbound;
+pub mod persist;
 pub mod pool;
 pub mod probe;
 pub mod registry;
@@ -158,6 +159,20 @@ impl Sidecar {
         );
         let table = TableHandle::default();
         let watch_stats = Arc::new(WatchStats::default());
+        if let Some(path) = &config.table_file {
+            match persist::load(path, &config.tenant) {
+                Ok(Some((saved, saved_at_ms))) => {
+                    tracing::info!(
+                        path = %path.display(), revision = saved.revision, instances = saved.len(),
+                        "routing from the saved table until control confirms it"
+                    );
+                    table.store(saved);
+                    watch_stats.confirmed_at_ms.store(saved_at_ms, std::sync::atomic::Ordering::Relaxed);
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!("ignoring the saved routing table: {e}"),
+            }
+        }
         let inner = Arc::new(Inner {
             config: config.clone(),
             table: table.clone(),
@@ -171,6 +186,15 @@ impl Sidecar {
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (revision_tx, revision) = watch::channel(0i64);
         let mut tasks = JoinSet::new();
+        if let Some(path) = config.table_file.clone() {
+            tasks.spawn(persist::run_saver(
+                path,
+                config.tenant.clone(),
+                table.clone(),
+                revision.clone(),
+                shutdown_rx.clone(),
+            ));
+        }
         let watch_request =
             proto::WatchRequest { tenant: config.tenant.clone(), sidecar: Some(identity), from_revision: 0 };
         tasks.spawn(control::run_watch(control, watch_request, table, revision_tx, watch_stats, shutdown_rx.clone()));
@@ -233,10 +257,29 @@ impl Sidecar {
         })
     }
 
-    /// Stops serving: closes listeners, ends streams and background loops.
-    pub async fn shutdown(mut self) {
+    /// Graceful shutdown: reports the local agents PAUSED (callers stop sending them new
+    /// calls), lets calls in flight finish (up to the drain timeout), deregisters the local
+    /// agents, then closes the listeners and ends streams and background loops.
+    pub async fn shutdown(self) {
+        let inner = self.inner.clone();
+        inner.registry.pause_all().await;
+        if tokio::time::timeout(inner.config.drain_timeout, inner.calls.idle()).await.is_err() {
+            tracing::warn!(in_flight = inner.calls.in_flight(), "calls still in flight after the drain timeout");
+        }
+        inner.registry.deregister_all().await;
+        self.stop().await;
+    }
+
+    /// Stops at once: closes listeners, ends streams and background loops, without
+    /// draining or deregistering (local agents' leases then expire).
+    pub async fn stop(mut self) {
         let _ = self.shutdown.send(true);
         while self.tasks.join_next().await.is_some() {}
+    }
+
+    /// Calls in flight through this sidecar.
+    pub fn calls_in_flight(&self) -> u64 {
+        self.inner.calls.in_flight()
     }
 
     /// Runs until `signal` completes, then shuts down.

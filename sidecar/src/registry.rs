@@ -238,6 +238,24 @@ impl Registry {
         Ok(())
     }
 
+    /// Shutdown, step 1: reports every local instance PAUSED so callers stop sending new
+    /// calls (calls in flight finish).
+    pub async fn pause_all(&self) {
+        let all: Vec<Arc<LocalInstance>> = self.instances.load().values().cloned().collect();
+        for inst in &all {
+            lock(&inst.reported).0 = HealthState::Paused;
+        }
+        self.publish(&all).await;
+    }
+
+    /// Shutdown, last step: removes every local instance here and at control.
+    pub async fn deregister_all(&self) {
+        let ids: Vec<String> = self.instances.load().keys().cloned().collect();
+        for id in ids {
+            let _ = self.deregister(&id).await;
+        }
+    }
+
     /// Sends heartbeats for `instances` to control; re-registers those whose lease is gone.
     async fn publish(&self, instances: &[Arc<LocalInstance>]) {
         if instances.is_empty() {

@@ -349,8 +349,10 @@ impl RunningAgent {
         self.stats.handled.load(Ordering::Relaxed)
     }
 
-    /// Graceful shutdown: report PAUSED, deregister, let in-flight calls finish (up to the
-    /// drain timeout), stop serving.
+    /// Graceful shutdown, in order: report PAUSED (the sidecar stops handing this instance
+    /// new calls at once, and callers' tables follow), let calls in flight finish (up to the
+    /// drain timeout), deregister, stop serving. No call accepted before shutdown fails
+    /// because of it.
     pub async fn shutdown(self) {
         let _ = self.state.send(HealthState::Paused);
         let instance_id = self.instance_id();
@@ -360,15 +362,19 @@ impl RunningAgent {
             state: proto::HealthState::Paused as i32,
             load: Some(self.stats.load(0).into()),
         };
-        let _ = sidecar.heartbeat(request).await;
+        if let Err(status) = sidecar.heartbeat(request).await {
+            tracing::warn!(instance = %instance_id, "could not report PAUSED: {}", status.message());
+        }
+        if tokio::time::timeout(self.drain_timeout, self.stats.idle()).await.is_err() {
+            tracing::warn!(instance = %instance_id, "calls still in flight after the drain timeout");
+        }
         self.heartbeat.abort();
         if let Err(status) = sidecar.deregister(proto::DeregisterRequest { instance_id: instance_id.clone() }).await {
             tracing::warn!(instance = %instance_id, "deregister failed (the lease will expire): {}", status.message());
         }
         let _ = self.stop.send(true);
-        let server = self.server;
-        if tokio::time::timeout(self.drain_timeout, server).await.is_err() {
-            tracing::warn!(instance = %instance_id, "in-flight calls still running after the drain timeout");
+        if tokio::time::timeout(self.drain_timeout, self.server).await.is_err() {
+            tracing::warn!(instance = %instance_id, "the server did not stop within the drain timeout");
         }
     }
 
@@ -384,6 +390,8 @@ impl RunningAgent {
 #[derive(Default)]
 struct Stats {
     in_flight: AtomicU32,
+    /// Notified when `in_flight` drops to zero.
+    idle: tokio::sync::Notify,
     handled: AtomicU64,
     /// EWMA of handler latency in microseconds.
     latency_us: AtomicU64,
@@ -397,6 +405,17 @@ impl Stats {
             queue_length: 0,
             load_ratio: if max_concurrency == 0 { 0.0 } else { f64::from(in_flight) / f64::from(max_concurrency) },
             avg_latency_ms: u32::try_from(self.latency_us.load(Ordering::Relaxed) / 1000).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// Completes when no call is in flight.
+    async fn idle(&self) {
+        loop {
+            let notified = self.idle.notified();
+            if self.in_flight.load(Ordering::Relaxed) == 0 {
+                return;
+            }
+            notified.await;
         }
     }
 
@@ -415,7 +434,9 @@ struct InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         let s = &self.stats;
-        s.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if s.in_flight.fetch_sub(1, Ordering::Relaxed) == 1 {
+            s.idle.notify_waiters();
+        }
         s.handled.fetch_add(1, Ordering::Relaxed);
         let sample = u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX);
         let old = s.latency_us.load(Ordering::Relaxed);

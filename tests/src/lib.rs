@@ -142,6 +142,46 @@ pub fn capability_policy(capability: &str, spec: PolicySpec) -> Policy {
     }
 }
 
+/// An agent in its own process (the `test-agent` binary), killable with SIGKILL.
+pub struct AgentProcess {
+    pub instance_id: String,
+    child: std::process::Child,
+}
+
+impl AgentProcess {
+    /// Starts `binary` (pass `env!("CARGO_BIN_EXE_test-agent")`) and waits for its READY line.
+    pub fn start(binary: &str, sidecar: SocketAddr, name: &str, capabilities: &[&str], delay_ms: u64) -> AgentProcess {
+        use std::io::BufRead;
+        let mut cmd = std::process::Command::new(binary);
+        cmd.args(["--sidecar", &sidecar.to_string(), "--name", name, "--delay-ms", &delay_ms.to_string()]);
+        for c in capabilities {
+            cmd.args(["--capability", c]);
+        }
+        let mut child =
+            cmd.stdout(std::process::Stdio::piped()).spawn().unwrap_or_else(|e| panic!("cannot start {binary}: {e}"));
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut line = String::new();
+        std::io::BufReader::new(stdout).read_line(&mut line).expect("read READY line");
+        let instance_id = line
+            .strip_prefix("READY ")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|| panic!("test-agent did not start: {line:?}"));
+        AgentProcess { instance_id, child }
+    }
+
+    /// SIGKILL: no graceful shutdown, no deregistration.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 /// Logs of the code under test, when `RUST_LOG` is set.
 pub fn init_logging() {
     if std::env::var_os("RUST_LOG").is_some() {

@@ -2,5 +2,7 @@
 //! process and on the embedded store.
 
 mod bad_input;
+mod lifecycle;
+mod policies;
 mod resilience;
 mod routing;
