@@ -486,6 +486,8 @@ async fn finish(
     let (mut parts, body) = resp.into_parts();
     let rec = &member.instance.record;
     let h = &mut parts.headers;
+    // The body is rebuilt (or re-framed), so the upstream length does not hold.
+    h.remove(http::header::CONTENT_LENGTH);
     if let Ok(v) = HeaderValue::from_str(&rec.instance_id) {
         h.insert(grpc::HEADER_INSTANCE, v);
     }
@@ -579,7 +581,11 @@ pub async fn deliver(inner: Arc<Inner>, req: Request<Incoming>, shape: Shape) ->
     let timeout = parts.headers.get(grpc::HEADER_GRPC_TIMEOUT).and_then(|v| grpc_timeout::parse(v.as_bytes()));
     let remaining = timeout.map(|t| t.saturating_sub(inner.config.deadline_reserve));
     match deliver_local(&inner, instance_id, Body::Incoming(body), remaining, &parts.headers, shape).await {
-        Attempt::Answered(resp, inbound) => resp.map(|b| b.tap(inbound, None)),
+        Attempt::Answered(resp, inbound) => {
+            let (mut parts, body) = resp.into_parts();
+            parts.headers.remove(http::header::CONTENT_LENGTH);
+            Response::from_parts(parts, body.tap(inbound, None))
+        }
         Attempt::NotDelivered(why) => grpc::not_delivered_response(Status::unavailable(why)),
         Attempt::Failed(status) => grpc::status_response(status),
     }

@@ -257,3 +257,31 @@ async fn consistent_hash_keeps_sessions_and_random_spreads() {
     }
     mesh.stop(agents).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_default_timeout_applies_when_the_caller_sets_none() {
+    let mesh = Mesh::start().await;
+    let slow = Agent::builder("slow")
+        .sidecar(mesh.b.local_addr().to_string())
+        .handle("slow", |_call| async move {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Ok(Reply::text("late"))
+        })
+        .start()
+        .await
+        .unwrap();
+    wait_for_instances(&mesh.a, &[slow.instance_id()]).await;
+    mesh.policy("slow", PolicySpec { default_timeout_ms: Some(300), ..Default::default() }).await;
+    let client = mesh.client().await;
+    let t0 = std::time::Instant::now();
+    let err = client.invoke("slow").text("x").send().await.unwrap_err();
+    let took = t0.elapsed();
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{err}");
+    assert!(took >= Duration::from_millis(290) && took < Duration::from_millis(450), "took {took:?}");
+    // The caller's own deadline wins over the policy's default.
+    let t0 = std::time::Instant::now();
+    let err = client.invoke("slow").text("x").timeout(Duration::from_millis(100)).send().await.unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded);
+    assert!(t0.elapsed() < Duration::from_millis(250));
+    mesh.stop(vec![slow]).await;
+}

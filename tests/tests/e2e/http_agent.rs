@@ -1,0 +1,132 @@
+//! An agent without gRPC: it registers with transport HTTP and answers JSON POSTs.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use agent_reach::Client;
+use agent_reach::proto;
+use agent_reach_e2e::{
+    Backend, TestStore, init_logging, sidecar_config, start_control, start_sidecar, wait_for_instances,
+};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http_body_util::{BodyExt, Full};
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use tonic::Code;
+
+/// A plain HTTP/1.1 agent: POST /invoke answers JSON (NDJSON when asked to stream),
+/// GET /healthz answers 200.
+async fn serve_http_agent(listener: tokio::net::TcpListener) {
+    loop {
+        let Ok((tcp, _)) = listener.accept().await else { return };
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(|req: Request<hyper::body::Incoming>| async move {
+                let path = req.uri().path().to_string();
+                let deadline = req.headers().get("x-agent-reach-deadline-ms").is_some();
+                let body = req.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+                let resp = match path.as_str() {
+                    "/healthz" => Response::new(Full::new(Bytes::from_static(b"ok"))),
+                    "/invoke" => {
+                        let call: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                        let text = call["text"].as_str().unwrap_or_default().to_string();
+                        if text == "fail" {
+                            let mut r = Response::new(Full::new(Bytes::from_static(br#"{"error":"no such order"}"#)));
+                            *r.status_mut() = hyper::StatusCode::NOT_FOUND;
+                            r
+                        } else if call["stream"].as_bool() == Some(true) {
+                            let lines: String = (1..=3).map(|i| format!("{{\"text\":\"{text}-{i}\"}}\n")).collect();
+                            Response::new(Full::new(Bytes::from(lines)))
+                        } else {
+                            let answer = serde_json::json!({
+                                "text": format!("{} via {} for {} (deadline header: {deadline})",
+                                    text.to_uppercase(), call["capability"].as_str().unwrap_or_default(),
+                                    call["caller"]["agent"].as_str().unwrap_or("?")),
+                                "metadata": {"attempt": call["attempt"].to_string()},
+                            });
+                            Response::new(Full::new(Bytes::from(answer.to_string())))
+                        }
+                    }
+                    _ => {
+                        let mut r = Response::new(Full::new(Bytes::new()));
+                        *r.status_mut() = hyper::StatusCode::NOT_FOUND;
+                        r
+                    }
+                };
+                Ok::<_, Infallible>(resp)
+            });
+            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), service).await;
+        });
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_json_agents_join_the_mesh() {
+    init_logging();
+    let ts = TestStore::start(Backend::Embedded).await;
+    let control = start_control(ts.store.clone(), Duration::from_secs(15)).await;
+    let a = start_sidecar(sidecar_config(&control.endpoint(), "host-a")).await;
+    let b = start_sidecar(sidecar_config(&control.endpoint(), "host-b")).await;
+    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}/invoke", http.local_addr().unwrap());
+    tokio::spawn(serve_http_agent(http));
+
+    let sidecar_b = Client::connect(&b.local_addr().to_string()).await.unwrap();
+    let reply = sidecar_b
+        .raw()
+        .register(proto::RegisterRequest {
+            registration: Some(proto::AgentRegistration {
+                agent: "orders".into(),
+                version: "0.1".into(),
+                capabilities: vec![proto::Capability { name: "orders.lookup".into(), tags: vec![] }],
+                endpoint,
+                transport: proto::Transport::Http as i32,
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let instance = reply.instance_id.clone();
+    // The agent heartbeats (here the test does it for the plain HTTP server).
+    let mut raw = sidecar_b.raw();
+    let hb_instance = instance.clone();
+    let heartbeats = tokio::spawn(async move {
+        loop {
+            let _ =
+                raw.heartbeat(proto::HeartbeatRequest { instance_id: hb_instance.clone(), ..Default::default() }).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    wait_for_instances(&a, std::slice::from_ref(&instance)).await;
+
+    let client = Client::connect(&a.local_addr().to_string()).await.unwrap().with_caller("planner", "planner-1");
+    let reply = client.invoke("orders.lookup").text("order 42").send().await.unwrap();
+    assert_eq!(reply.text(), "ORDER 42 via orders.lookup for planner (deadline header: true)");
+    assert_eq!(reply.instance(), instance);
+    assert_eq!(reply.metadata()["attempt"], "1");
+
+    let chunks: Vec<String> = client
+        .invoke("orders.lookup")
+        .text("s")
+        .send_stream()
+        .await
+        .unwrap()
+        .map(|c| String::from_utf8(c.unwrap().payload.to_vec()).unwrap())
+        .collect()
+        .await;
+    assert_eq!(chunks, ["s-1", "s-2", "s-3"]);
+
+    let err = client.invoke("orders.lookup").text("fail").send().await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    assert!(err.message().contains("no such order"), "{err}");
+
+    // Its health is probed over HTTP: it stays UP across several probe rounds.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let table = a.table();
+    assert_eq!(table.instances[&instance].instance.record.state, agent_reach::model::HealthState::Up);
+    heartbeats.abort();
+    a.stop().await;
+    b.stop().await;
+    control.shutdown().await;
+}
