@@ -1,22 +1,23 @@
-//! `agent-reach-bench`: measurements of the call path, printed with the date and machine.
+//! `agent-reach-bench`: measurements of the Agent-Reach call path.
 //!
-//! `latency`: sequential unary calls (one at a time, so each number is one call's full
-//! round trip) made (a) directly to an agent's `Agent/Handle` and (b) through the mesh:
-//! client → sidecar A → sidecar B → agent, by capability. Control, both sidecars and the
-//! agent run in this process on 127.0.0.1; the embedded store backs control. This is a
-//! quick latency probe, not the throughput comparison against other proxies.
+//! - `latency`: quick in-process probe, direct vs two sidecar hops, sequential calls.
+//! - `run`: the side-by-side benchmark against nginx and Envoy (see `bench/run.sh` and
+//!   BENCHMARKS.md); writes `latest.json` and `latest.md`.
+//! - `up`: starts every path as `run` does and keeps it up (for profiling).
+//! - `load`: the open-loop fixed-rate generator `run` uses; prints JSON.
+//! - `agent`: the echo agent `run` uses.
+//! - `sidecar`, `control`: the sidecar and control service run from this binary (the
+//!   smoke test's `run --embedded`).
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
 
-use agent_reach::proto::agent_client::AgentClient;
-use agent_reach::{Agent, Client, Reply, proto};
-use agent_reach_control::{ControlConfig, ControlHandle};
-use agent_reach_sidecar::{Sidecar, SidecarConfig};
-use agent_reach_store::EmbeddedStore;
-use bytes::Bytes;
+use agent_reach_bench::load::{self, LoadSpec};
+use agent_reach_bench::orchestrate::{self, RunArgs};
+use agent_reach_bench::wire::Kind;
+use agent_reach_bench::{agent, embedded, latency};
 use clap::{Parser, Subcommand};
-use tokio::net::TcpListener;
 
 #[derive(Parser)]
 #[command(name = "agent-reach-bench", about = "Measurements of the Agent-Reach call path")]
@@ -25,9 +26,13 @@ struct Cli {
     command: Command,
 }
 
+fn duration(s: &str) -> Result<Duration, String> {
+    agent_reach::duration::parse(s)
+}
+
 #[derive(Subcommand)]
 enum Command {
-    /// Sequential call latency: direct to the agent vs through two sidecars.
+    /// Sequential call latency: direct to the agent vs through two sidecars (one process).
     Latency {
         /// Calls per path (after warm-up).
         #[arg(long, default_value_t = 5000)]
@@ -39,113 +44,90 @@ enum Command {
         #[arg(long, default_value_t = 2)]
         threads: usize,
     },
+    /// The benchmark against nginx and Envoy on the same hop, all paths in one run.
+    Run(RunArgs),
+    /// Starts every path as `run` does and keeps it up until ctrl-c (for profiling).
+    Up(RunArgs),
+    /// Open-loop load at a fixed rate against one path; prints the result as JSON.
+    Load {
+        /// First hop ("127.0.0.1:port").
+        #[arg(long)]
+        addr: SocketAddr,
+        /// `agent`: Agent/Handle (direct, nginx, Envoy); `mesh`: Sidecar/Invoke.
+        #[arg(long, value_enum)]
+        kind: Kind,
+        #[arg(long, default_value_t = 12)]
+        payload: usize,
+        /// Calls per second.
+        #[arg(long)]
+        rate: f64,
+        #[arg(long, default_value = "10s", value_parser = duration)]
+        duration: Duration,
+        #[arg(long, default_value = "2s", value_parser = duration)]
+        warmup: Duration,
+        #[arg(long, default_value_t = 4)]
+        connections: usize,
+        /// A call unanswered after this counts as an error.
+        #[arg(long, default_value = "5s", value_parser = duration)]
+        timeout: Duration,
+    },
+    /// The echo agent: registers with a sidecar and answers every call with its payload.
+    Agent {
+        /// The sidecar's local API ("host:port").
+        #[arg(long)]
+        sidecar: String,
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: SocketAddr,
+        /// Runtime worker threads (1 = a single-threaded runtime).
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        /// Leave the SDK's sockets without TCP_NODELAY (see the `agent` module).
+        #[arg(long)]
+        no_nodelay_workaround: bool,
+    },
+    /// agent-reach-sidecar, run from this binary (same flags).
+    #[command(hide = true)]
+    Sidecar {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// agent-reach-control, run from this binary (same flags).
+    #[command(hide = true)]
+    Control {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
-fn main() -> Result<(), String> {
-    let Cli { command: Command::Latency { calls, payload, threads } } = Cli::parse();
-    let runtime = agent_reach::process::runtime(threads).map_err(|e| e.to_string())?;
-    runtime.block_on(latency(calls, payload, threads))
-}
-
-async fn bind() -> Result<TcpListener, String> {
-    TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())
-}
-
-async fn latency(calls: usize, payload: usize, threads: usize) -> Result<(), String> {
-    let control = ControlHandle::spawn(Arc::new(EmbeddedStore::default()), ControlConfig::default(), bind().await?)
-        .map_err(|e| e.to_string())?;
-    let mut sidecars = Vec::new();
-    for id in ["bench-a", "bench-b"] {
-        let mut config = SidecarConfig::new(vec![control.endpoint()]);
-        config.sidecar_id = id.into();
-        sidecars.push(Sidecar::start(config, bind().await?, bind().await?).await.map_err(|e| e.to_string())?);
-    }
-    let (a, b) = (&sidecars[0], &sidecars[1]);
-    let agent = Agent::builder("echo")
-        .sidecar(b.local_addr().to_string())
-        .handle("echo", |call| async move { Ok(Reply::bytes(call.payload().clone())) })
-        .start()
-        .await
-        .map_err(|e| e.to_string())?;
-    let id = agent.instance_id();
-    a.wait_for_table(Duration::from_secs(10), |t| t.instances.contains_key(&id)).await?;
-
-    let body = Bytes::from(vec![b'x'; payload]);
-    let direct = AgentClient::connect(agent.endpoint().to_string()).await.map_err(|e| e.to_string())?;
-    let direct_call = |mut client: AgentClient<tonic::transport::Channel>, body: Bytes| async move {
-        let request = proto::HandleRequest { payload: body, capability: "echo".into(), ..Default::default() };
-        client.handle(request).await.map(|_| ()).map_err(|e| e.to_string())
+fn main() -> ExitCode {
+    let result = match Cli::parse().command {
+        Command::Latency { calls, payload, threads } => latency::run(calls, payload, threads),
+        Command::Run(args) => match orchestrate::run_blocking(args) {
+            Ok(report) if report.ok => Ok(()),
+            Ok(report) => Err(format!("paths answered errors:\n  {}", report.failures.join("\n  "))),
+            Err(e) => Err(e),
+        },
+        Command::Up(args) => orchestrate::up_blocking(args),
+        Command::Load { addr, kind, payload, rate, duration, warmup, connections, timeout } => {
+            let spec = LoadSpec { addr, kind, payload, rate, duration, warmup, connections, timeout };
+            load::run(&spec)
+                .and_then(|r| serde_json::to_string(&r).map_err(|e| e.to_string()))
+                .map(|json| println!("{json}"))
+        }
+        Command::Agent { sidecar, listen, threads, no_nodelay_workaround } => {
+            agent_reach::process::runtime(threads).map_err(|e| format!("runtime: {e}")).and_then(|rt| {
+                agent_reach::process::init_logging("text");
+                rt.block_on(agent::run(sidecar, listen, !no_nodelay_workaround))
+            })
+        }
+        Command::Sidecar { args } => embedded::sidecar(&args),
+        Command::Control { args } => embedded::control(&args),
     };
-    let mesh = Client::connect(&a.local_addr().to_string()).await.map_err(|e| e.to_string())?;
-    let mesh_call = |mesh: Client, body: Bytes| async move {
-        mesh.invoke("echo").payload(body).send().await.map(|_| ()).map_err(|e| e.to_string())
-    };
-
-    // Warm up connections and code paths.
-    for _ in 0..500 {
-        direct_call(direct.clone(), body.clone()).await?;
-        mesh_call(mesh.clone(), body.clone()).await?;
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("agent-reach-bench: {e}");
+            ExitCode::FAILURE
+        }
     }
-    let mut d = Vec::with_capacity(calls);
-    let mut m = Vec::with_capacity(calls);
-    // Interleave the two paths so drift on a shared machine hits both alike.
-    for _ in 0..calls {
-        let t = Instant::now();
-        direct_call(direct.clone(), body.clone()).await?;
-        d.push(t.elapsed());
-        let t = Instant::now();
-        mesh_call(mesh.clone(), body.clone()).await?;
-        m.push(t.elapsed());
-    }
-
-    println!("# agent-reach-bench latency — {}", machine());
-    println!(
-        "# {calls} sequential unary calls per path, {payload}-byte payload, {threads} runtime thread(s), one process"
-    );
-    println!("{:<34} {:>9} {:>9} {:>9} {:>9}", "path", "p50 ms", "p90 ms", "p99 ms", "max ms");
-    let rd = report("direct: client -> agent", &mut d);
-    let rm = report("mesh: client -> A -> B -> agent", &mut m);
-    println!(
-        "added by the mesh (two sidecar hops): p50 +{:.3} ms, p99 +{:.3} ms",
-        (rm.0 - rd.0) * 1e3,
-        (rm.1 - rd.1) * 1e3
-    );
-    agent.shutdown().await;
-    for s in sidecars {
-        s.shutdown().await;
-    }
-    control.shutdown().await;
-    Ok(())
-}
-
-/// Prints one row; returns (p50, p99) in seconds.
-fn report(name: &str, samples: &mut [Duration]) -> (f64, f64) {
-    samples.sort();
-    let q = |p: f64| samples[((samples.len() as f64 * p) as usize).min(samples.len() - 1)].as_secs_f64();
-    let (p50, p90, p99) = (q(0.50), q(0.90), q(0.99));
-    let max = samples.last().map_or(0.0, Duration::as_secs_f64);
-    println!("{name:<34} {:>9.3} {:>9.3} {:>9.3} {:>9.3}", p50 * 1e3, p90 * 1e3, p99 * 1e3, max * 1e3);
-    (p50, p99)
-}
-
-/// Date, CPU model and core count, for the record.
-fn machine() -> String {
-    let date = std::process::Command::new("date")
-        .arg("-u")
-        .arg("+%Y-%m-%dT%H:%M:%SZ")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default();
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown cpu".into());
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
-    format!("{date}, {cores} cores, {cpu}")
 }

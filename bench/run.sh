@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The benchmark of BENCHMARKS.md from one command: installs nginx, h2load and Envoy when
+# missing (scripts/install-bench-tools.sh), builds the release binaries, and runs
+# `agent-reach-bench run`, which measures every path side by side and writes
+# bench/results/latest.json and latest.md. Extra arguments go to `agent-reach-bench run`
+# (e.g. --reps 5, --smoke, --pin none); `--help` lists them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/install-bench-tools.sh
+echo "==> cargo build --release (sidecar, control, bench)"
+cargo build --release --quiet -p agent-reach-sidecar -p agent-reach-control -p agent-reach-bench
+target_dir="$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')"
+echo "==> load average now: $(cut -d' ' -f1-3 /proc/loadavg) (the run records it; other work on the machine skews results)"
+exec "${target_dir:-target}/release/agent-reach-bench" run --out bench/results "$@"

@@ -1,0 +1,754 @@
+//! `agent-reach-bench run`: the side-by-side benchmark of issue #7, end to end.
+//!
+//! It starts, on 127.0.0.1: control (embedded store), sidecars A and B (one runtime thread
+//! each), the echo agent (registered with sidecar B), nginx A → nginx B → agent
+//! (`grpc_pass`, one worker each) and Envoy A → Envoy B → agent (`--concurrency 1` each).
+//! With two or more CPUs, every proxy and sidecar is pinned to CPU 1 and everything else
+//! (client, agent, control) to CPU 0, the same for every path. For each repetition,
+//! payload and path (interleaved, so drift hits all paths alike) it verifies the path with
+//! a real gRPC client, runs h2load closed loop, then the open-loop generator at each fixed
+//! rate, reading CPU and peak RSS of every process before and after each run. Then it
+//! measures sidecar memory with large routing tables, and writes `latest.json` and
+//! `latest.md` to the output directory. Any error answer on any path fails the run.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::h2load::{self, H2loadSpec};
+use crate::load::LoadResult;
+use crate::machine::{self, Machine};
+use crate::procs::{self, Binaries, Proc};
+use crate::procstat;
+use crate::proxies::{self, Tools};
+use crate::report::{self, Measurement, ProcUsage, Report, Settings, Verification};
+use crate::table_rss;
+use crate::verify;
+use crate::wire::Kind;
+
+/// The four paths, in the order they are measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PathName {
+    Direct,
+    Mesh,
+    Nginx,
+    Envoy,
+}
+
+impl PathName {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PathName::Direct => "direct",
+            PathName::Mesh => "mesh",
+            PathName::Nginx => "nginx",
+            PathName::Envoy => "envoy",
+        }
+    }
+    fn kind(self) -> Kind {
+        if self == PathName::Mesh { Kind::Mesh } else { Kind::Agent }
+    }
+}
+
+/// Where processes run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Pin {
+    /// With 2+ CPUs: proxies and sidecars on CPU 1, client, agent and control on CPU 0.
+    Auto,
+    /// No pinning: the scheduler places everything.
+    None,
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    agent_reach::duration::parse(s)
+}
+
+/// Flags of `agent-reach-bench run`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct RunArgs {
+    /// A tiny run for the smoke test: 1 repetition, a few hundred calls per path and load,
+    /// small rates, a 100-instance table. Overrides the sizes below.
+    #[arg(long)]
+    pub smoke: bool,
+    /// Directory for latest.json and latest.md.
+    #[arg(long, default_value = "bench/results")]
+    pub out: PathBuf,
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Closed-loop (h2load) duration per run.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    pub duration: Duration,
+    /// Open-loop duration per rate and run.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    pub open_duration: Duration,
+    /// Unmeasured load before each closed- and open-loop run.
+    #[arg(long, default_value = "2s", value_parser = duration)]
+    pub warmup: Duration,
+    /// Open-loop rates, calls per second.
+    #[arg(long, value_delimiter = ',', default_value = "1000,5000")]
+    pub rates: Vec<u32>,
+    /// Payload sizes in bytes.
+    #[arg(long, value_delimiter = ',', default_value = "12,1024")]
+    pub payloads: Vec<usize>,
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "direct,mesh,nginx,envoy")]
+    pub paths: Vec<PathName>,
+    /// HTTP/2 connections of the open-loop generator.
+    #[arg(long, default_value_t = 4)]
+    pub connections: usize,
+    /// h2load connections (-c).
+    #[arg(long, default_value_t = 4)]
+    pub h2load_connections: usize,
+    /// h2load concurrent streams per connection (-m).
+    #[arg(long, default_value_t = 16)]
+    pub h2load_streams: usize,
+    #[arg(long, value_enum, default_value = "auto")]
+    pub pin: Pin,
+    /// Runtime threads of the echo agent.
+    #[arg(long, default_value_t = 1)]
+    pub agent_threads: usize,
+    /// Let the echo agent keep the SDK's sockets as they are (without TCP_NODELAY; see the
+    /// `agent` module).
+    #[arg(long)]
+    pub no_nodelay_workaround: bool,
+    /// Run sidecar and control from this binary instead of the release binaries beside it.
+    #[arg(long)]
+    pub embedded: bool,
+    /// Routing-table sizes for the sidecar memory measurement (empty: skip it).
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+    pub table_sizes: Vec<usize>,
+    /// Calls made with the real gRPC client to verify each path before it is loaded.
+    #[arg(long, default_value_t = 20)]
+    pub verify_calls: usize,
+    /// Keep the temporary directory (configs and logs of every process).
+    #[arg(long)]
+    pub keep_tmp: bool,
+}
+
+impl RunArgs {
+    fn apply_smoke(&mut self) {
+        if self.smoke {
+            self.reps = 1;
+            self.warmup = Duration::from_millis(200);
+            self.open_duration = Duration::from_millis(600);
+            self.rates = vec![200, 500];
+            self.table_sizes = vec![100];
+            self.verify_calls = 5;
+        }
+    }
+}
+
+/// CPU lists for the client side and the proxy side.
+struct Pinning {
+    client: Option<String>,
+    proxies: Option<String>,
+    description: String,
+}
+
+impl Pinning {
+    fn new(pin: Pin) -> Pinning {
+        let cores = machine::cores();
+        if pin == Pin::Auto && cores >= 2 {
+            Pinning {
+                client: Some("0".into()),
+                proxies: Some("1".into()),
+                description: "taskset: every proxy and sidecar process on CPU 1 (both hops of a path share it); \
+                              load generator, echo agent and control on CPU 0; the same for every path"
+                    .into(),
+            }
+        } else {
+            Pinning {
+                client: None,
+                proxies: None,
+                description: format!("none ({cores} CPU(s) shared by every process)"),
+            }
+        }
+    }
+    fn client(&self) -> Option<&str> {
+        self.client.as_deref()
+    }
+    fn proxies(&self) -> Option<&str> {
+        self.proxies.as_deref()
+    }
+}
+
+/// The sidecar flags of the benchmark: one runtime thread, explicit addresses.
+pub fn sidecar_args(id: &str, local: u16, mesh: u16, control: u16) -> Vec<String> {
+    [
+        "--listen",
+        &format!("127.0.0.1:{local}"),
+        "--mesh-listen",
+        &format!("127.0.0.1:{mesh}"),
+        "--advertise",
+        &format!("127.0.0.1:{mesh}"),
+        "--control",
+        &format!("http://127.0.0.1:{control}"),
+        "--sidecar-id",
+        id,
+        "--worker-threads",
+        "1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// Every process of the run and the first-hop port of each path.
+struct Topology {
+    procs: Vec<(String, Proc)>,
+    agent_port: u16,
+    sidecar_a_port: u16,
+    nginx_a_port: u16,
+    envoy_a_port: u16,
+}
+
+impl Topology {
+    async fn start(
+        binaries: &Binaries,
+        tools: &Tools,
+        pin: &Pinning,
+        dir: &Path,
+        nginx_version: (u32, u32, u32),
+        agent_threads: usize,
+        nodelay_workaround: bool,
+    ) -> Result<Topology, String> {
+        let mut procs: Vec<(String, Proc)> = Vec::new();
+        let port = procs::free_port;
+        let control_port = port()?;
+        let mut cmd = binaries.control(pin.client());
+        cmd.args(["--listen", &format!("127.0.0.1:{control_port}"), "--worker-threads", "1"]).env("RUST_LOG", "warn");
+        start(&mut procs, "control", cmd, dir, control_port).await?;
+
+        let mut sidecar_ports = Vec::new();
+        for (role, id) in [("sidecar A", "bench-sidecar-a"), ("sidecar B", "bench-sidecar-b")] {
+            let (local, mesh) = (port()?, port()?);
+            let mut cmd = binaries.sidecar(pin.proxies());
+            cmd.args(sidecar_args(id, local, mesh, control_port)).env("RUST_LOG", "warn");
+            start(&mut procs, role, cmd, dir, local).await?;
+            sidecar_ports.push(local);
+        }
+
+        let agent_port = port()?;
+        let mut cmd = binaries.bench(pin.client());
+        cmd.args([
+            "agent",
+            "--sidecar",
+            &format!("127.0.0.1:{}", sidecar_ports[1]),
+            "--listen",
+            &format!("127.0.0.1:{agent_port}"),
+            "--threads",
+            &agent_threads.to_string(),
+        ])
+        .env("RUST_LOG", "warn");
+        if !nodelay_workaround {
+            cmd.arg("--no-nodelay-workaround");
+        }
+        start(&mut procs, "agent", cmd, dir, agent_port).await?;
+
+        let (nginx_b, nginx_a) = (port()?, port()?);
+        for (role, name, listen, upstream) in
+            [("nginx B", "nginx-b", nginx_b, agent_port), ("nginx A", "nginx-a", nginx_a, nginx_b)]
+        {
+            let conf = dir.join(format!("{name}.conf"));
+            std::fs::write(&conf, proxies::nginx_conf(dir, name, listen, upstream, nginx_version))
+                .map_err(|e| format!("{}: {e}", conf.display()))?;
+            let mut cmd = procs::command(&tools.nginx, pin.proxies());
+            cmd.arg("-p").arg(dir).arg("-c").arg(&conf).arg("-e").arg(dir.join(format!("{name}.startup.log")));
+            start(&mut procs, role, cmd, dir, listen).await?;
+        }
+
+        let (envoy_b, envoy_a) = (port()?, port()?);
+        for (role, name, listen, upstream) in
+            [("envoy B", "envoy-b", envoy_b, agent_port), ("envoy A", "envoy-a", envoy_a, envoy_b)]
+        {
+            let conf = dir.join(format!("{name}.yaml"));
+            std::fs::write(&conf, proxies::envoy_conf(name, listen, upstream))
+                .map_err(|e| format!("{}: {e}", conf.display()))?;
+            let mut cmd = procs::command(&tools.envoy, pin.proxies());
+            cmd.arg("-c").arg(&conf).args(["--concurrency", "1", "--disable-hot-restart", "--log-level", "error"]);
+            start(&mut procs, role, cmd, dir, listen).await?;
+        }
+        Ok(Topology {
+            procs,
+            agent_port,
+            sidecar_a_port: sidecar_ports[0],
+            nginx_a_port: nginx_a,
+            envoy_a_port: envoy_a,
+        })
+    }
+
+    fn port(&self, path: PathName) -> u16 {
+        match path {
+            PathName::Direct => self.agent_port,
+            PathName::Mesh => self.sidecar_a_port,
+            PathName::Nginx => self.nginx_a_port,
+            PathName::Envoy => self.envoy_a_port,
+        }
+    }
+
+    fn pid(&self, role: &str) -> Option<u32> {
+        self.procs.iter().find(|(r, _)| r == role).map(|(_, p)| p.pid())
+    }
+
+    /// The measured process groups of `path`: its proxies, and the agent.
+    fn groups(&self, path: PathName, scan: &std::collections::HashMap<u32, procstat::Stat>) -> Vec<(String, Vec<u32>)> {
+        report::proxy_roles(path.as_str())
+            .iter()
+            .chain(["agent"].iter())
+            .filter_map(|role| {
+                let pid = self.pid(role)?;
+                // An nginx master's worker does the work; include every child.
+                let mut pids = vec![pid];
+                pids.extend(procstat::children(scan, pid));
+                Some((role.to_string(), pids))
+            })
+            .collect()
+    }
+
+    fn check_alive(&mut self) -> Result<(), String> {
+        for (_, p) in &mut self.procs {
+            p.check_alive()?;
+        }
+        Ok(())
+    }
+}
+
+async fn start(
+    procs: &mut Vec<(String, Proc)>,
+    role: &str,
+    cmd: std::process::Command,
+    dir: &Path,
+    port: u16,
+) -> Result<(), String> {
+    let name = role.replace(' ', "-");
+    let mut p = Proc::spawn(&name, cmd, dir)?;
+    procs::wait_port(([127, 0, 0, 1], port).into(), &mut p, Duration::from_secs(20)).await?;
+    procs.push((role.to_string(), p));
+    Ok(())
+}
+
+/// CPU and peak RSS of process groups over one measurement, and the CPU used by everything
+/// else on the machine.
+struct Probe {
+    groups: Vec<(String, Vec<u32>)>,
+    before: std::collections::HashMap<u32, procstat::Stat>,
+    started: Instant,
+}
+
+impl Probe {
+    fn start(topo: &Topology, path: PathName) -> Probe {
+        let before = procstat::all();
+        let groups = topo.groups(path, &before);
+        for (_, pids) in &groups {
+            for pid in pids {
+                let _ = procstat::reset_peak(*pid);
+            }
+        }
+        Probe { groups, before, started: Instant::now() }
+    }
+
+    /// Usage per group for `calls` calls; and cores used by other processes.
+    fn finish(self, calls: u64) -> (Vec<ProcUsage>, f64, f64) {
+        let wall = self.started.elapsed().as_secs_f64();
+        let after = procstat::all();
+        let tps = procstat::ticks_per_second() as f64;
+        let usage = self
+            .groups
+            .iter()
+            .map(|(role, pids)| {
+                let ticks: u64 = pids
+                    .iter()
+                    .map(|p| {
+                        let a = after.get(p).map_or(0, |s| s.cpu_ticks);
+                        a.saturating_sub(self.before.get(p).map_or(0, |s| s.cpu_ticks))
+                    })
+                    .sum();
+                let cpu_s = ticks as f64 / tps;
+                ProcUsage {
+                    role: role.clone(),
+                    pids: pids.clone(),
+                    cpu_s,
+                    cpu_ms_per_1k_calls: if calls > 0 { cpu_s * 1e3 / calls as f64 * 1e3 } else { f64::NAN },
+                    peak_rss_kib: pids.iter().filter_map(|p| procstat::status_kib(*p, "VmHWM")).max().unwrap_or(0),
+                }
+            })
+            .collect();
+        let other = procstat::foreign_cpu_seconds(&self.before, &after, std::process::id()) / wall.max(1e-9);
+        (usage, other, wall)
+    }
+}
+
+/// Runs the benchmark; the report says whether every path answered without errors.
+pub async fn run(mut args: RunArgs) -> Result<Report, String> {
+    args.apply_smoke();
+    let tools = Tools::find()?;
+    let binaries = Binaries::locate(args.embedded)?;
+    let pin = Pinning::new(args.pin);
+    let nginx_version = proxies::nginx_version(&tools.nginx).ok_or("cannot read nginx's version (nginx -v)")?;
+    let tmp = tempfile::Builder::new().prefix("agent-reach-bench-").tempdir().map_err(|e| format!("temp dir: {e}"))?;
+    let dir = tmp.path().to_path_buf();
+    if args.keep_tmp {
+        eprintln!("# processes' configs and logs: {}", dir.display());
+    }
+    let date = machine::utc_now();
+    let loadavg_start = machine::loadavg();
+    let machine = Machine::current();
+    eprintln!("# agent-reach-bench run — {date}, {}", machine.describe());
+    eprintln!("# load average at start: {:.2} {:.2} {:.2}", loadavg_start[0], loadavg_start[1], loadavg_start[2]);
+
+    let settings = Settings {
+        smoke: args.smoke,
+        reps: args.reps,
+        paths: args.paths.iter().map(|p| p.as_str().to_string()).collect(),
+        payloads: args.payloads.clone(),
+        rates: args.rates.clone(),
+        closed_loop: if args.smoke {
+            format!(
+                "h2load -t 1 -c {} -m {}, {} calls per run",
+                args.h2load_connections,
+                args.h2load_streams,
+                smoke_requests(&args)
+            )
+        } else {
+            format!(
+                "h2load -t 1 -c {} -m {} ({} streams in flight), {} s per run after a {} s unmeasured warm-up run",
+                args.h2load_connections,
+                args.h2load_streams,
+                args.h2load_connections * args.h2load_streams,
+                args.duration.as_secs(),
+                args.warmup.as_secs_f64()
+            )
+        },
+        open_loop: format!(
+            "agent-reach-bench load: fixed rates {} calls/s over {} HTTP/2 connections, {:.1} s measured after {:.1} s \
+             warm-up, latency from each call's scheduled send time (HdrHistogram)",
+            args.rates.iter().map(u32::to_string).collect::<Vec<_>>().join(" and "),
+            args.connections,
+            args.open_duration.as_secs_f64(),
+            args.warmup.as_secs_f64()
+        ),
+        pinning: pin.description.clone(),
+        cpu_budget: "each sidecar one runtime thread (--worker-threads 1); each nginx worker_processes 1; each \
+                     Envoy --concurrency 1; echo agent "
+            .to_string()
+            + &format!(
+                "{} runtime thread(s){}",
+                args.agent_threads,
+                if args.no_nodelay_workaround {
+                    ", SDK sockets as they are"
+                } else {
+                    ", TCP_NODELAY set on the SDK's listener"
+                }
+            ),
+        binaries: binaries.describe(),
+        nginx: format!("{}.{}.{}", nginx_version.0, nginx_version.1, nginx_version.2),
+        envoy: proxies::envoy_version(&tools.envoy),
+        h2load: h2load::version(&tools.h2load),
+    };
+
+    let mut topo =
+        Topology::start(&binaries, &tools, &pin, &dir, nginx_version, args.agent_threads, !args.no_nodelay_workaround)
+            .await?;
+    for &path in &args.paths {
+        verify::wait_ready(path.kind(), topo.port(path), Duration::from_secs(30))
+            .await
+            .map_err(|e| format!("{} path never answered: {e}", path.as_str()))?;
+    }
+    let mut bodies = std::collections::HashMap::new();
+    for &payload in &args.payloads {
+        for kind in [Kind::Agent, Kind::Mesh] {
+            let file = dir.join(format!("body-{kind:?}-{payload}.bin"));
+            std::fs::write(&file, crate::wire::request_body(kind, payload))
+                .map_err(|e| format!("{}: {e}", file.display()))?;
+            bodies.insert((kind, payload), file);
+        }
+    }
+
+    let mut measurements: Vec<Measurement> = Vec::new();
+    let mut verifications = Vec::new();
+    let mut failures = Vec::new();
+    for rep in 1..=args.reps {
+        for &payload in &args.payloads {
+            for &path in &args.paths {
+                topo.check_alive()?;
+                let port = topo.port(path);
+                let name = path.as_str();
+                eprintln!(
+                    "# rep {rep}/{} · {payload} B · {name} (load average {:.2})",
+                    args.reps,
+                    machine::loadavg()[0]
+                );
+                let checked = verify::verify(path.kind(), port, payload, args.verify_calls).await;
+                verifications.push(Verification {
+                    rep,
+                    payload,
+                    path: name.into(),
+                    calls: args.verify_calls,
+                    error: checked.as_ref().err().cloned(),
+                });
+                if let Err(e) = checked {
+                    return Err(format!("{name} path, {payload} B: {e}"));
+                }
+                let body_file = bodies.get(&(path.kind(), payload)).cloned().ok_or("no request body file")?;
+                let m = closed_loop(&args, &tools, &pin, &topo, path, payload, rep, port, body_file).await?;
+                if m.errors > 0 {
+                    failures
+                        .push(format!("{name}, {payload} B, rep {rep}, closed loop: {} HTTP-level failures", m.errors));
+                }
+                eprintln!("#   closed loop {:.0} calls/s", m.throughput);
+                measurements.push(m);
+                for &rate in &args.rates {
+                    let m = open_loop(&args, &binaries, &pin, &topo, path, payload, rep, port, rate).await?;
+                    if let Some(o) = &m.open_loop
+                        && o.errors > 0
+                    {
+                        failures.push(format!(
+                            "{name}, {payload} B, rep {rep}, {rate}/s: {} errors of {} calls, e.g. {:?}",
+                            o.errors, o.sent, o.error_samples
+                        ));
+                    }
+                    if let Some(l) = &m.latency_ms {
+                        eprintln!(
+                            "#   {rate}/s: p50 {:.3} ms, p99 {:.3} ms, p99.9 {:.3} ms ({} errors)",
+                            l.p50, l.p99, l.p999, m.errors
+                        );
+                    }
+                    measurements.push(m);
+                }
+            }
+        }
+    }
+    let loadavg_end = machine::loadavg();
+    drop(topo);
+
+    let table_rss = if args.table_sizes.is_empty() {
+        Vec::new()
+    } else {
+        eprintln!("# sidecar memory with {:?} instances in the routing table", args.table_sizes);
+        let setup = table_rss::Setup {
+            binaries: &binaries,
+            dir: &dir,
+            sidecar_cpus: pin.proxies(),
+            control_cpus: pin.client(),
+            converge_timeout: if args.smoke { Duration::from_secs(30) } else { Duration::from_secs(180) },
+        };
+        table_rss::measure(&setup, &args.table_sizes).await?
+    };
+
+    let paths: Vec<String> = settings.paths.clone();
+    let summary = report::summarize(&measurements, &paths, &args.payloads, &args.rates);
+    let (ratios, targets) = report::ratios_and_targets(&summary, &args.payloads, &args.rates, &table_rss);
+    let others: Vec<f64> = measurements.iter().map(|m| m.other_cores).collect();
+    let load = report::MachineLoad {
+        loadavg_start,
+        loadavg_end,
+        other_cores_mean: others.iter().sum::<f64>() / others.len().max(1) as f64,
+        other_cores_max: others.iter().copied().fold(0.0, f64::max),
+    };
+    let report = Report {
+        date,
+        machine,
+        revision: machine::git_revision(),
+        settings,
+        load,
+        verifications,
+        measurements,
+        summary,
+        ratios,
+        targets,
+        table_rss,
+        ok: failures.is_empty(),
+        failures,
+    };
+    write(&args.out, &report)?;
+    if args.keep_tmp {
+        let kept = tmp.keep();
+        eprintln!("# kept {}", kept.display());
+    }
+    Ok(report)
+}
+
+fn smoke_requests(args: &RunArgs) -> u64 {
+    (args.h2load_connections * args.h2load_streams * 8).max(200) as u64
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn closed_loop(
+    args: &RunArgs,
+    tools: &Tools,
+    pin: &Pinning,
+    topo: &Topology,
+    path: PathName,
+    payload: usize,
+    rep: usize,
+    port: u16,
+    body_file: PathBuf,
+) -> Result<Measurement, String> {
+    let mut spec = H2loadSpec {
+        bin: tools.h2load.clone(),
+        url: format!("http://127.0.0.1:{port}{}", path.kind().path()),
+        body_file,
+        connections: args.h2load_connections,
+        streams: args.h2load_streams,
+        duration: None,
+        warmup: Duration::ZERO,
+        requests: smoke_requests(args),
+        cpus: pin.client.clone(),
+    };
+    if !args.smoke {
+        if !args.warmup.is_zero() {
+            spec.duration = Some(args.warmup.max(Duration::from_secs(1)));
+            h2load::run(&spec).await.map_err(|e| format!("{} warm-up: {e}", path.as_str()))?;
+        }
+        spec.duration = Some(args.duration);
+    }
+    let probe = Probe::start(topo, path);
+    let (result, _) = h2load::run(&spec).await.map_err(|e| format!("{}: {e}", path.as_str()))?;
+    let (processes, other_cores, wall_s) = probe.finish(result.status_2xx);
+    Ok(Measurement {
+        rep,
+        payload,
+        path: path.as_str().into(),
+        load: "closed".into(),
+        rate: None,
+        calls: result.status_2xx,
+        errors: result.failures(),
+        wall_s,
+        throughput: result.req_per_s,
+        latency_ms: None,
+        h2load: Some(result),
+        open_loop: None,
+        processes,
+        other_cores,
+        loadavg_1m: machine::loadavg()[0],
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn open_loop(
+    args: &RunArgs,
+    binaries: &Binaries,
+    pin: &Pinning,
+    topo: &Topology,
+    path: PathName,
+    payload: usize,
+    rep: usize,
+    port: u16,
+    rate: u32,
+) -> Result<Measurement, String> {
+    let mut cmd = tokio::process::Command::from(binaries.bench(pin.client()));
+    cmd.args([
+        "load",
+        "--addr",
+        &format!("127.0.0.1:{port}"),
+        "--kind",
+        if path.kind() == Kind::Mesh { "mesh" } else { "agent" },
+        "--payload",
+        &payload.to_string(),
+        "--rate",
+        &rate.to_string(),
+        "--duration",
+        &format!("{}ms", args.open_duration.as_millis()),
+        "--warmup",
+        &format!("{}ms", args.warmup.as_millis()),
+        "--connections",
+        &args.connections.to_string(),
+    ])
+    .stdin(std::process::Stdio::null())
+    .kill_on_drop(true);
+    let probe = Probe::start(topo, path);
+    let out = cmd.output().await.map_err(|e| format!("load generator: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "load generator on the {} path failed ({}): {}",
+            path.as_str(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let result: LoadResult = serde_json::from_slice(&out.stdout).map_err(|e| format!("load generator output: {e}"))?;
+    let (processes, other_cores, wall_s) = probe.finish(result.ok);
+    Ok(Measurement {
+        rep,
+        payload,
+        path: path.as_str().into(),
+        load: "open".into(),
+        rate: Some(rate),
+        calls: result.ok,
+        errors: result.errors,
+        wall_s,
+        throughput: result.achieved_rate,
+        latency_ms: Some(result.latency_ms.clone()),
+        h2load: None,
+        open_loop: Some(result),
+        processes,
+        other_cores,
+        loadavg_1m: machine::loadavg()[0],
+    })
+}
+
+/// Writes `latest.json` and `latest.md` into `out`.
+pub fn write(out: &Path, report: &Report) -> Result<(), String> {
+    std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let json = serde_json::to_string_pretty(report).map_err(|e| e.to_string())?;
+    std::fs::write(out.join("latest.json"), json + "\n").map_err(|e| format!("{}: {e}", out.display()))?;
+    std::fs::write(out.join("latest.md"), report::markdown(report)).map_err(|e| format!("{}: {e}", out.display()))?;
+    Ok(())
+}
+
+/// `agent-reach-bench up`: starts every path as `run` does and keeps them up until ctrl-c,
+/// printing each path's first hop and the process ids (for profiling with perf).
+pub fn up_blocking(args: RunArgs) -> Result<(), String> {
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| format!("runtime: {e}"))?;
+    runtime.block_on(async {
+        let tools = Tools::find()?;
+        let binaries = Binaries::locate(args.embedded)?;
+        let pin = Pinning::new(args.pin);
+        let nginx_version = proxies::nginx_version(&tools.nginx).ok_or("cannot read nginx's version (nginx -v)")?;
+        let tmp =
+            tempfile::Builder::new().prefix("agent-reach-bench-").tempdir().map_err(|e| format!("temp dir: {e}"))?;
+        let mut topo = Topology::start(
+            &binaries,
+            &tools,
+            &pin,
+            tmp.path(),
+            nginx_version,
+            args.agent_threads,
+            !args.no_nodelay_workaround,
+        )
+        .await?;
+        for &path in &args.paths {
+            verify::wait_ready(path.kind(), topo.port(path), Duration::from_secs(30)).await?;
+        }
+        println!("# pinning: {}", pin.description);
+        println!("# configs and logs: {}", tmp.path().display());
+        for (role, p) in &topo.procs {
+            println!("pid {:>7}  {role}", p.pid());
+        }
+        for &path in &args.paths {
+            println!("path {:<6} http://127.0.0.1:{}{}", path.as_str(), topo.port(path), path.kind().path());
+        }
+        println!("# up; ctrl-c stops everything");
+        loop {
+            tokio::select! {
+                _ = agent_reach::process::shutdown_signal() => return Ok(()),
+                _ = tokio::time::sleep(Duration::from_secs(1)) => topo.check_alive()?,
+            }
+        }
+    })
+}
+
+/// Runs the benchmark on the calling (main) thread; ctrl-c stops it and its processes.
+pub fn run_blocking(args: RunArgs) -> Result<Report, String> {
+    // A current-thread runtime: every child process is spawned from this thread, which
+    // lives as long as the run (children get SIGTERM when their spawning thread exits).
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| format!("runtime: {e}"))?;
+    let out = args.out.clone();
+    let report = runtime.block_on(async {
+        tokio::select! {
+            r = run(args) => r,
+            _ = agent_reach::process::shutdown_signal() => Err("interrupted".to_string()),
+        }
+    })?;
+    eprintln!("# wrote {} and {}", out.join("latest.json").display(), out.join("latest.md").display());
+    Ok(report)
+}
