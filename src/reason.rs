@@ -59,6 +59,7 @@ reasons! {
     CircuitOpen => "CIRCUIT_OPEN", Unavailable;
     PermissionDenied => "PERMISSION_DENIED", PermissionDenied;
     ShuttingDown => "SHUTTING_DOWN", Unavailable;
+    IdempotentReplyNotStored => "IDEMPOTENT_REPLY_NOT_STORED", FailedPrecondition;
     Internal => "INTERNAL", Internal;
 }
 
@@ -74,6 +75,24 @@ pub fn status(reason: Reason, message: impl Into<String>, metadata: &[(&str, Str
     let details = ErrorDetails::with_error_info(reason.as_str(), DOMAIN, meta);
     Status::with_error_details(reason.code(), message, details)
 }
+
+/// Like [`status`], with a `google.rpc.RetryInfo` saying when to try again (and the same
+/// in ErrorInfo metadata `retry_after_ms`).
+pub fn status_retry_after(
+    reason: Reason,
+    message: impl Into<String>,
+    metadata: &[(&str, String)],
+    retry_after: std::time::Duration,
+) -> Status {
+    let mut meta: HashMap<String, String> = metadata.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+    meta.insert(META_RETRY_AFTER_MS.to_string(), retry_after.as_millis().max(1).to_string());
+    let mut details = ErrorDetails::with_error_info(reason.as_str(), DOMAIN, meta);
+    details.set_retry_info(Some(retry_after));
+    Status::with_error_details(reason.code(), message, details)
+}
+
+/// Metadata key: milliseconds to wait before trying again.
+pub const META_RETRY_AFTER_MS: &str = "retry_after_ms";
 
 /// An INVALID_ARGUMENT status naming the bad field, with a `BadRequest` violation.
 pub fn invalid_argument(field: &str, why: &str) -> Status {

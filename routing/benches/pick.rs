@@ -84,6 +84,7 @@ fn percentiles(strategy: Strategy, target: &Target, label: &str) {
             priority: Priority::Normal,
             hash_key: Some(&sessions[i % sessions.len()]),
             exclude: &[],
+            version: None,
             now: clock(),
         };
         let start = Instant::now();
@@ -131,6 +132,7 @@ fn main() {
                     priority: Priority::Normal,
                     hash_key: Some(&key),
                     exclude: &[],
+                    version: None,
                     now: clock(),
                 };
                 black_box(pick(&t, &req).is_ok())

@@ -5,15 +5,20 @@
 //! Pure domain code: no protobuf, no network, no store. The sidecar routes calls with it;
 //! the control service explains routes with the same code.
 
+pub mod breaker;
 pub mod budget;
 pub mod ring;
 pub mod route;
+pub mod split;
 pub mod stats;
 pub mod table;
 
+pub use breaker::{Breaker, BreakerState};
 pub use budget::RetryBudget;
 pub use route::{
-    Candidate, Explanation, PickRequest, RouteError, Skip, Tier, explain, pick, resolve, suggestions, tier_of,
+    Candidate, Explanation, PickRequest, RouteError, Skip, Tier, breaker_settings, explain, pick, resolve, suggestions,
+    tier_of,
 };
+pub use split::choose_version;
 pub use stats::{InFlight, InstanceStats, clock};
 pub use table::{CallGuard, Change, Group, GroupState, Member, RoutingTable, TableHandle};

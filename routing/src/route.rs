@@ -19,7 +19,7 @@
 use rand::Rng;
 
 use agent_reach::model::{HealthState, Priority, Target, TargetKind};
-use agent_reach::policy::Strategy;
+use agent_reach::policy::{CircuitBreaker, Strategy};
 
 use crate::ring::hash64;
 use crate::table::{Group, Member, RoutingTable, weight};
@@ -55,13 +55,16 @@ pub struct PickRequest<'a> {
     pub hash_key: Option<&'a str>,
     /// Instances this call already tried.
     pub exclude: &'a [String],
+    /// Only instances of this agent version (a canary split's choice); when none of them
+    /// can take the call, any version may.
+    pub version: Option<&'a str>,
     /// Now, on [`crate::stats::clock`].
     pub now: u64,
 }
 
 impl<'a> PickRequest<'a> {
     pub fn new(target: &'a Target, now: u64) -> PickRequest<'a> {
-        PickRequest { target, priority: Priority::Normal, hash_key: None, exclude: &[], now }
+        PickRequest { target, priority: Priority::Normal, hash_key: None, exclude: &[], version: None, now }
     }
 }
 
@@ -103,8 +106,16 @@ fn tags_ok(m: &Member, target: &Target) -> bool {
     }
 }
 
-fn usable(m: &Member, req: &PickRequest<'_>) -> bool {
-    tags_ok(m, req.target) && !req.exclude.iter().any(|e| e == m.id())
+fn usable(m: &Member, req: &PickRequest<'_>, breaker: &CircuitBreaker) -> bool {
+    tags_ok(m, req.target)
+        && !req.exclude.iter().any(|e| e == m.id())
+        && req.version.is_none_or(|v| m.instance.record.registration.version == v)
+        && m.stats.breaker.can_pass(req.now, breaker)
+}
+
+/// The breaker settings of a group: its policy's, else the defaults.
+pub fn breaker_settings(group: &Group) -> CircuitBreaker {
+    group.spec().and_then(|s| s.breaker).unwrap_or_default()
 }
 
 /// The tier of a member for a call of `priority`, or `None` when its state takes no calls.
@@ -130,12 +141,11 @@ pub fn pick(
     req: &PickRequest<'_>,
 ) -> Result<(Member, std::sync::Arc<crate::table::GroupState>), RouteError> {
     let group = resolve(table, req.target)?;
-    // One round-robin ticket per pick, whichever path uses it.
-    let ticket = match effective_strategy(group, req) {
-        Strategy::RoundRobin => group.state.cursor.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-        _ => 0,
-    };
-    let picked = pick_first_tier(group, req, ticket).or_else(|| pick_by_scan(group, req, ticket));
+    let mut picked = pick_in(group, req);
+    if picked.is_none() && req.version.is_some() {
+        // No instance of the split's version can take the call: any version may.
+        picked = pick_in(group, &PickRequest { version: None, ..*req });
+    }
     match picked {
         Some(i) => Ok((group.members[i as usize].clone(), group.state.clone())),
         None => {
@@ -150,8 +160,18 @@ pub fn pick(
     }
 }
 
+fn pick_in(group: &Group, req: &PickRequest<'_>) -> Option<u32> {
+    let breaker = breaker_settings(group);
+    // One round-robin ticket per pick, whichever path uses it.
+    let ticket = match effective_strategy(group, req) {
+        Strategy::RoundRobin => group.state.cursor.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        _ => 0,
+    };
+    pick_first_tier(group, req, ticket, &breaker).or_else(|| pick_by_scan(group, req, ticket, &breaker))
+}
+
 /// The fast path: the precomputed first-tier list, checked member by member.
-fn pick_first_tier(group: &Group, req: &PickRequest<'_>, ticket: usize) -> Option<u32> {
+fn pick_first_tier(group: &Group, req: &PickRequest<'_>, ticket: usize, breaker: &CircuitBreaker) -> Option<u32> {
     let by_state = if req.priority == Priority::High { &group.up } else { &group.up_or_degraded };
     // With required tags, sample among members carrying the rarest of them.
     let list = match req.target.tags.iter().map(|t| group.by_tag.get(t)).min_by_key(|l| l.map_or(0, Vec::len)) {
@@ -164,7 +184,7 @@ fn pick_first_tier(group: &Group, req: &PickRequest<'_>, ticket: usize) -> Optio
     }
     let ok = |i: u32| {
         let m = &group.members[i as usize];
-        usable(m, req) && tier_of(m, req.priority, req.now) == Some(0)
+        usable(m, req, breaker) && tier_of(m, req.priority, req.now) == Some(0)
     };
     let mut rng = rand::rng();
     match effective_strategy(group, req) {
@@ -253,8 +273,8 @@ fn cheaper(group: &Group, a: u32, b: u32, now: u64) -> u32 {
 }
 
 /// The slow path: scan the whole group into tiers and pick within the best one.
-fn pick_by_scan(group: &Group, req: &PickRequest<'_>, ticket: usize) -> Option<u32> {
-    let tiers = tiers(group, req);
+fn pick_by_scan(group: &Group, req: &PickRequest<'_>, ticket: usize, breaker: &CircuitBreaker) -> Option<u32> {
+    let tiers = tiers(group, req, breaker);
     let list = tiers.iter().find(|t| !t.is_empty())?;
     let mut rng = rand::rng();
     Some(match effective_strategy(group, req) {
@@ -296,11 +316,11 @@ fn pick_by_scan(group: &Group, req: &PickRequest<'_>, ticket: usize) -> Option<u
 
 /// Usable members by tier (indices ascending). Weight-0 members are left out when the
 /// strategy is weighted.
-fn tiers(group: &Group, req: &PickRequest<'_>) -> [Vec<u32>; 3] {
+fn tiers(group: &Group, req: &PickRequest<'_>, breaker: &CircuitBreaker) -> [Vec<u32>; 3] {
     let mut tiers: [Vec<u32>; 3] = Default::default();
     let weighted = group.strategy() == Strategy::Weighted;
     for (i, m) in group.members.iter().enumerate() {
-        if !usable(m, req) || (weighted && weight(m, group.spec()) == 0) {
+        if !usable(m, req, breaker) || (weighted && weight(m, group.spec()) == 0) {
             continue;
         }
         if let Some(t) = tier_of(m, req.priority, req.now) {
@@ -338,6 +358,7 @@ pub fn explain(table: &RoutingTable, req: &PickRequest<'_>, max: usize) -> Expla
     let strategy = effective_strategy(group, req);
     out.strategy = Some(strategy);
     let weighted = group.strategy() == Strategy::Weighted;
+    let breaker = breaker_settings(group);
     for m in &group.members {
         let skip = |reason: &str, detail: String| Skip {
             instance_id: m.id().to_string(),
@@ -360,6 +381,14 @@ pub fn explain(table: &RoutingTable, req: &PickRequest<'_>, max: usize) -> Expla
                 "MISSING_TAGS",
                 format!("requires [{}], has [{}]", req.target.tags.join(","), have.join(",")),
             ));
+        } else if req.version.is_some_and(|v| m.instance.record.registration.version != v) {
+            out.skipped.push(skip(
+                "OTHER_VERSION",
+                format!("the split sends this call to version {:?}", req.version.unwrap_or_default()),
+            ));
+        } else if !m.stats.breaker.can_pass(req.now, &breaker) {
+            out.skipped
+                .push(skip("BREAKER_OPEN", format!("circuit breaker {}", m.stats.breaker.state(req.now).as_str())));
         } else if weighted && weight(m, group.spec()) == 0 {
             out.skipped.push(skip(
                 "WEIGHT_ZERO",
@@ -370,7 +399,7 @@ pub fn explain(table: &RoutingTable, req: &PickRequest<'_>, max: usize) -> Expla
             out.skipped.push(skip(&format!("STATE_{s}"), format!("instance is {s}")));
         }
     }
-    let tiers = tiers(group, req);
+    let tiers = tiers(group, req, &breaker);
     for (t, list) in tiers.iter().enumerate() {
         let mut ranked: Vec<(u32, f64)> = match strategy {
             Strategy::LeastLoaded => {
@@ -676,6 +705,34 @@ mod tests {
         assert_eq!(pick_id(&t, &req("session-42")), first, "and it comes back when the load is gone");
         // Without a key the strategy falls back to least_loaded (no panic, a pick).
         assert!(pick(&t, &PickRequest::new(&target, NOW)).is_ok());
+    }
+
+    #[test]
+    fn open_breakers_and_other_versions_are_skipped() {
+        let mut canary = inst("c", "s", "x", &[], HealthState::Up);
+        canary.record.registration.version = "2.0".into();
+        let t = rr(vec![inst("a", "s", "x", &[], HealthState::Up), inst("b", "s", "x", &[], HealthState::Up), canary]);
+        let target = Target::capability("x");
+        let settings = CircuitBreaker::default();
+        for _ in 0..5 {
+            t.instances["a"].stats.breaker.record(NOW, true, &settings);
+        }
+        let req = PickRequest::new(&target, NOW);
+        for _ in 0..6 {
+            assert_ne!(pick_id(&t, &req), "a", "an open breaker takes no calls");
+        }
+        let e = explain(&t, &req, 0);
+        assert_eq!(
+            e.skipped.iter().map(|s| (s.instance_id.as_str(), s.reason.as_str())).collect::<Vec<_>>(),
+            [("a", "BREAKER_OPEN")]
+        );
+        let canary_req = PickRequest { version: Some("2.0"), ..req };
+        for _ in 0..4 {
+            assert_eq!(pick_id(&t, &canary_req), "c");
+        }
+        // The chosen version gone: any version serves rather than failing the call.
+        let excl = ["c".to_string()];
+        assert_eq!(pick_id(&t, &PickRequest { exclude: &excl, ..canary_req }), "b");
     }
 
     #[test]

@@ -40,6 +40,8 @@ pub struct InstanceStats {
     load_stamp: AtomicU64,
     /// Clock time until which the instance counts as overloaded.
     overloaded_until: AtomicU64,
+    /// This sidecar's circuit breaker for the instance.
+    pub breaker: crate::breaker::Breaker,
 }
 
 impl InstanceStats {

@@ -74,6 +74,19 @@ pub struct SidecarArgs {
     #[arg(long, env = "AGENT_REACH_DRAIN_TIMEOUT", default_value = "30s", value_parser = agent_reach::duration::parse)]
     pub drain_timeout: Duration,
 
+    /// How long an idempotency key's answer is kept and replayed to duplicates.
+    #[arg(long, env = "AGENT_REACH_IDEMPOTENCY_WINDOW", default_value = "10m", value_parser = agent_reach::duration::parse)]
+    pub idempotency_window: Duration,
+
+    /// Largest answer kept for idempotency replays, in bytes; duplicates of a call with a
+    /// larger answer are refused rather than run again.
+    #[arg(long, env = "AGENT_REACH_IDEMPOTENCY_MAX_REPLY_BYTES", default_value_t = 1024 * 1024)]
+    pub idempotency_max_reply_bytes: usize,
+
+    /// Memory of the result cache of read-only capabilities, in bytes.
+    #[arg(long, env = "AGENT_REACH_CACHE_MAX_BYTES", default_value_t = 64 * 1024 * 1024)]
+    pub cache_max_bytes: usize,
+
     /// Runtime worker threads (1 = a single-threaded runtime).
     #[arg(long, env = "AGENT_REACH_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
@@ -100,6 +113,12 @@ pub struct SidecarConfig {
     /// Where the routing table is saved and loaded from; `None` = not at all.
     pub table_file: Option<PathBuf>,
     pub drain_timeout: Duration,
+    pub idempotency_window: Duration,
+    pub idempotency_max_reply_bytes: usize,
+    /// Keys kept at most (the oldest answered keys go first beyond it).
+    pub idempotency_max_keys: usize,
+    pub cache_max_bytes: usize,
+    pub cache_max_entries: usize,
 }
 
 impl SidecarConfig {
@@ -118,6 +137,11 @@ impl SidecarConfig {
             control_timeout: Duration::from_secs(3),
             table_file: None,
             drain_timeout: Duration::from_secs(30),
+            idempotency_window: Duration::from_secs(600),
+            idempotency_max_reply_bytes: 1024 * 1024,
+            idempotency_max_keys: 100_000,
+            cache_max_bytes: 64 * 1024 * 1024,
+            cache_max_entries: 100_000,
         }
     }
 }
@@ -168,6 +192,11 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
                 ))),
             },
             drain_timeout: a.drain_timeout,
+            idempotency_window: a.idempotency_window,
+            idempotency_max_reply_bytes: a.idempotency_max_reply_bytes,
+            idempotency_max_keys: 100_000,
+            cache_max_bytes: a.cache_max_bytes,
+            cache_max_entries: 100_000,
         })
     }
 }

@@ -28,6 +28,8 @@ pub enum SidecarError {
     DeadlineExceeded { deadline: Duration, attempts: u32, tried: Vec<String> },
     #[error("sidecar is shutting down")]
     ShuttingDown,
+    #[error("rate limited by the {bucket} bucket of policy {policy}; retry in {retry_after:?}")]
+    RateLimited { bucket: String, policy: String, retry_after: Duration },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -73,6 +75,12 @@ impl SidecarError {
                 &[("attempts", attempts.to_string()), ("instances_tried", tried.join(","))],
             ),
             SidecarError::ShuttingDown => reason::status(Reason::ShuttingDown, message, &[]),
+            SidecarError::RateLimited { bucket, policy, retry_after } => reason::status_retry_after(
+                Reason::RateLimited,
+                message,
+                &[("mechanism", "token_bucket".into()), ("bucket", bucket), ("policy", policy)],
+                retry_after,
+            ),
             SidecarError::Internal(_) => reason::status(Reason::Internal, message, &[]),
         }
     }

@@ -1,12 +1,19 @@
-//! The call path. [`invoke`] runs in the caller's sidecar: it reads the caller's message,
-//! decodes only the routing fields, picks an instance with the target's strategy, and
-//! forwards the caller's bytes (plus a few appended fields) to the instance's sidecar over
-//! `Mesh`. [`deliver`] runs in the target's sidecar: it passes the body through to the
-//! local agent without decoding it, and reports the instance's load in the trailers.
+//! The call path's handlers and its routing core.
 //!
-//! Retries happen here, in the caller's sidecar only, so they never multiply across hops:
-//! - a call that provably never reached an agent (connection refused, instance gone or
-//!   paused at its sidecar) is retried on a different instance, the first time always;
+//! [`invoke`] runs in the caller's sidecar: it reads the caller's message, decodes only the
+//! routing fields, and sends the call through the outbound stack ([`crate::outbound`]),
+//! whose innermost service is the [`Router`]: it picks an instance with the target's
+//! strategy and forwards the caller's bytes (plus a few appended fields) to the instance's
+//! sidecar over `Mesh`, one attempt at a time through the attempt stack (the instance's
+//! circuit breaker, then [`Send`]). [`deliver`] runs in the target's sidecar and sends the
+//! call through the inbound stack ([`crate::inbound`]) to the local agent, passing the body
+//! through without decoding it.
+//!
+//! Retries happen in the router, in the caller's sidecar only, so they never multiply
+//! across hops:
+//! - a call that provably never reached an agent (connection refused, instance gone,
+//!   paused or overloaded at its sidecar, breaker open) is retried on a different
+//!   instance, the first time always;
 //! - a call that may have run is retried (on a different instance) only when the target's
 //!   policy marks it idempotent or the call carries an idempotency key, the failure is
 //!   UNAVAILABLE or an overload, the payload is under the policy's retry size limit, and
@@ -16,30 +23,35 @@
 //! or agent; the reply then says so. Deadlines shrink by the configured reserve at each
 //! hop. Payloads are never decoded or copied (beyond coalescing small messages).
 
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use agent_reach::convert::{priority_from_i32, target_from_proto};
 use agent_reach::grpc_timeout;
 use agent_reach::model::{FieldError, Priority, Target, TargetKind};
-use agent_reach::policy::{Fallback, PolicyKind, PolicySpec, RetryPolicy, Strategy};
+use agent_reach::policy::{CircuitBreaker, Fallback, RetryPolicy, Strategy};
 use agent_reach::proto;
 use agent_reach::reason::{self, Reason};
-use agent_reach_routing::{self as route, CallGuard, Member, PickRequest, RouteError, RoutingTable, clock};
-use bytes::Bytes;
+use agent_reach_routing::{self as route, CallGuard, GroupState, Member, PickRequest, RouteError, RoutingTable, clock};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Uri};
-use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use prost::Message;
 use tokio::time::Instant;
 use tonic::{Code, Status};
+use tower::{Layer, Service, ServiceExt};
 
 use crate::Inner;
 use crate::error::SidecarError;
 use crate::grpc::{self, Body, Frames, ReadError};
+use crate::inbound::{InboundCall, InboundService, Permit};
+use crate::outbound::{InvokeHead, InvokeMetadata, OutboundCall, Rejections, Shape, policy_of};
 
 /// Room for the envelope fields around a payload of the maximum size.
-const ENVELOPE_ALLOWANCE: usize = 64 * 1024;
+pub const ENVELOPE_ALLOWANCE: usize = 64 * 1024;
 /// Most instances one call is tried on.
 const MAX_ATTEMPTS: u32 = 3;
 
@@ -56,77 +68,72 @@ pub const HEADER_ATTEMPTS: HeaderName = HeaderName::from_static("ar-attempts");
 pub const HEADER_TRIED: HeaderName = HeaderName::from_static("ar-instances-tried");
 /// Response metadata: set when a fallback served the call; names the original target.
 pub const HEADER_FALLBACK_FROM: HeaderName = HeaderName::from_static("ar-fallback-from");
-/// Request metadata on `Mesh` calls: the caller's tenant, checked by the target's sidecar.
+/// `Mesh` request metadata: the caller's tenant, checked by the target's sidecar.
 pub const HEADER_TENANT: HeaderName = HeaderName::from_static("ar-tenant");
-
-/// The fields of an `InvokeRequest` the caller's sidecar needs for routing. Same field
-/// numbers as `InvokeRequest`; content type and metadata are skipped unread.
-#[derive(Clone, PartialEq, Message)]
-struct InvokeHead {
-    #[prost(message, optional, tag = "1")]
-    target: Option<proto::Target>,
-    #[prost(bytes = "bytes", tag = "2")]
-    payload: Bytes,
-    #[prost(string, tag = "4")]
-    session_id: String,
-    #[prost(int32, tag = "5")]
-    priority: i32,
-    #[prost(string, tag = "6")]
-    idempotency_key: String,
-    #[prost(string, tag = "8")]
-    message_id: String,
-}
-
-/// The metadata of an `InvokeRequest`, decoded only when a policy needs it.
-#[derive(Clone, PartialEq, Message)]
-struct InvokeMetadata {
-    #[prost(map = "string, string", tag = "7")]
-    metadata: std::collections::HashMap<String, String>,
-}
-
-/// Unary or server-streaming.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Shape {
-    Unary,
-    Stream,
-}
+/// `Mesh` request metadata: the call's priority (admission at the target).
+pub const HEADER_PRIORITY: HeaderName = HeaderName::from_static("ar-priority");
+/// `Mesh` request metadata: the call's idempotency key (at-most-once at the target).
+pub const HEADER_IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("ar-idempotency-key");
 
 /// How one forwarding attempt ended.
 // Short-lived and moved once per attempt; boxing the large variant would allocate per call.
 #[allow(clippy::large_enum_variant)]
-pub(crate) enum Attempt {
+pub enum Attempt {
     /// The target's sidecar (or agent) answered; the call may have run. When the agent is
-    /// local, the guard counts the delivery until the answer ends.
-    Answered(Response<Body>, Option<crate::inbound::InboundGuard>),
-    /// The call provably never reached an agent.
-    NotDelivered(String),
+    /// local, the permit holds its admission slot until the answer ends.
+    Answered(Response<Body>, Option<Permit>),
+    /// The call provably never reached an agent; the status says why.
+    NotDelivered(Status),
     /// The call failed after it may have reached an agent.
     Failed(Status),
 }
 
+/// The services a handler needs, built once per sidecar.
+#[derive(Clone)]
+pub struct Stacks {
+    pub outbound: tower::util::BoxCloneSyncService<OutboundCall, Response<Body>, SidecarError>,
+    pub inbound: InboundService,
+}
+
+impl Stacks {
+    /// Builds the outbound, attempt and inbound stacks.
+    pub fn new(inner: Arc<Inner>) -> Stacks {
+        let inbound = crate::inbound::stack(inner.clone());
+        let attempts = tower::util::BoxCloneSyncService::new(
+            tower::ServiceBuilder::new()
+                // Each attempt passes the chosen instance's breaker, which also records
+                // how the attempt ended.
+                .layer(BreakerLayer { inner: inner.clone() })
+                .service(Send { inner: inner.clone(), inbound: inbound.clone() }),
+        );
+        let outbound = tower::util::BoxCloneSyncService::new(
+            tower::ServiceBuilder::new()
+                // Rate limits first: a refused call costs nothing further and never
+                // reaches a target.
+                .layer(crate::outbound::RateLimitLayer { inner: inner.clone() })
+                // The cache before routing: a hit needs no instance at all.
+                .layer(crate::outbound::CacheLayer { inner: inner.clone() })
+                .service(Router { inner, attempts }),
+        );
+        Stacks { outbound, inbound }
+    }
+}
+
 /// Serves `Sidecar/Invoke` and `Sidecar/InvokeStream`.
-pub async fn invoke(inner: Arc<Inner>, req: Request<Incoming>, shape: Shape) -> Response<Body> {
+pub async fn invoke(inner: Arc<Inner>, stacks: Stacks, req: Request<Incoming>, shape: Shape) -> Response<Body> {
     let _call = inner.calls.begin();
-    match invoke_inner(&inner, req, shape).await {
+    let call = match read_call(&inner, req, shape).await {
+        Ok(c) => c,
+        Err(e) => return grpc::status_response(e.into_status()),
+    };
+    match stacks.outbound.oneshot(call).await {
         Ok(resp) => resp,
         Err(e) => grpc::status_response(e.into_status()),
     }
 }
 
-/// What is known about the call once its message is read.
-struct Call {
-    message: Bytes,
-    head: InvokeHead,
-    target: Target,
-    priority: Priority,
-    headers: HeaderMap,
-    shape: Shape,
-    started: Instant,
-    timeout: Duration,
-    deadline: Instant,
-}
-
-async fn invoke_inner(inner: &Inner, req: Request<Incoming>, shape: Shape) -> Result<Response<Body>, SidecarError> {
+/// Reads and checks the caller's message.
+async fn read_call(inner: &Inner, req: Request<Incoming>, shape: Shape) -> Result<OutboundCall, SidecarError> {
     let started = Instant::now();
     let cfg = &inner.config;
     let (parts, mut body) = req.into_parts();
@@ -148,41 +155,71 @@ async fn invoke_inner(inner: &Inner, req: Request<Incoming>, shape: Shape) -> Re
     let target = target_from_proto(head.target.clone())?;
     let priority = priority_from_i32(head.priority);
     let table = inner.table.load_full();
-    let spec = policy_of(&table, &target).cloned();
     let timeout = parts
         .headers
         .get(grpc::HEADER_GRPC_TIMEOUT)
         .and_then(|v| grpc_timeout::parse(v.as_bytes()))
-        .or_else(|| spec.as_ref().and_then(|s| s.default_timeout_ms).map(|ms| Duration::from_millis(u64::from(ms))))
+        .or_else(|| {
+            policy_of(&table, &target).and_then(|s| s.default_timeout_ms).map(|ms| Duration::from_millis(u64::from(ms)))
+        })
         .unwrap_or(cfg.default_timeout);
-    let call = Call {
+    Ok(OutboundCall {
         message,
         head,
         target,
         priority,
-        headers: parts.headers,
+        headers: Arc::new(parts.headers),
         shape,
         started,
         timeout,
         deadline: started + timeout,
-    };
-    let primary = call.target.clone();
-    match route_and_send(inner, &table, &call, &primary, spec.as_ref(), None).await {
-        Err(Exhausted { error, attempts, tried }) => {
-            // The policy's fallback takes calls no instance of the target could take.
-            let Some(fallback) = spec.as_ref().and_then(|s| s.fallback.clone()) else { return Err(error) };
-            let fallback_target = Target {
-                kind: match fallback {
-                    Fallback::Capability(c) => TargetKind::Capability(c),
-                    Fallback::Agent(a) => TargetKind::Agent(a),
-                },
-                tags: Vec::new(),
-            };
-            tracing::debug!(target = %primary, fallback = %fallback_target, "using the fallback: {error}");
-            let fallback_spec = policy_of(&table, &fallback_target).cloned();
-            route_and_send(inner, &table, &call, &fallback_target, fallback_spec.as_ref(), Some(&primary))
-                .await
-                .map_err(|e| match e.error {
+        table,
+    })
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + std::marker::Send>>;
+type AttemptService = tower::util::BoxCloneSyncService<AttemptRequest, Attempt, Infallible>;
+
+/// The innermost outbound service: routes, retries and falls back.
+#[derive(Clone)]
+pub struct Router {
+    inner: Arc<Inner>,
+    attempts: AttemptService,
+}
+
+impl Service<OutboundCall> for Router {
+    type Response = Response<Body>;
+    type Error = SidecarError;
+    type Future = BoxFuture<Result<Response<Body>, SidecarError>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), SidecarError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, call: OutboundCall) -> Self::Future {
+        let router = self.clone();
+        Box::pin(async move { router.route(call).await })
+    }
+}
+
+impl Router {
+    async fn route(&self, call: OutboundCall) -> Result<Response<Body>, SidecarError> {
+        let primary = call.target.clone();
+        match self.route_and_send(&call, &primary, None).await {
+            Ok(resp) => Ok(resp),
+            Err(Exhausted { error, attempts, tried }) => {
+                // The policy's fallback takes calls no instance of the target could take.
+                let Some(fallback) = call.spec().and_then(|s| s.fallback.clone()) else { return Err(error) };
+                let fallback_target = Target {
+                    kind: match fallback {
+                        Fallback::Capability(c) => TargetKind::Capability(c),
+                        Fallback::Agent(a) => TargetKind::Agent(a),
+                    },
+                    tags: Vec::new(),
+                };
+                tracing::debug!(target = %primary, fallback = %fallback_target, "using the fallback: {error}");
+                Rejections::count(&self.inner.rejections.fallbacks);
+                self.route_and_send(&call, &fallback_target, Some(&primary)).await.map_err(|e| match e.error {
                     SidecarError::AgentNotFound { target, .. } | SidecarError::NoHealthyInstance { target, .. } => {
                         SidecarError::NoHealthyInstance {
                             target: primary.to_string(),
@@ -194,18 +231,215 @@ async fn invoke_inner(inner: &Inner, req: Request<Incoming>, shape: Shape) -> Re
                     }
                     other => other,
                 })
+            }
         }
-        Ok(resp) => Ok(resp),
     }
-}
 
-/// The policy of the group a target names.
-fn policy_of<'t>(table: &'t RoutingTable, target: &Target) -> Option<&'t PolicySpec> {
-    let (kind, name) = match &target.kind {
-        TargetKind::Capability(c) => (PolicyKind::Capability, c),
-        TargetKind::Agent(a) => (PolicyKind::Agent, a),
-    };
-    table.policy(kind, name).map(|p| &p.spec)
+    /// Routes the call to `target` and sends it, retrying as the module documentation
+    /// says. `Err` only when no instance could take it (so a fallback may); errors from
+    /// agents come back as `Ok` responses carrying the agent's status.
+    async fn route_and_send(
+        &self,
+        call: &OutboundCall,
+        target: &Target,
+        fallback_from: Option<&Target>,
+    ) -> Result<Response<Body>, Exhausted> {
+        let inner = &self.inner;
+        let cfg = &inner.config;
+        let table: &RoutingTable = &call.table;
+        let group = route::resolve(table, target).map_err(SidecarError::from)?;
+        let spec = policy_of(table, target);
+        let retry = spec.and_then(|s| s.retry).unwrap_or_default();
+        let breaker = route::breaker_settings(group);
+        let key = call.head.idempotency_key.as_str();
+        let may_rerun = retry.idempotent || !key.is_empty();
+        let retry_payload_ok = call.head.payload.len() <= retry.max_payload_bytes() as usize;
+        let needs_metadata = spec.is_some_and(|s| {
+            (s.strategy == Some(Strategy::ConsistentHash) && !s.hash_key.is_empty())
+                || s.split.as_ref().is_some_and(|v| !v.match_key.is_empty())
+        });
+        let metadata = if needs_metadata {
+            InvokeMetadata::decode(call.message.clone()).unwrap_or_default().metadata
+        } else {
+            Default::default()
+        };
+        let session = (!call.head.session_id.is_empty()).then_some(call.head.session_id.as_str());
+        let hash_key: Option<&str> = match spec {
+            // Duplicates of an idempotency key meet at one instance (and its sidecar's store).
+            _ if !key.is_empty() => Some(key),
+            Some(s) if s.strategy == Some(Strategy::ConsistentHash) && !s.hash_key.is_empty() => {
+                metadata.get(&s.hash_key).map(String::as_str)
+            }
+            _ => session,
+        };
+        let version = spec.and_then(|s| s.split.as_ref()).and_then(|split| {
+            let matched =
+                (!split.match_key.is_empty()).then(|| metadata.get(&split.match_key).map(String::as_str)).flatten();
+            route::choose_version(split, session, matched)
+        });
+        let capability = match &target.kind {
+            TargetKind::Capability(c) => c.clone(),
+            TargetKind::Agent(_) => String::new(),
+        };
+        let message_id =
+            if call.head.message_id.is_empty() { format!("{:032x}", rand::random::<u128>()) } else { String::new() };
+        group.state.retry_budget.record_call(clock());
+
+        let mut tried: Vec<String> = Vec::new();
+        let mut last_failure = String::new();
+        let mut last_answer: Option<Response<Body>> = None;
+        let mut last_refusal: Option<Status> = None;
+        let mut attempt = 0;
+        while attempt < MAX_ATTEMPTS {
+            attempt += 1;
+            let request = PickRequest {
+                target,
+                priority: call.priority,
+                hash_key: if key.is_empty() { hash_key } else { Some(key) },
+                exclude: &tried,
+                version,
+                now: clock(),
+            };
+            let (member, group_state) = match route::pick(table, &request) {
+                Ok(p) => p,
+                Err(e) if attempt > 1 => {
+                    // Nothing left to try: the last answer stands, or say why nothing worked.
+                    if let Some(resp) = last_answer {
+                        return Ok(resp);
+                    }
+                    if let Some(status) = last_refusal.filter(|s| s.code() == Code::ResourceExhausted) {
+                        return Ok(with_attempts(grpc::status_response(status), attempt - 1, &tried));
+                    }
+                    let why = match e {
+                        RouteError::NoHealthyInstance { why, .. } => why,
+                        RouteError::NotFound { .. } => "the target left the routing table".into(),
+                    };
+                    return Err(Exhausted {
+                        error: SidecarError::NoHealthyInstance {
+                            target: target.to_string(),
+                            why: format!("{last_failure}; no other instance: {why}"),
+                            tried: tried.clone(),
+                        },
+                        attempts: attempt - 1,
+                        tried,
+                    });
+                }
+                Err(e) => return Err(SidecarError::from(e).into()),
+            };
+            let remaining =
+                call.deadline.saturating_duration_since(Instant::now()).saturating_sub(cfg.deadline_reserve);
+            if remaining.is_zero() {
+                return Ok(deadline_exceeded(call, attempt - 1, tried));
+            }
+            let guard = CallGuard::begin(&member, &group_state);
+            let id = member.id().to_string();
+            let extension = proto::HandleRequest {
+                message_id: message_id.clone(),
+                instance_id: id.clone(),
+                attempt,
+                capability: capability.clone(),
+                tenant: cfg.tenant.clone(),
+                ..Default::default()
+            }
+            .encode_to_vec();
+            let request = AttemptRequest {
+                member: member.clone(),
+                breaker,
+                body: Body::Frames(Frames::message(call.message.clone(), &extension)),
+                remaining,
+                headers: call.headers.clone(),
+                shape: call.shape,
+                priority: call.priority,
+                idempotency_key: (!key.is_empty()).then(|| key.to_string()),
+            };
+            let sent_at = clock();
+            let outcome = tokio::time::timeout_at(call.deadline, self.attempts.clone().oneshot(request)).await;
+            tried.push(id.clone());
+            if attempt > 1 {
+                Rejections::count(&inner.rejections.retries);
+            }
+            let answer = match outcome {
+                Err(_) => return Ok(deadline_exceeded(call, attempt, tried)),
+                Ok(Err(never)) => match never {},
+                Ok(Ok(Attempt::NotDelivered(status))) => {
+                    tracing::debug!(instance = %id, attempt, "not delivered: {}", status.message());
+                    // Avoid it for a while, until its sidecar's probes or its lease settle it.
+                    member.stats.mark_overloaded(clock());
+                    last_failure = format!("{id} not delivered: {}", status.message());
+                    last_refusal = Some(status);
+                    // The first such retry is always allowed; later ones spend budget.
+                    if attempt < MAX_ATTEMPTS && (attempt == 1 || self.budget(&group_state, &retry)) {
+                        continue;
+                    }
+                    break;
+                }
+                Ok(Ok(Attempt::Failed(status))) => {
+                    last_failure = format!("{id}: {}", status.message());
+                    if attempt < MAX_ATTEMPTS
+                        && may_rerun
+                        && retry_payload_ok
+                        && retryable(&status)
+                        && self.budget(&group_state, &retry)
+                    {
+                        last_answer = Some(grpc::status_response(status));
+                        continue;
+                    }
+                    return Ok(with_attempts(grpc::status_response(status), attempt, &tried));
+                }
+                Ok(Ok(Attempt::Answered(resp, permit))) => (resp, permit),
+            };
+            let now = clock();
+            match finish(inner, answer, &member, guard, attempt, &tried, call, fallback_from).await {
+                Finished::Done(resp) => {
+                    member.stats.observe(Duration::from_nanos(now.saturating_sub(sent_at)), now);
+                    return Ok(resp);
+                }
+                Finished::Failed { status, resp } => {
+                    member.stats.observe(Duration::from_nanos(clock().saturating_sub(sent_at)), clock());
+                    if status.code() == Code::ResourceExhausted {
+                        // An overloaded instance is avoided for a while instead of being
+                        // treated as broken.
+                        member.stats.mark_overloaded(clock());
+                    }
+                    last_failure = format!("{id}: {:?} {}", status.code(), status.message());
+                    if attempt < MAX_ATTEMPTS
+                        && may_rerun
+                        && retry_payload_ok
+                        && retryable(&status)
+                        && self.budget(&group_state, &retry)
+                    {
+                        last_answer = Some(resp);
+                        continue;
+                    }
+                    return Ok(resp);
+                }
+            }
+        }
+        if let Some(resp) = last_answer {
+            return Ok(resp);
+        }
+        if let Some(status) = last_refusal.filter(|s| s.code() == Code::ResourceExhausted) {
+            // Every instance tried was overloaded: say so, with when to come back.
+            return Ok(with_attempts(grpc::status_response(status), attempt, &tried));
+        }
+        Err(Exhausted {
+            error: SidecarError::NoHealthyInstance {
+                target: target.to_string(),
+                why: format!("{last_failure} (gave up after {attempt} attempts)"),
+                tried: tried.clone(),
+            },
+            attempts: attempt,
+            tried,
+        })
+    }
+
+    fn budget(&self, group: &GroupState, retry: &RetryPolicy) -> bool {
+        let ok = group.retry_budget.try_retry(clock(), retry.budget_ratio(), retry.budget_min_per_second());
+        if !ok {
+            Rejections::count(&self.inner.rejections.retry_budget_exhausted);
+        }
+        ok
+    }
 }
 
 /// Every instance that could take the call failed or refused it.
@@ -221,162 +455,6 @@ impl From<SidecarError> for Exhausted {
     }
 }
 
-/// Routes the call to `target` and sends it, retrying as the module documentation says.
-/// `Err` only when no instance could take it (so a fallback may); errors from agents come
-/// back as `Ok` responses carrying the agent's status.
-async fn route_and_send(
-    inner: &Inner,
-    table: &RoutingTable,
-    call: &Call,
-    target: &Target,
-    spec: Option<&PolicySpec>,
-    fallback_from: Option<&Target>,
-) -> Result<Response<Body>, Exhausted> {
-    let cfg = &inner.config;
-    let group = route::resolve(table, target).map_err(SidecarError::from)?;
-    let retry = spec.and_then(|s| s.retry).unwrap_or_default();
-    let may_rerun = retry.idempotent || !call.head.idempotency_key.is_empty();
-    let retry_payload_ok = call.head.payload.len() <= retry.max_payload_bytes() as usize;
-    let metadata;
-    let hash_key: Option<&str> = match spec {
-        Some(s) if s.strategy == Some(Strategy::ConsistentHash) && !s.hash_key.is_empty() => {
-            metadata = InvokeMetadata::decode(call.message.clone()).unwrap_or_default();
-            metadata.metadata.get(&s.hash_key).map(String::as_str)
-        }
-        _ => (!call.head.session_id.is_empty()).then_some(call.head.session_id.as_str()),
-    };
-    let capability = match &target.kind {
-        TargetKind::Capability(c) => c.clone(),
-        TargetKind::Agent(_) => String::new(),
-    };
-    let message_id =
-        if call.head.message_id.is_empty() { format!("{:032x}", rand::random::<u128>()) } else { String::new() };
-    group.state.retry_budget.record_call(clock());
-
-    let mut tried: Vec<String> = Vec::new();
-    let mut last_failure = String::new();
-    let mut last_answer: Option<Response<Body>> = None;
-    let mut attempt = 0;
-    while attempt < MAX_ATTEMPTS {
-        attempt += 1;
-        let request = PickRequest { target, priority: call.priority, hash_key, exclude: &tried, now: clock() };
-        let (member, group_state) = match route::pick(table, &request) {
-            Ok(p) => p,
-            Err(e) if attempt > 1 => {
-                // Nothing left to try: the last answer stands, or say why nothing worked.
-                if let Some(resp) = last_answer {
-                    return Ok(resp);
-                }
-                let why = match e {
-                    RouteError::NoHealthyInstance { why, .. } => why,
-                    RouteError::NotFound { .. } => "the target left the routing table".into(),
-                };
-                return Err(Exhausted {
-                    error: SidecarError::NoHealthyInstance {
-                        target: target.to_string(),
-                        why: format!("{last_failure}; no other instance: {why}"),
-                        tried: tried.clone(),
-                    },
-                    attempts: attempt - 1,
-                    tried,
-                });
-            }
-            Err(e) => return Err(SidecarError::from(e).into()),
-        };
-        let remaining = call.deadline.saturating_duration_since(Instant::now()).saturating_sub(cfg.deadline_reserve);
-        if remaining.is_zero() {
-            return Ok(deadline_exceeded(call, attempt - 1, tried));
-        }
-        let guard = CallGuard::begin(&member, &group_state);
-        let id = member.id().to_string();
-        let extension = proto::HandleRequest {
-            message_id: message_id.clone(),
-            instance_id: id.clone(),
-            attempt,
-            capability: capability.clone(),
-            tenant: cfg.tenant.clone(),
-            ..Default::default()
-        }
-        .encode_to_vec();
-        let body = Body::Frames(Frames::message(call.message.clone(), &extension));
-        let sent_at = clock();
-        let outcome =
-            tokio::time::timeout_at(call.deadline, send(inner, &member, body, remaining, &call.headers, call.shape))
-                .await;
-        tried.push(id.clone());
-        let answer = match outcome {
-            Err(_) => return Ok(deadline_exceeded(call, attempt, tried)),
-            Ok(Attempt::NotDelivered(why)) => {
-                tracing::debug!(instance = %id, attempt, "not delivered: {why}");
-                // Avoid it for a while, until its sidecar's probes or its lease settle it.
-                member.stats.mark_overloaded(clock());
-                last_failure = format!("{id} not delivered: {why}");
-                // The first such retry is always allowed; later ones spend budget.
-                if attempt < MAX_ATTEMPTS && (attempt == 1 || budget(&group_state, &retry)) {
-                    continue;
-                }
-                break;
-            }
-            Ok(Attempt::Failed(status)) => {
-                last_failure = format!("{id}: {}", status.message());
-                if attempt < MAX_ATTEMPTS
-                    && may_rerun
-                    && retry_payload_ok
-                    && retryable(&status)
-                    && budget(&group_state, &retry)
-                {
-                    last_answer = Some(grpc::status_response(status));
-                    continue;
-                }
-                return Ok(with_attempts(grpc::status_response(status), attempt, &tried));
-            }
-            Ok(Attempt::Answered(resp, inbound)) => (resp, inbound),
-        };
-        let now = clock();
-        match finish(inner, answer, &member, guard, attempt, &tried, call, fallback_from).await {
-            Finished::Done(resp) => {
-                member.stats.observe(Duration::from_nanos(now.saturating_sub(sent_at)), now);
-                return Ok(resp);
-            }
-            Finished::Failed { status, resp } => {
-                member.stats.observe(Duration::from_nanos(clock().saturating_sub(sent_at)), clock());
-                if status.code() == Code::ResourceExhausted {
-                    // An overloaded instance is avoided for a while instead of being
-                    // treated as broken.
-                    member.stats.mark_overloaded(clock());
-                }
-                last_failure = format!("{id}: {:?} {}", status.code(), status.message());
-                if attempt < MAX_ATTEMPTS
-                    && may_rerun
-                    && retry_payload_ok
-                    && retryable(&status)
-                    && budget(&group_state, &retry)
-                {
-                    last_answer = Some(resp);
-                    continue;
-                }
-                return Ok(resp);
-            }
-        }
-    }
-    if let Some(resp) = last_answer {
-        return Ok(resp);
-    }
-    Err(Exhausted {
-        error: SidecarError::NoHealthyInstance {
-            target: target.to_string(),
-            why: format!("{last_failure} (gave up after {attempt} attempts)"),
-            tried: tried.clone(),
-        },
-        attempts: attempt,
-        tried,
-    })
-}
-
-fn budget(group: &route::GroupState, retry: &RetryPolicy) -> bool {
-    group.retry_budget.try_retry(clock(), retry.budget_ratio(), retry.budget_min_per_second())
-}
-
 /// Failures worth another instance, for calls that may run twice.
 fn retryable(status: &Status) -> bool {
     match status.code() {
@@ -387,7 +465,7 @@ fn retryable(status: &Status) -> bool {
     }
 }
 
-fn deadline_exceeded(call: &Call, attempts: u32, tried: Vec<String>) -> Response<Body> {
+fn deadline_exceeded(call: &OutboundCall, attempts: u32, tried: Vec<String>) -> Response<Body> {
     tracing::debug!(after = ?call.started.elapsed(), "deadline exceeded");
     let status =
         SidecarError::DeadlineExceeded { deadline: call.timeout, attempts, tried: tried.clone() }.into_status();
@@ -404,59 +482,182 @@ fn with_attempts(mut resp: Response<Body>, attempts: u32, tried: &[String]) -> R
     resp
 }
 
-/// Sends one attempt to `member`: straight to the agent when it is local, else to its
-/// sidecar's mesh API.
-async fn send(
-    inner: &Inner,
-    member: &Member,
-    body: Body,
-    remaining: Duration,
-    headers: &HeaderMap,
-    shape: Shape,
-) -> Attempt {
-    let rec = &member.instance.record;
-    if rec.sidecar_id == inner.config.sidecar_id {
-        return deliver_local(inner, &rec.instance_id, body, Some(remaining), headers, shape).await;
+/// One attempt, as the attempt stack sees it.
+pub struct AttemptRequest {
+    pub member: Member,
+    /// The breaker settings of the group the call was routed by.
+    pub breaker: CircuitBreaker,
+    pub body: Body,
+    pub remaining: Duration,
+    pub headers: Arc<HeaderMap>,
+    pub shape: Shape,
+    pub priority: Priority,
+    pub idempotency_key: Option<String>,
+}
+
+/// Layer: the circuit breaker of the chosen instance.
+#[derive(Clone)]
+pub struct BreakerLayer {
+    inner: Arc<Inner>,
+}
+
+impl<S> Layer<S> for BreakerLayer {
+    type Service = Breakered<S>;
+    fn layer(&self, service: S) -> Breakered<S> {
+        Breakered { inner: self.inner.clone(), service }
     }
-    let mut sender = match inner.pool.get(&rec.sidecar_address).await {
-        Ok(s) => s,
-        Err(e) => return Attempt::NotDelivered(e.to_string()),
+}
+
+#[derive(Clone)]
+pub struct Breakered<S> {
+    inner: Arc<Inner>,
+    service: S,
+}
+
+/// Whether an attempt's outcome counts as a failure for the breaker (overload answers do
+/// not: the balancer penalises them instead).
+fn breaker_failure(attempt: &Attempt) -> bool {
+    let failing = |code: Code| {
+        matches!(code, Code::Unavailable | Code::DeadlineExceeded | Code::Internal | Code::Unknown | Code::DataLoss)
     };
-    let path = match shape {
-        Shape::Unary => PATH_DELIVER,
-        Shape::Stream => PATH_DELIVER_STREAM,
-    };
-    let uri = match uri(&rec.sidecar_address, path) {
-        Ok(u) => u,
-        Err(e) => return Attempt::NotDelivered(e),
-    };
-    let mut req = grpc::grpc_request(uri, body);
-    copy_forwardable(headers, req.headers_mut());
-    set_timeout(req.headers_mut(), remaining);
-    let h = req.headers_mut();
-    if let Ok(v) = HeaderValue::from_str(&rec.instance_id) {
-        h.insert(grpc::HEADER_INSTANCE, v);
+    match attempt {
+        Attempt::Answered(resp, _) => Status::from_header_map(resp.headers()).is_some_and(|s| failing(s.code())),
+        Attempt::NotDelivered(s) | Attempt::Failed(s) => s.code() != Code::ResourceExhausted && failing(s.code()),
     }
-    if let Ok(v) = HeaderValue::from_str(&inner.config.tenant) {
-        h.insert(HEADER_TENANT, v);
+}
+
+impl<S> Service<AttemptRequest> for Breakered<S>
+where
+    S: Service<AttemptRequest, Response = Attempt, Error = Infallible> + Clone + std::marker::Send + 'static,
+    S::Future: std::marker::Send,
+{
+    type Response = Attempt;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Attempt, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.service.poll_ready(cx)
     }
-    match sender.send_request(req).await {
-        Ok(resp) if resp.headers().contains_key(grpc::HEADER_NOT_DELIVERED) => {
-            let why = Status::from_header_map(resp.headers())
-                .map(|s| s.message().to_string())
-                .unwrap_or_else(|| "refused by the remote sidecar".into());
-            Attempt::NotDelivered(why)
+
+    fn call(&mut self, req: AttemptRequest) -> Self::Future {
+        let stats = req.member.stats.clone();
+        let settings = req.breaker;
+        if !stats.breaker.acquire(clock(), &settings) {
+            Rejections::count(&self.inner.rejections.breaker_open);
+            let status = reason::status(
+                Reason::CircuitOpen,
+                format!("the circuit breaker of {} is open", req.member.id()),
+                &[("mechanism", "circuit_breaker".into()), ("instance", req.member.id().to_string())],
+            );
+            return Box::pin(std::future::ready(Ok(Attempt::NotDelivered(status))));
         }
-        Ok(resp) => Attempt::Answered(resp.map(Body::Incoming), None),
-        // Canceled: the connection closed before the request was written.
-        Err(e) if e.is_canceled() => Attempt::NotDelivered(format!("sidecar {}: {e}", rec.sidecar_address)),
-        Err(e) => Attempt::Failed(
-            SidecarError::InstanceUnreachable {
-                instance: rec.instance_id.clone(),
-                cause: format!("connection to sidecar {} failed mid-call: {e}", rec.sidecar_address),
+        let service = self.service.clone();
+        Box::pin(async move {
+            let attempt = service.oneshot(req).await?;
+            stats.breaker.record(clock(), breaker_failure(&attempt), &settings);
+            Ok(attempt)
+        })
+    }
+}
+
+/// The end of the attempt stack: sends the attempt to the local agent (through the inbound
+/// stack) or to the instance's sidecar.
+#[derive(Clone)]
+pub struct Send {
+    inner: Arc<Inner>,
+    inbound: InboundService,
+}
+
+impl Service<AttemptRequest> for Send {
+    type Response = Attempt;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Attempt, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: AttemptRequest) -> Self::Future {
+        let me = self.clone();
+        Box::pin(async move { Ok(me.send(req).await) })
+    }
+}
+
+impl Send {
+    async fn send(&self, req: AttemptRequest) -> Attempt {
+        let inner = &self.inner;
+        let rec = &req.member.instance.record;
+        if rec.sidecar_id == inner.config.sidecar_id {
+            let Some(local) = inner.registry.get(&rec.instance_id) else {
+                return Attempt::NotDelivered(Status::unavailable(format!(
+                    "instance {} is not registered here any more",
+                    rec.instance_id
+                )));
+            };
+            let call = InboundCall {
+                local,
+                body: req.body,
+                remaining: Some(req.remaining),
+                headers: req.headers,
+                shape: req.shape,
+                priority: req.priority,
+                idempotency_key: req.idempotency_key,
+                tenant: inner.config.tenant.clone(),
+            };
+            return match self.inbound.clone().oneshot(call).await {
+                Ok(a) => a,
+                Err(never) => match never {},
+            };
+        }
+        let mut sender = match inner.pool.get(&rec.sidecar_address).await {
+            Ok(s) => s,
+            Err(e) => return Attempt::NotDelivered(Status::unavailable(e.to_string())),
+        };
+        let path = match req.shape {
+            Shape::Unary => PATH_DELIVER,
+            Shape::Stream => PATH_DELIVER_STREAM,
+        };
+        let uri = match uri(&rec.sidecar_address, path) {
+            Ok(u) => u,
+            Err(e) => return Attempt::NotDelivered(Status::unavailable(e)),
+        };
+        let mut http = grpc::grpc_request(uri, req.body);
+        copy_forwardable(&req.headers, http.headers_mut());
+        set_timeout(http.headers_mut(), req.remaining);
+        let h = http.headers_mut();
+        if let Ok(v) = HeaderValue::from_str(&rec.instance_id) {
+            h.insert(grpc::HEADER_INSTANCE, v);
+        }
+        if let Ok(v) = HeaderValue::from_str(&inner.config.tenant) {
+            h.insert(HEADER_TENANT, v);
+        }
+        if req.priority != Priority::Normal {
+            h.insert(HEADER_PRIORITY, HeaderValue::from_static(req.priority.as_str()));
+        }
+        if let Some(k) = &req.idempotency_key
+            && let Ok(v) = HeaderValue::from_str(k)
+        {
+            h.insert(HEADER_IDEMPOTENCY_KEY, v);
+        }
+        match sender.send_request(http).await {
+            Ok(resp) if resp.headers().contains_key(grpc::HEADER_NOT_DELIVERED) => {
+                let status = Status::from_header_map(resp.headers())
+                    .unwrap_or_else(|| Status::unavailable("refused by the remote sidecar"));
+                Attempt::NotDelivered(status)
             }
-            .into_status(),
-        ),
+            Ok(resp) => Attempt::Answered(resp.map(Body::Incoming), None),
+            // Canceled: the connection closed before the request was written.
+            Err(e) if e.is_canceled() => {
+                Attempt::NotDelivered(Status::unavailable(format!("sidecar {}: {e}", rec.sidecar_address)))
+            }
+            Err(e) => Attempt::Failed(
+                SidecarError::InstanceUnreachable {
+                    instance: rec.instance_id.clone(),
+                    cause: format!("connection to sidecar {} failed mid-call: {e}", rec.sidecar_address),
+                }
+                .into_status(),
+            ),
+        }
     }
 }
 
@@ -475,12 +676,12 @@ enum Finished {
 #[allow(clippy::too_many_arguments)]
 async fn finish(
     inner: &Inner,
-    (resp, inbound): (Response<Body>, Option<crate::inbound::InboundGuard>),
+    (resp, permit): (Response<Body>, Option<Permit>),
     member: &Member,
     guard: CallGuard,
     attempts: u32,
     tried: &[String],
-    call: &Call,
+    call: &OutboundCall,
     fallback_from: Option<&Target>,
 ) -> Finished {
     let (mut parts, body) = resp.into_parts();
@@ -508,11 +709,11 @@ async fn finish(
         return Finished::Failed { status, resp: Response::from_parts(parts, Body::Empty) };
     }
     if call.shape == Shape::Stream {
-        let body = body.tap(inbound, Some((guard, member.stats.clone())));
+        let body = body.tap(permit, Some((guard, member.stats.clone())));
         return Finished::Done(Response::from_parts(parts, body));
     }
     let limit = inner.config.max_payload_bytes + ENVELOPE_ALLOWANCE;
-    let collected = match Limited::new(body, limit).collect().await {
+    let collected = match http_body_util::BodyExt::collect(http_body_util::Limited::new(body, limit)).await {
         Ok(c) => c,
         Err(e) => {
             let status = SidecarError::InstanceUnreachable {
@@ -523,7 +724,7 @@ async fn finish(
             return Finished::Failed { resp: grpc::status_response(status.clone()), status };
         }
     };
-    drop((guard, inbound));
+    drop((guard, permit));
     let trailers = collected.trailers().cloned();
     let data = collected.to_bytes();
     if let Some(load) = trailers.as_ref().and_then(crate::inbound::parse_load) {
@@ -558,9 +759,9 @@ async fn finish(
     ))
 }
 
-/// Serves `Mesh/Deliver` and `Mesh/DeliverStream`: delivers to the local instance named by
-/// the `ar-instance` header, passing the body through undecoded.
-pub async fn deliver(inner: Arc<Inner>, req: Request<Incoming>, shape: Shape) -> Response<Body> {
+/// Serves `Mesh/Deliver` and `Mesh/DeliverStream`: sends the call for the local instance
+/// named by the `ar-instance` header through the inbound stack, body undecoded.
+pub async fn deliver(inner: Arc<Inner>, stacks: Stacks, req: Request<Incoming>, shape: Shape) -> Response<Body> {
     let _call = inner.calls.begin();
     let (parts, body) = req.into_parts();
     let Some(instance_id) = parts.headers.get(grpc::HEADER_INSTANCE).and_then(|v| v.to_str().ok()) else {
@@ -570,7 +771,7 @@ pub async fn deliver(inner: Arc<Inner>, req: Request<Incoming>, shape: Shape) ->
     };
     // A sidecar serves one tenant; a call from another tenant's sidecar is refused without
     // saying whether the instance exists.
-    let tenant = parts.headers.get(HEADER_TENANT).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    let tenant = parts.headers.get(HEADER_TENANT).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
     if tenant != inner.config.tenant {
         return grpc::status_response(reason::status(
             Reason::PermissionDenied,
@@ -578,69 +779,78 @@ pub async fn deliver(inner: Arc<Inner>, req: Request<Incoming>, shape: Shape) ->
             &[],
         ));
     }
+    let Some(local) = inner.registry.get(instance_id) else {
+        return grpc::not_delivered_response(Status::unavailable(format!(
+            "instance {instance_id} is not registered at sidecar {}",
+            inner.config.sidecar_id
+        )));
+    };
     let timeout = parts.headers.get(grpc::HEADER_GRPC_TIMEOUT).and_then(|v| grpc_timeout::parse(v.as_bytes()));
-    let remaining = timeout.map(|t| t.saturating_sub(inner.config.deadline_reserve));
-    match deliver_local(&inner, instance_id, Body::Incoming(body), remaining, &parts.headers, shape).await {
-        Attempt::Answered(resp, inbound) => {
+    let priority = match parts.headers.get(HEADER_PRIORITY).map(|v| v.as_bytes()) {
+        Some(b"HIGH") => Priority::High,
+        Some(b"LOW") => Priority::Low,
+        _ => Priority::Normal,
+    };
+    let idempotency_key = parts.headers.get(HEADER_IDEMPOTENCY_KEY).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let call = InboundCall {
+        local,
+        body: Body::Incoming(body),
+        remaining: timeout.map(|t| t.saturating_sub(inner.config.deadline_reserve)),
+        headers: Arc::new(parts.headers),
+        shape,
+        priority,
+        idempotency_key,
+        tenant,
+    };
+    let attempt = match stacks.inbound.oneshot(call).await {
+        Ok(a) => a,
+        Err(never) => match never {},
+    };
+    match attempt {
+        Attempt::Answered(resp, permit) => {
             let (mut parts, body) = resp.into_parts();
             parts.headers.remove(http::header::CONTENT_LENGTH);
-            Response::from_parts(parts, body.tap(inbound, None))
+            Response::from_parts(parts, body.tap(permit, None))
         }
-        Attempt::NotDelivered(why) => grpc::not_delivered_response(Status::unavailable(why)),
+        Attempt::NotDelivered(status) => grpc::not_delivered_response(status),
         Attempt::Failed(status) => grpc::status_response(status),
     }
 }
 
-/// Hands a call to a local agent instance; the answer's trailers carry the instance's load.
-pub(crate) async fn deliver_local(
-    inner: &Inner,
-    instance_id: &str,
-    body: Body,
-    remaining: Option<Duration>,
-    headers: &HeaderMap,
-    shape: Shape,
-) -> Attempt {
-    let Some(local) = inner.registry.get(instance_id) else {
-        return Attempt::NotDelivered(format!(
-            "instance {instance_id} is not registered at sidecar {}",
-            inner.config.sidecar_id
-        ));
-    };
-    let state = local.effective_state();
+/// Hands a call to its local agent (the end of the inbound stack).
+pub(crate) async fn deliver_to_agent(inner: &Inner, call: InboundCall) -> Attempt {
+    let instance_id = call.local.instance_id.as_str();
+    let state = call.local.effective_state();
     if !state.routable() {
-        return Attempt::NotDelivered(format!("instance {instance_id} is {state}"));
+        return Attempt::NotDelivered(Status::unavailable(format!("instance {instance_id} is {state}")));
     }
-    if let Some(r) = remaining
-        && r.is_zero()
-    {
+    if call.remaining.is_some_and(|r| r.is_zero()) {
         return Attempt::Failed(
             SidecarError::DeadlineExceeded { deadline: Duration::ZERO, attempts: 0, tried: Vec::new() }.into_status(),
         );
     }
-    let counters = inner.inbound.get(instance_id, local.registration.max_concurrency);
-    let guard = counters.begin();
-    if local.registration.transport == agent_reach::model::Transport::Http {
-        return crate::http_agent::deliver(inner, &local, body, remaining, headers, shape, guard).await;
+    if call.local.registration.transport == agent_reach::model::Transport::Http {
+        return crate::http_agent::deliver(&call.local, call.body, call.remaining, &call.headers, call.shape).await;
     }
-    let mut sender = match inner.pool.get(&local.authority).await {
+    let mut sender = match inner.pool.get(&call.local.authority).await {
         Ok(s) => s,
-        Err(e) => return Attempt::NotDelivered(format!("instance {instance_id}: {e}")),
+        Err(e) => return Attempt::NotDelivered(Status::unavailable(format!("instance {instance_id}: {e}"))),
     };
-    let path = match shape {
+    let path = match call.shape {
         Shape::Unary => PATH_HANDLE,
         Shape::Stream => PATH_HANDLE_STREAM,
     };
-    let uri = match uri(&local.authority, path) {
+    let uri = match uri(&call.local.authority, path) {
         Ok(u) => u,
-        Err(e) => return Attempt::NotDelivered(e),
+        Err(e) => return Attempt::NotDelivered(Status::unavailable(e)),
     };
-    let mut req = grpc::grpc_request(uri, body);
-    copy_forwardable(headers, req.headers_mut());
-    if let Some(r) = remaining {
+    let mut req = grpc::grpc_request(uri, call.body);
+    copy_forwardable(&call.headers, req.headers_mut());
+    if let Some(r) = call.remaining {
         set_timeout(req.headers_mut(), r);
     }
     let sent = sender.send_request(req);
-    let result = match remaining {
+    let result = match call.remaining {
         Some(r) => match tokio::time::timeout(r, sent).await {
             Ok(r) => r,
             Err(_) => {
@@ -653,21 +863,15 @@ pub(crate) async fn deliver_local(
         None => sent.await,
     };
     match result {
-        Ok(resp) => {
-            let (mut parts, body) = resp.into_parts();
-            if parts.headers.contains_key(grpc::HEADER_GRPC_STATUS) {
-                counters.annotate(&mut parts.headers);
-            }
-            Attempt::Answered(Response::from_parts(parts, Body::Incoming(body)), Some(guard))
-        }
-        Err(e) if e.is_canceled() => Attempt::NotDelivered(format!("instance {instance_id}: {e}")),
+        Ok(resp) => Attempt::Answered(resp.map(Body::Incoming), None),
+        Err(e) if e.is_canceled() => Attempt::NotDelivered(Status::unavailable(format!("instance {instance_id}: {e}"))),
         Err(e) => Attempt::Failed(
             SidecarError::InstanceUnreachable { instance: instance_id.to_string(), cause: e.to_string() }.into_status(),
         ),
     }
 }
 
-fn uri(authority: &str, path: &'static str) -> Result<Uri, String> {
+pub(crate) fn uri(authority: &str, path: &'static str) -> Result<Uri, String> {
     Uri::builder()
         .scheme("http")
         .authority(authority)
@@ -692,6 +896,8 @@ fn set_timeout(headers: &mut HeaderMap, remaining: Duration) {
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
+
     use super::*;
 
     #[test]
@@ -705,14 +911,16 @@ mod tests {
             idempotency_key: "k".into(),
             metadata: [("k".to_string(), "v".to_string())].into(),
             message_id: "m".into(),
-            ..Default::default()
+            caller: Some(proto::Caller { agent: "a".into(), instance_id: "a-1".into() }),
         };
         let wire = Bytes::from(req.encode_to_vec());
         let head = InvokeHead::decode(wire.clone()).unwrap();
         assert_eq!(head.target, req.target);
         assert_eq!(head.payload, req.payload);
-        assert_eq!((head.session_id.as_str(), head.priority, head.idempotency_key.as_str()), ("s", 3, "k"));
+        assert_eq!((head.content_type.as_str(), head.session_id.as_str()), ("x", "s"));
+        assert_eq!((head.priority, head.idempotency_key.as_str()), (3, "k"));
         assert_eq!(head.message_id, "m");
+        assert_eq!(head.caller, req.caller);
         assert_eq!(InvokeMetadata::decode(wire).unwrap().metadata, req.metadata);
     }
 
@@ -723,5 +931,14 @@ mod tests {
         assert!(!retryable(&reason::status(Reason::RateLimited, "slow down", &[])));
         assert!(!retryable(&Status::internal("x")));
         assert!(!retryable(&Status::invalid_argument("x")));
+    }
+
+    #[test]
+    fn overload_is_not_a_breaker_failure() {
+        let overloaded = Attempt::NotDelivered(reason::status(Reason::AgentOverloaded, "busy", &[]));
+        assert!(!breaker_failure(&overloaded));
+        assert!(breaker_failure(&Attempt::NotDelivered(Status::unavailable("refused"))));
+        assert!(breaker_failure(&Attempt::Failed(Status::internal("boom"))));
+        assert!(!breaker_failure(&Attempt::Failed(Status::invalid_argument("bad"))));
     }
 }

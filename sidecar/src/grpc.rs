@@ -181,7 +181,7 @@ impl Tapped {
             Poll::Ready(Some(Ok(frame))) if frame.is_trailers() => {
                 let mut trailers = frame.into_trailers().unwrap_or_default();
                 if let Some(guard) = &self.annotate {
-                    guard.instance().annotate(&mut trailers);
+                    guard.annotate(&mut trailers);
                 }
                 if let (Some(stats), Some(load)) = (&self.stats, crate::inbound::parse_load(&trailers)) {
                     stats.report_load(load, agent_reach_routing::clock());
@@ -261,6 +261,47 @@ impl Frames {
 
     fn len(&self) -> usize {
         self.parts.iter().flatten().map(Bytes::len).sum()
+    }
+}
+
+/// A complete unary answer kept in memory (idempotency replays, the result cache).
+#[derive(Debug, Clone)]
+pub struct StoredResponse {
+    pub headers: HeaderMap,
+    pub data: Bytes,
+    pub trailers: Option<HeaderMap>,
+}
+
+impl StoredResponse {
+    /// Collects a unary answer (at most `limit` bytes of body).
+    pub async fn collect(resp: http::Response<Body>, limit: usize) -> Result<StoredResponse, String> {
+        let (parts, body) = resp.into_parts();
+        let collected = http_body_util::Limited::new(body, limit).collect().await.map_err(|e| e.to_string())?;
+        let trailers = collected.trailers().cloned();
+        Ok(StoredResponse { headers: parts.headers, data: collected.to_bytes(), trailers })
+    }
+
+    /// The gRPC status of the answer (trailers, or headers for trailers-only answers).
+    pub fn status_code(&self) -> Option<tonic::Code> {
+        self.trailers
+            .as_ref()
+            .and_then(Status::from_header_map)
+            .or_else(|| Status::from_header_map(&self.headers))
+            .map(|s| s.code())
+    }
+
+    /// Bytes kept.
+    pub fn size(&self) -> usize {
+        self.data.len()
+    }
+
+    /// A fresh response with the same headers, body and trailers.
+    pub fn to_response(&self) -> http::Response<Body> {
+        let mut resp =
+            http::Response::new(Body::Frames(Frames::raw(self.data.clone()).with_trailers(self.trailers.clone())));
+        *resp.headers_mut() = self.headers.clone();
+        resp.headers_mut().remove(http::header::CONTENT_LENGTH);
+        resp
     }
 }
 

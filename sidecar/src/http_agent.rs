@@ -38,10 +38,9 @@ use prost::Message;
 use serde::{Deserialize, Serialize};
 use tonic::{Code, Status};
 
-use crate::Inner;
-use crate::forward::{Attempt, Shape};
+use crate::forward::Attempt;
 use crate::grpc::{self, Body, ChannelBody, Frames};
-use crate::inbound::InboundGuard;
+use crate::outbound::Shape;
 use crate::registry::LocalInstance;
 
 /// Largest JSON answer accepted from an HTTP agent.
@@ -156,13 +155,11 @@ fn code_for(status: StatusCode) -> Code {
 
 /// Delivers one call to an HTTP/JSON agent and converts its answer back to gRPC.
 pub(crate) async fn deliver(
-    _inner: &Inner,
     local: &LocalInstance,
     body: Body,
     remaining: Option<Duration>,
     headers: &HeaderMap,
     shape: Shape,
-    guard: InboundGuard,
 ) -> Attempt {
     let collected = match Limited::new(body, MAX_ANSWER_BYTES).collect().await {
         Ok(c) => c.to_bytes(),
@@ -211,7 +208,7 @@ pub(crate) async fn deliver(
     let url = format!("http://{}{}", local.authority, agent_reach::model::endpoint_path(&local.registration.endpoint));
     let mut req = match Request::post(&url).body(Full::new(Bytes::from(body))) {
         Ok(r) => r,
-        Err(e) => return Attempt::NotDelivered(format!("bad agent endpoint {url:?}: {e}")),
+        Err(e) => return Attempt::NotDelivered(Status::unavailable(format!("bad agent endpoint {url:?}: {e}"))),
     };
     let h = req.headers_mut();
     h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -238,7 +235,9 @@ pub(crate) async fn deliver(
     };
     let resp = match resp {
         Ok(r) => r,
-        Err(e) if e.is_connect() => return Attempt::NotDelivered(format!("HTTP agent {url}: {e}")),
+        Err(e) if e.is_connect() => {
+            return Attempt::NotDelivered(Status::unavailable(format!("HTTP agent {url}: {e}")));
+        }
         Err(e) => return Attempt::Failed(Status::unavailable(format!("HTTP agent {url}: {e}"))),
     };
     let status = resp.status();
@@ -249,10 +248,10 @@ pub(crate) async fn deliver(
             .and_then(|a| a.error)
             .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
         let status = Status::new(code_for(status), format!("HTTP agent answered {status}: {why}"));
-        return Attempt::Answered(grpc::status_response(status), Some(guard));
+        return Attempt::Answered(grpc::status_response(status), None);
     }
     if shape == Shape::Stream {
-        return Attempt::Answered(stream_answer(resp.into_body()), Some(guard));
+        return Attempt::Answered(stream_answer(resp.into_body()), None);
     }
     let bytes = match Limited::new(resp.into_body(), MAX_ANSWER_BYTES).collect().await {
         Ok(c) => c.to_bytes(),
@@ -268,9 +267,9 @@ pub(crate) async fn deliver(
                 content_type: chunk.content_type,
                 metadata: chunk.metadata,
             };
-            Attempt::Answered(grpc_ok(Frames::message(Bytes::from(reply.encode_to_vec()), &[])), Some(guard))
+            Attempt::Answered(grpc_ok(Frames::message(Bytes::from(reply.encode_to_vec()), &[])), None)
         }
-        Err(status) => Attempt::Answered(grpc::status_response(status), Some(guard)),
+        Err(status) => Attempt::Answered(grpc::status_response(status), None),
     }
 }
 

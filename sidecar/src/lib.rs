@@ -9,7 +9,9 @@
 //! It keeps a routing table fed by the control service's watch stream ([`control`]),
 //! routes each call from it without asking control ([`route`]), and forwards calls without
 //! decoding payloads ([`forward`]). It keeps serving from its last table when control is
-//! unreachable. Governance (rate limits, breakers, priorities) is not built yet.
+//! unreachable. Calls pass an outbound stack in the caller's sidecar (rate limits, cache,
+//! routing with retries and fallbacks, circuit breakers) and an inbound stack in the
+//! target's sidecar (idempotency, admission by priority), each a chain of tower layers.
 //!
 //! [`Sidecar::start`] takes already-bound listeners, so tests run sidecars on port 0.
 
@@ -20,6 +22,7 @@ pub mod forward;
 pub mod grpc;
 pub mod http_agent;
 pub mod inbound;
+pub mod outbound;
 pub mod persist;
 pub mod pool;
 pub mod probe;
@@ -46,8 +49,8 @@ use tonic::{Code, Status};
 pub use agent_reach_routing::{RoutingTable, TableHandle};
 pub use config::{SidecarArgs, SidecarConfig};
 pub use control::WatchStats;
-use forward::Shape;
 use grpc::Body;
+use outbound::Shape;
 
 /// State shared by every request handler.
 pub struct Inner {
@@ -56,8 +59,16 @@ pub struct Inner {
     pub registry: Arc<registry::Registry>,
     pub pool: pool::Pool,
     pub watch_stats: Arc<WatchStats>,
-    /// Delivery counters of local instances (the load reported to callers).
+    /// Admission gates of local instances (their load is reported to callers).
     pub inbound: inbound::Inbound,
+    /// Token buckets of outbound calls.
+    pub rate_limits: outbound::ratelimit::RateLimits,
+    /// Answers of read-only capabilities.
+    pub cache: outbound::cache::ResultCache,
+    /// Idempotency keys seen by local instances.
+    pub idempotency: Arc<inbound::idempotency::Store>,
+    /// Refusals and shortcuts by mechanism.
+    pub rejections: outbound::Rejections,
     /// Calls in flight through this sidecar (both directions), for draining.
     pub calls: Calls,
     health: tonic_health::pb::health_server::HealthServer<tonic_health::server::HealthService>,
@@ -180,6 +191,14 @@ impl Sidecar {
             pool: pool::Pool::default(),
             watch_stats: watch_stats.clone(),
             inbound: inbound::Inbound::default(),
+            rate_limits: outbound::ratelimit::RateLimits::default(),
+            cache: outbound::cache::ResultCache::new(config.cache_max_entries, config.cache_max_bytes),
+            idempotency: inbound::idempotency::Store::new(
+                config.idempotency_window,
+                config.idempotency_max_reply_bytes,
+                config.idempotency_max_keys,
+            ),
+            rejections: outbound::Rejections::default(),
             calls: Calls::default(),
             health,
         });
@@ -200,10 +219,13 @@ impl Sidecar {
         tasks.spawn(control::run_watch(control, watch_request, table, revision_tx, watch_stats, shutdown_rx.clone()));
         tasks.spawn(registry.clone().run_renewals(shutdown_rx.clone()));
         tasks.spawn(registry.run_probes(config.probe_interval, shutdown_rx.clone()));
-        let local_inner = inner.clone();
-        tasks.spawn(serve_http2(local, shutdown_rx.clone(), move |req| local_api(local_inner.clone(), req)));
+        let stacks = forward::Stacks::new(inner.clone());
+        let (local_inner, local_stacks) = (inner.clone(), stacks.clone());
+        tasks.spawn(serve_http2(local, shutdown_rx.clone(), move |req| {
+            local_api(local_inner.clone(), local_stacks.clone(), req)
+        }));
         let mesh_inner = inner.clone();
-        tasks.spawn(serve_http2(mesh, shutdown_rx, move |req| mesh_api(mesh_inner.clone(), req)));
+        tasks.spawn(serve_http2(mesh, shutdown_rx, move |req| mesh_api(mesh_inner.clone(), stacks.clone(), req)));
         tracing::info!(
             sidecar = %config.sidecar_id, tenant = %config.tenant, local = %local_addr, mesh = %mesh_addr,
             advertise = ?config.advertise, control = ?config.control, "sidecar started"
@@ -338,11 +360,11 @@ where
     }
 }
 
-fn local_api(inner: Arc<Inner>, req: Request<Incoming>) -> HandlerFuture {
+fn local_api(inner: Arc<Inner>, stacks: forward::Stacks, req: Request<Incoming>) -> HandlerFuture {
     Box::pin(async move {
         match req.uri().path() {
-            forward::PATH_INVOKE => forward::invoke(inner, req, Shape::Unary).await,
-            forward::PATH_INVOKE_STREAM => forward::invoke(inner, req, Shape::Stream).await,
+            forward::PATH_INVOKE => forward::invoke(inner, stacks, req, Shape::Unary).await,
+            forward::PATH_INVOKE_STREAM => forward::invoke(inner, stacks, req, Shape::Stream).await,
             "/agentreach.v1.Sidecar/Register" => {
                 unary(req, move |r: tonic::Request<proto::RegisterRequest>| {
                     let inner = inner.clone();
@@ -392,11 +414,11 @@ fn local_api(inner: Arc<Inner>, req: Request<Incoming>) -> HandlerFuture {
     })
 }
 
-fn mesh_api(inner: Arc<Inner>, req: Request<Incoming>) -> HandlerFuture {
+fn mesh_api(inner: Arc<Inner>, stacks: forward::Stacks, req: Request<Incoming>) -> HandlerFuture {
     Box::pin(async move {
         match req.uri().path() {
-            forward::PATH_DELIVER => forward::deliver(inner, req, Shape::Unary).await,
-            forward::PATH_DELIVER_STREAM => forward::deliver(inner, req, Shape::Stream).await,
+            forward::PATH_DELIVER => forward::deliver(inner, stacks, req, Shape::Unary).await,
+            forward::PATH_DELIVER_STREAM => forward::deliver(inner, stacks, req, Shape::Stream).await,
             p if p.starts_with("/grpc.health.v1.Health/") => health(&inner, req).await,
             p => unknown_method(p),
         }
@@ -427,6 +449,7 @@ fn route_rpc(inner: &Inner, r: proto::RouteRequest) -> Result<proto::RouteReply,
         priority: agent_reach::convert::priority_from_i32(r.priority),
         hash_key: (!r.session_id.is_empty()).then_some(r.session_id.as_str()),
         exclude: &[],
+        version: None,
         now: agent_reach_routing::clock(),
     };
     let explanation = agent_reach_routing::explain(&table, &request, max);

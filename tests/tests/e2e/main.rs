@@ -2,6 +2,7 @@
 //! process and on the embedded store.
 
 mod bad_input;
+mod governance;
 mod http_agent;
 mod lifecycle;
 mod policies;

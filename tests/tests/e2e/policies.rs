@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use agent_reach::policy::{Fallback, PolicySpec, RetryPolicy, Strategy};
+use agent_reach::policy::{CircuitBreaker, Fallback, PolicySpec, RetryPolicy, Strategy};
 use agent_reach::{Agent, Client, HandlerError, Reply, RunningAgent};
 use agent_reach_control::ControlHandle;
 use agent_reach_e2e::{
@@ -148,7 +148,10 @@ async fn the_retry_budget_caps_attempts_when_everything_fails() {
     wait_for_instances(&mesh.a, &ids).await;
     // Retries: ⌊0.001 × calls⌋ + 1 per second over 10 s = 10 for 50 calls.
     let retry = RetryPolicy { idempotent: true, budget_ratio: 0.001, budget_min_per_second: 1, max_payload_bytes: 0 };
-    mesh.policy("work", PolicySpec { retry: Some(retry), ..Default::default() }).await;
+    // Breakers that never open, so every call reaches the instances and only the budget
+    // limits retries.
+    let breaker = CircuitBreaker { consecutive_failures: 100_000, min_requests: 100_000, ..Default::default() };
+    mesh.policy("work", PolicySpec { retry: Some(retry), breaker: Some(breaker), ..Default::default() }).await;
     let client = mesh.client().await;
     for i in 0..50 {
         let err = client.invoke("work").text(format!("{i}")).send().await.unwrap_err();

@@ -1,0 +1,278 @@
+//! At-most-once execution of calls that carry an idempotency key, in the target's sidecar.
+//!
+//! Per tenant and key, within a window (default 10 minutes): the first call runs; a
+//! duplicate that arrives while it runs waits for it and gets the same answer; a duplicate
+//! that arrives later gets the stored answer without running anything. Answers larger than
+//! the size limit are not stored; a later duplicate is then refused with
+//! IDEMPOTENT_REPLY_NOT_STORED rather than run again. A first call that ends in an error
+//! status hands that answer to its waiting duplicates but is not stored, so a later retry
+//! runs. Unary calls only (streams are not replayed).
+//!
+//! The caller's sidecar routes calls with a key by consistent hashing on the key, so the
+//! duplicates of one key meet at the same instance (and this store) while the set of
+//! instances is stable. A brief `std::sync::Mutex` guards the map; never held across an
+//! await (waiters park on a `watch` channel).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::grpc::StoredResponse;
+
+/// What the first call left for its duplicates.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    /// The answer (successful and stored, or an error handed to the waiters only).
+    Answer(Arc<StoredResponse>),
+    /// The answer was too large to keep.
+    TooLarge,
+    /// The first call was abandoned (its caller went away) before answering.
+    Abandoned,
+}
+
+#[derive(Debug)]
+enum Entry {
+    Running(watch::Receiver<Option<Outcome>>),
+    Done { outcome: Outcome, expires: Instant },
+}
+
+/// The result of claiming a key.
+pub enum Claim {
+    /// This call runs; report its answer through the guard.
+    First(Completion),
+    /// Another call with the key is running: wait for its outcome.
+    Wait(watch::Receiver<Option<Outcome>>),
+    /// The key was already answered within the window.
+    Done(Outcome),
+}
+
+/// See the module documentation.
+pub struct Store {
+    entries: Mutex<HashMap<(String, String), Entry>>,
+    order: Mutex<VecDeque<(Instant, (String, String))>>,
+    window: Duration,
+    max_reply_bytes: usize,
+    max_entries: usize,
+}
+
+impl Store {
+    pub fn new(window: Duration, max_reply_bytes: usize, max_entries: usize) -> Arc<Store> {
+        Arc::new(Store {
+            entries: Mutex::new(HashMap::new()),
+            order: Mutex::new(VecDeque::new()),
+            window,
+            max_reply_bytes,
+            max_entries,
+        })
+    }
+
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Entry>> {
+        // Poisoning only means a panic elsewhere; the map stays usable.
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Claims `key` of `tenant`.
+    pub fn claim(self: &Arc<Self>, tenant: &str, key: &str) -> Claim {
+        let now = Instant::now();
+        self.expire(now);
+        let id = (tenant.to_string(), key.to_string());
+        let mut entries = self.entries();
+        match entries.get(&id) {
+            Some(Entry::Running(rx)) => return Claim::Wait(rx.clone()),
+            Some(Entry::Done { outcome, expires }) if *expires > now => return Claim::Done(outcome.clone()),
+            _ => {}
+        }
+        let (tx, rx) = watch::channel(None);
+        entries.insert(id.clone(), Entry::Running(rx));
+        drop(entries);
+        Claim::First(Completion { store: self.clone(), id: Some(id), tx })
+    }
+
+    /// Drops entries past the window, and the oldest beyond the size bound.
+    fn expire(&self, now: Instant) {
+        let mut order = self.order.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some((expires, id)) = order.front() {
+            let over = order.len() > self.max_entries;
+            if *expires > now && !over {
+                break;
+            }
+            let mut entries = self.entries();
+            if let Some(Entry::Done { expires: e, .. }) = entries.get(id)
+                && (*e <= now || over)
+            {
+                entries.remove(id);
+            }
+            drop(entries);
+            order.pop_front();
+        }
+    }
+
+    /// Keys currently held (running or answered).
+    pub fn len(&self) -> usize {
+        self.entries().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The first call of a key; dropping it unanswered marks the key abandoned.
+pub struct Completion {
+    store: Arc<Store>,
+    id: Option<(String, String)>,
+    tx: watch::Sender<Option<Outcome>>,
+}
+
+impl Completion {
+    /// Records the first call's answer and wakes its duplicates.
+    pub fn finish(mut self, answer: StoredResponse) -> Outcome {
+        let ok = answer.status_code() == Some(tonic::Code::Ok);
+        let too_large = answer.size() > self.store.max_reply_bytes;
+        let answer = Arc::new(answer);
+        let (stored, shared) = match (ok, too_large) {
+            (true, false) => (Some(Outcome::Answer(answer.clone())), Outcome::Answer(answer)),
+            (true, true) => (Some(Outcome::TooLarge), Outcome::Answer(answer)),
+            (false, _) => (None, Outcome::Answer(answer)),
+        };
+        if let Some(id) = self.id.take() {
+            let mut entries = self.store.entries();
+            match stored {
+                Some(outcome) => {
+                    let expires = Instant::now() + self.store.window;
+                    entries.insert(id.clone(), Entry::Done { outcome, expires });
+                    drop(entries);
+                    self.store.order.lock().unwrap_or_else(|e| e.into_inner()).push_back((expires, id));
+                }
+                None => {
+                    entries.remove(&id);
+                }
+            }
+        }
+        let _ = self.tx.send(Some(shared.clone()));
+        shared
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.store.entries().remove(&id);
+            let _ = self.tx.send(Some(Outcome::Abandoned));
+        }
+    }
+}
+
+/// Waits for the first call's outcome.
+pub async fn wait(mut rx: watch::Receiver<Option<Outcome>>) -> Outcome {
+    match rx.wait_for(Option::is_some).await {
+        Ok(v) => v.clone().unwrap_or(Outcome::Abandoned),
+        Err(_) => Outcome::Abandoned,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use bytes::Bytes;
+    use http::{HeaderMap, HeaderValue};
+
+    use super::*;
+
+    fn answer(text: &str, status: &'static str) -> StoredResponse {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static(status));
+        StoredResponse { headers: HeaderMap::new(), data: Bytes::from(text.to_string()), trailers: Some(trailers) }
+    }
+
+    /// Runs one call of `key` the way the sidecar does: claim, then run or wait or replay.
+    async fn call(store: &Arc<Store>, tenant: &str, key: &str, runs: &AtomicU32) -> Result<Bytes, &'static str> {
+        loop {
+            match store.claim(tenant, key) {
+                Claim::First(done) => {
+                    let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    return match done.finish(answer(&format!("run {n} of {key}"), "0")) {
+                        Outcome::Answer(a) => Ok(a.data.clone()),
+                        _ => Err("unexpected"),
+                    };
+                }
+                Claim::Wait(rx) => match wait(rx).await {
+                    Outcome::Answer(a) => return Ok(a.data.clone()),
+                    Outcome::TooLarge => return Err("too large"),
+                    Outcome::Abandoned => continue,
+                },
+                Claim::Done(Outcome::Answer(a)) => return Ok(a.data.clone()),
+                Claim::Done(_) => return Err("not stored"),
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ten_callers_a_hundred_duplicates_one_execution() {
+        let store = Store::new(Duration::from_secs(600), 1024, 10_000);
+        let runs = Arc::new(AtomicU32::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..10 {
+            let (store, runs) = (store.clone(), runs.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut replies = Vec::new();
+                for _ in 0..100 {
+                    replies.push(call(&store, "default", "order-42", &runs).await.unwrap());
+                }
+                replies
+            }));
+        }
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await.unwrap());
+        }
+        assert_eq!(all.len(), 1000);
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "exactly one execution");
+        assert!(all.iter().all(|r| r == "run 1 of order-42"), "identical replies");
+        // The same key in another tenant runs on its own.
+        assert_eq!(call(&store, "other", "order-42", &runs).await.unwrap(), "run 2 of order-42");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_window_ends_and_large_answers_are_refused_not_rerun() {
+        let store = Store::new(Duration::from_secs(600), 12, 10_000);
+        let runs = AtomicU32::new(0);
+        assert_eq!(call(&store, "t", "k", &runs).await.unwrap(), "run 1 of k");
+        tokio::time::advance(Duration::from_secs(599)).await;
+        assert_eq!(call(&store, "t", "k", &runs).await.unwrap(), "run 1 of k");
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(call(&store, "t", "k", &runs).await.unwrap(), "run 2 of k", "a new window runs again");
+        // "run 3 of long-key" is over 12 bytes: answered once, refused after.
+        assert_eq!(call(&store, "t", "long-key", &runs).await.unwrap(), "run 3 of long-key");
+        assert_eq!(call(&store, "t", "long-key", &runs).await, Err("not stored"));
+        assert_eq!(runs.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn errors_are_shared_with_waiters_but_not_stored() {
+        let store = Store::new(Duration::from_secs(600), 1024, 10_000);
+        let Claim::First(first) = store.claim("t", "k") else { panic!("first claim") };
+        let Claim::Wait(rx) = store.claim("t", "k") else { panic!("second claim waits") };
+        first.finish(answer("boom", "14"));
+        match wait(rx).await {
+            Outcome::Answer(a) => assert_eq!(a.data, "boom"),
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(matches!(store.claim("t", "k"), Claim::First(_)), "an error is not replayed");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_abandoned_first_call_frees_the_key() {
+        let store = Store::new(Duration::from_secs(600), 1024, 10_000);
+        let Claim::First(first) = store.claim("t", "k") else { panic!("first claim") };
+        let Claim::Wait(rx) = store.claim("t", "k") else { panic!("waits") };
+        drop(first);
+        assert!(matches!(wait(rx).await, Outcome::Abandoned));
+        assert!(matches!(store.claim("t", "k"), Claim::First(_)));
+    }
+}

@@ -1,0 +1,147 @@
+//! Token buckets in the caller's sidecar: one per caller agent → target (rate and burst
+//! from the target's policy) and one for the tenant (from the tenant policy). A call that
+//! finds its bucket empty is refused at once with RATE_LIMITED and how long to wait,
+//! without touching the target.
+//!
+//! The tenant's rate is shared out among the tenant's sidecars (its rate divided by the
+//! number of sidecars in the routing table), since each sidecar only sees its own calls.
+//! Buckets live in a map behind a brief `std::sync::Mutex`, never held across an await.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use agent_reach::policy::RateLimit;
+use tokio::time::Instant;
+
+/// A token bucket: `burst` tokens, refilled at `per_second`.
+#[derive(Debug, Clone)]
+pub struct TokenBucket {
+    limit: RateLimit,
+    tokens: f64,
+    last: Instant,
+}
+
+impl TokenBucket {
+    pub fn new(limit: RateLimit, now: Instant) -> TokenBucket {
+        TokenBucket { limit, tokens: f64::from(limit.burst), last: now }
+    }
+
+    /// Takes a token, or says how long until one is available.
+    pub fn try_take(&mut self, now: Instant) -> Result<(), Duration> {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.last = now;
+        self.tokens = (self.tokens + elapsed * self.limit.per_second).min(f64::from(self.limit.burst));
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64((1.0 - self.tokens) / self.limit.per_second))
+        }
+    }
+}
+
+/// Which bucket refused a call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limited {
+    /// "caller→target" or "tenant".
+    pub bucket: String,
+    /// The policy that set the limit, e.g. "capability/text.summarize".
+    pub policy: String,
+    pub retry_after: Duration,
+}
+
+/// Every bucket of one sidecar.
+#[derive(Default)]
+pub struct RateLimits {
+    pairs: Mutex<HashMap<(String, String), TokenBucket>>,
+    tenant: Mutex<Option<TokenBucket>>,
+}
+
+impl RateLimits {
+    /// Checks the tenant bucket (`tenant` = the tenant policy's limit and the number of
+    /// sidecars sharing it) and the caller → target bucket.
+    pub fn check(
+        &self,
+        now: Instant,
+        tenant: Option<(RateLimit, u32)>,
+        pair: Option<(RateLimit, &str, &str, &str)>,
+    ) -> Result<(), Limited> {
+        if let Some((limit, sidecars)) = tenant {
+            let share = RateLimit {
+                per_second: limit.per_second / f64::from(sidecars.max(1)),
+                burst: limit.burst.div_ceil(sidecars.max(1)).max(1),
+            };
+            let mut bucket = self.tenant.lock().unwrap_or_else(|e| e.into_inner());
+            let b = match bucket.as_mut() {
+                Some(b) if b.limit == share => b,
+                _ => bucket.insert(TokenBucket::new(share, now)),
+            };
+            b.try_take(now).map_err(|retry_after| Limited {
+                bucket: "tenant".into(),
+                policy: "tenant/default".into(),
+                retry_after,
+            })?;
+        }
+        if let Some((limit, caller, target, policy)) = pair {
+            let mut pairs = self.pairs.lock().unwrap_or_else(|e| e.into_inner());
+            let key = (caller.to_string(), target.to_string());
+            let b = pairs.entry(key).or_insert_with(|| TokenBucket::new(limit, now));
+            if b.limit != limit {
+                *b = TokenBucket::new(limit, now);
+            }
+            b.try_take(now).map_err(|retry_after| Limited {
+                bucket: format!("{}→{target}", if caller.is_empty() { "(anonymous)" } else { caller }),
+                policy: policy.to_string(),
+                retry_after,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_100_per_second_burst_20_bucket_offered_1000_per_second() {
+        let limits = RateLimits::default();
+        let limit = RateLimit { per_second: 100.0, burst: 20 };
+        let (mut accepted, mut rejected, mut other) = (0, 0, 0);
+        let start = Instant::now();
+        for i in 0..10_000u32 {
+            let now = start + Duration::from_millis(u64::from(i));
+            match limits.check(now, None, Some((limit, "planner", "capability x", "capability/x"))) {
+                Ok(()) => accepted += 1,
+                Err(l) => {
+                    rejected += 1;
+                    assert!(l.retry_after > Duration::ZERO && l.retry_after <= Duration::from_millis(10));
+                    assert_eq!(l.policy, "capability/x");
+                }
+            }
+            // A second caller at 1 call/s is never refused.
+            if i % 1000 == 0 {
+                limits.check(now, None, Some((limit, "auditor", "capability x", "capability/x"))).unwrap();
+                other += 1;
+            }
+        }
+        let expected = 1000 + 20;
+        assert!((accepted as f64 - expected as f64).abs() <= expected as f64 * 0.01, "accepted {accepted}");
+        assert_eq!(accepted + rejected, 10_000);
+        assert_eq!(other, 10);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_tenant_rate_is_shared_among_its_sidecars() {
+        let limits = RateLimits::default();
+        let limit = RateLimit { per_second: 40.0, burst: 8 };
+        let now = Instant::now();
+        // Four sidecars: this one gets 10/s and a burst of 2.
+        let ok = (0..10).filter(|_| limits.check(now, Some((limit, 4)), None).is_ok()).count();
+        assert_eq!(ok, 2);
+        let err = limits.check(now, Some((limit, 4)), None).unwrap_err();
+        assert_eq!(err.bucket, "tenant");
+        assert_eq!(err.retry_after, Duration::from_millis(100));
+    }
+}
