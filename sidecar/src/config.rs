@@ -87,6 +87,24 @@ pub struct SidecarArgs {
     #[arg(long, env = "AGENT_REACH_CACHE_MAX_BYTES", default_value_t = 64 * 1024 * 1024)]
     pub cache_max_bytes: usize,
 
+    /// Admin HTTP address: /metrics, /healthz, /readyz, /traces/{trace-id}; "off" disables it.
+    #[arg(long, env = "AGENT_REACH_ADMIN_LISTEN", default_value = "127.0.0.1:7702")]
+    pub admin_listen: String,
+
+    /// OTLP/gRPC collector to export spans to, e.g. http://127.0.0.1:4317; none = no export
+    /// (recent spans still show on the admin port).
+    #[arg(long, env = "AGENT_REACH_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+
+    /// Share of calls traced when the caller's trace context does not decide (0.0..=1.0).
+    /// A sampled `traceparent`, or the request header `ar-trace: force`, traces the whole chain.
+    #[arg(long, env = "AGENT_REACH_TRACE_SAMPLE_RATIO", default_value_t = 0.01)]
+    pub trace_sample_ratio: f64,
+
+    /// /readyz stays ready without control for this long, routing from the last table.
+    #[arg(long, env = "AGENT_REACH_READY_MAX_STALE", default_value = "5m", value_parser = agent_reach::duration::parse)]
+    pub ready_max_stale: Duration,
+
     /// Runtime worker threads (1 = a single-threaded runtime).
     #[arg(long, env = "AGENT_REACH_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
@@ -119,6 +137,11 @@ pub struct SidecarConfig {
     pub idempotency_max_keys: usize,
     pub cache_max_bytes: usize,
     pub cache_max_entries: usize,
+    pub otlp_endpoint: Option<String>,
+    pub trace_sample_ratio: f64,
+    /// Spans kept in memory for /traces.
+    pub recent_spans: usize,
+    pub ready_max_stale: Duration,
 }
 
 impl SidecarConfig {
@@ -142,6 +165,10 @@ impl SidecarConfig {
             idempotency_max_keys: 100_000,
             cache_max_bytes: 64 * 1024 * 1024,
             cache_max_entries: 100_000,
+            otlp_endpoint: None,
+            trace_sample_ratio: 0.01,
+            recent_spans: 4096,
+            ready_max_stale: Duration::from_secs(300),
         }
     }
 }
@@ -159,6 +186,12 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
         }
         if a.heartbeat_interval.is_zero() || a.probe_interval.is_zero() || a.control_timeout.is_zero() {
             return Err("--heartbeat-interval, --probe-interval and --control-timeout must be greater than 0".into());
+        }
+        if !(0.0..=1.0).contains(&a.trace_sample_ratio) {
+            return Err("--trace-sample-ratio must be between 0 and 1".into());
+        }
+        if a.admin_listen != "off" && a.admin_listen.parse::<SocketAddr>().is_err() {
+            return Err(format!("--admin-listen: {:?} is not host:port or \"off\"", a.admin_listen));
         }
         if a.default_timeout.is_zero() {
             return Err("--default-timeout must be greater than 0".into());
@@ -197,6 +230,10 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
             idempotency_max_keys: 100_000,
             cache_max_bytes: a.cache_max_bytes,
             cache_max_entries: 100_000,
+            otlp_endpoint: a.otlp_endpoint.clone(),
+            trace_sample_ratio: a.trace_sample_ratio,
+            recent_spans: 4096,
+            ready_max_stale: a.ready_max_stale,
         })
     }
 }

@@ -35,6 +35,23 @@ pub enum SidecarError {
 }
 
 impl SidecarError {
+    /// The machine-readable reason the caller will see.
+    pub fn reason(&self) -> Reason {
+        match self {
+            SidecarError::InvalidArgument(_) => Reason::InvalidArgument,
+            SidecarError::PayloadTooLarge { .. } => Reason::PayloadTooLarge,
+            SidecarError::AgentNotFound { .. } => Reason::AgentNotFound,
+            SidecarError::NoHealthyInstance { .. } => Reason::NoHealthyInstance,
+            SidecarError::ControlUnavailable(_) => Reason::ControlUnavailable,
+            SidecarError::InstanceNotFound(_) => Reason::InstanceNotFound,
+            SidecarError::InstanceUnreachable { .. } => Reason::InstanceUnreachable,
+            SidecarError::DeadlineExceeded { .. } => Reason::DeadlineExceeded,
+            SidecarError::ShuttingDown => Reason::ShuttingDown,
+            SidecarError::RateLimited { .. } => Reason::RateLimited,
+            SidecarError::Internal(_) => Reason::Internal,
+        }
+    }
+
     /// The status a caller receives.
     pub fn into_status(self) -> Status {
         let message = self.to_string();

@@ -39,6 +39,8 @@ use agent_reach::reason::{self, Reason};
 use agent_reach_routing::{self as route, CallGuard, GroupState, Member, PickRequest, RouteError, RoutingTable, clock};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Uri};
 use hyper::body::Incoming;
+use opentelemetry::KeyValue;
+use opentelemetry::trace::{SpanKind, TraceContextExt, Tracer};
 use prost::Message;
 use tokio::time::Instant;
 use tonic::{Code, Status};
@@ -49,6 +51,7 @@ use crate::error::SidecarError;
 use crate::grpc::{self, Body, Frames, ReadError};
 use crate::inbound::{InboundCall, InboundService, Permit};
 use crate::outbound::{InvokeHead, InvokeMetadata, OutboundCall, Rejections, Shape, policy_of};
+use crate::telemetry::CallOutcome;
 
 /// Room for the envelope fields around a payload of the maximum size.
 pub const ENVELOPE_ALLOWANCE: usize = 64 * 1024;
@@ -68,6 +71,10 @@ pub const HEADER_ATTEMPTS: HeaderName = HeaderName::from_static("ar-attempts");
 pub const HEADER_TRIED: HeaderName = HeaderName::from_static("ar-instances-tried");
 /// Response metadata: set when a fallback served the call; names the original target.
 pub const HEADER_FALLBACK_FROM: HeaderName = HeaderName::from_static("ar-fallback-from");
+/// Response metadata: the version of the agent that served the call.
+pub const HEADER_AGENT_VERSION: HeaderName = HeaderName::from_static("ar-agent-version");
+/// Response metadata: a short digest of the routing decision.
+pub const HEADER_ROUTE: HeaderName = HeaderName::from_static("ar-route");
 /// `Mesh` request metadata: the caller's tenant, checked by the target's sidecar.
 pub const HEADER_TENANT: HeaderName = HeaderName::from_static("ar-tenant");
 /// `Mesh` request metadata: the call's priority (admission at the target).
@@ -108,6 +115,8 @@ impl Stacks {
         );
         let outbound = tower::util::BoxCloneSyncService::new(
             tower::ServiceBuilder::new()
+                // The call's span and metrics see every outcome, refusals included.
+                .layer(crate::telemetry::OutboundTelemetryLayer { inner: inner.clone() })
                 // Rate limits first: a refused call costs nothing further and never
                 // reaches a target.
                 .layer(crate::outbound::RateLimitLayer { inner: inner.clone() })
@@ -174,6 +183,7 @@ async fn read_call(inner: &Inner, req: Request<Incoming>, shape: Shape) -> Resul
         timeout,
         deadline: started + timeout,
         table,
+        trace: opentelemetry::Context::new(),
     })
 }
 
@@ -342,7 +352,25 @@ impl Router {
                 ..Default::default()
             }
             .encode_to_vec();
+            let rec = &member.instance.record;
+            let tracer = inner.tracing.tracer();
+            let span = tracer
+                .span_builder(format!("attempt {target}"))
+                .with_kind(SpanKind::Client)
+                .with_attributes([
+                    KeyValue::new("agent_reach.tenant", cfg.tenant.clone()),
+                    KeyValue::new("agent_reach.target", target.to_string()),
+                    KeyValue::new("agent_reach.instance", id.clone()),
+                    KeyValue::new("agent_reach.agent", rec.registration.agent.clone()),
+                    KeyValue::new("agent_reach.agent_version", rec.registration.version.clone()),
+                    KeyValue::new("agent_reach.attempt", i64::from(attempt)),
+                    KeyValue::new("agent_reach.priority", call.priority.as_str()),
+                    KeyValue::new("agent_reach.sidecar", rec.sidecar_id.clone()),
+                ])
+                .start_with_context(tracer, &call.trace);
+            let attempt_cx = call.trace.with_span(span);
             let request = AttemptRequest {
+                trace: attempt_cx.clone(),
                 member: member.clone(),
                 breaker,
                 body: Body::Frames(Frames::message(call.message.clone(), &extension)),
@@ -354,6 +382,9 @@ impl Router {
             };
             let sent_at = clock();
             let outcome = tokio::time::timeout_at(call.deadline, self.attempts.clone().oneshot(request)).await;
+            let hop = Duration::from_nanos(clock().saturating_sub(sent_at));
+            inner.metrics.hop_duration.get_or_create(&HOP_OUTBOUND).observe(hop.as_secs_f64());
+            end_attempt_span(&attempt_cx, &outcome);
             tried.push(id.clone());
             if attempt > 1 {
                 Rejections::count(&inner.rejections.retries);
@@ -482,8 +513,35 @@ fn with_attempts(mut resp: Response<Body>, attempts: u32, tried: &[String]) -> R
     resp
 }
 
+const HOP_OUTBOUND: crate::telemetry::HopLabels = crate::telemetry::HopLabels { hop: "outbound" };
+
+/// Ends an attempt's span with how the attempt ended.
+fn end_attempt_span(
+    cx: &opentelemetry::Context,
+    outcome: &Result<Result<Attempt, Infallible>, tokio::time::error::Elapsed>,
+) {
+    let span = cx.span();
+    let (outcome, error) = match outcome {
+        Err(_) => ("DEADLINE_EXCEEDED".to_string(), true),
+        Ok(Err(never)) => match *never {},
+        Ok(Ok(Attempt::Answered(resp, _))) => match Status::from_header_map(resp.headers()) {
+            Some(s) if s.code() != Code::Ok => (crate::telemetry::outcome_of(&s), true),
+            _ => ("ANSWERED".to_string(), false),
+        },
+        Ok(Ok(Attempt::NotDelivered(s))) => (format!("NOT_DELIVERED: {}", crate::telemetry::outcome_of(s)), true),
+        Ok(Ok(Attempt::Failed(s))) => (crate::telemetry::outcome_of(s), true),
+    };
+    if error {
+        span.set_status(opentelemetry::trace::Status::error(outcome.clone()));
+    }
+    span.set_attribute(KeyValue::new("agent_reach.outcome", outcome));
+    span.end();
+}
+
 /// One attempt, as the attempt stack sees it.
 pub struct AttemptRequest {
+    /// The attempt's client span.
+    pub trace: opentelemetry::Context,
     pub member: Member,
     /// The breaker settings of the group the call was routed by.
     pub breaker: CircuitBreaker,
@@ -603,6 +661,7 @@ impl Send {
                 priority: req.priority,
                 idempotency_key: req.idempotency_key,
                 tenant: inner.config.tenant.clone(),
+                trace: req.trace,
             };
             return match self.inbound.clone().oneshot(call).await {
                 Ok(a) => a,
@@ -624,6 +683,7 @@ impl Send {
         let mut http = grpc::grpc_request(uri, req.body);
         copy_forwardable(&req.headers, http.headers_mut());
         set_timeout(http.headers_mut(), req.remaining);
+        agent_reach_telemetry::trace::inject(&req.trace, http.headers_mut());
         let h = http.headers_mut();
         if let Ok(v) = HeaderValue::from_str(&rec.instance_id) {
             h.insert(grpc::HEADER_INSTANCE, v);
@@ -701,13 +761,38 @@ async fn finish(
     {
         h.insert(HEADER_FALLBACK_FROM, v);
     }
+    if let Ok(v) = HeaderValue::from_str(&rec.registration.version) {
+        h.insert(HEADER_AGENT_VERSION, v);
+    }
+    let strategy = call
+        .table
+        .by_capability
+        .get(target_name(&call.target))
+        .map(|g| g.strategy().as_str())
+        .unwrap_or("least_loaded");
+    if let Ok(v) =
+        HeaderValue::from_str(&format!("{strategy} {} -> {} (attempt {attempts})", call.target, rec.instance_id))
+    {
+        h.insert(HEADER_ROUTE, v);
+    }
+    let mut outcome = CallOutcome {
+        outcome: "OK".into(),
+        instance: rec.instance_id.clone(),
+        agent: rec.registration.agent.clone(),
+        agent_version: rec.registration.version.clone(),
+        attempts,
+        strategy,
+    };
     if let Some(load) = crate::inbound::parse_load(&parts.headers) {
         member.stats.report_load(load, clock());
     }
     if let Some(status) = Status::from_header_map(&parts.headers).filter(|s| s.code() != Code::Ok) {
         // Trailers-only: an error from the agent or the target's sidecar.
+        outcome.outcome = crate::telemetry::outcome_of(&status);
+        parts.extensions.insert(outcome);
         return Finished::Failed { status, resp: Response::from_parts(parts, Body::Empty) };
     }
+    parts.extensions.insert(outcome.clone());
     if call.shape == Shape::Stream {
         let body = body.tap(permit, Some((guard, member.stats.clone())));
         return Finished::Done(Response::from_parts(parts, body));
@@ -732,6 +817,8 @@ async fn finish(
     }
     let status = trailers.as_ref().and_then(Status::from_header_map);
     if let Some(status) = status.filter(|s| s.code() != Code::Ok) {
+        outcome.outcome = crate::telemetry::outcome_of(&status);
+        parts.extensions.insert(outcome);
         let resp = Response::from_parts(parts, Body::Frames(Frames::raw(data).with_trailers(trailers)));
         return Finished::Failed { status, resp };
     }
@@ -792,6 +879,7 @@ pub async fn deliver(inner: Arc<Inner>, stacks: Stacks, req: Request<Incoming>, 
         _ => Priority::Normal,
     };
     let idempotency_key = parts.headers.get(HEADER_IDEMPOTENCY_KEY).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let trace = agent_reach_telemetry::trace::extract(&parts.headers);
     let call = InboundCall {
         local,
         body: Body::Incoming(body),
@@ -801,6 +889,7 @@ pub async fn deliver(inner: Arc<Inner>, stacks: Stacks, req: Request<Incoming>, 
         priority,
         idempotency_key,
         tenant,
+        trace,
     };
     let attempt = match stacks.inbound.oneshot(call).await {
         Ok(a) => a,
@@ -830,7 +919,9 @@ pub(crate) async fn deliver_to_agent(inner: &Inner, call: InboundCall) -> Attemp
         );
     }
     if call.local.registration.transport == agent_reach::model::Transport::Http {
-        return crate::http_agent::deliver(&call.local, call.body, call.remaining, &call.headers, call.shape).await;
+        let mut trace = HeaderMap::new();
+        agent_reach_telemetry::trace::inject(&call.trace, &mut trace);
+        return crate::http_agent::deliver(&call.local, call.body, call.remaining, &trace, call.shape).await;
     }
     let mut sender = match inner.pool.get(&call.local.authority).await {
         Ok(s) => s,
@@ -849,6 +940,8 @@ pub(crate) async fn deliver_to_agent(inner: &Inner, call: InboundCall) -> Attemp
     if let Some(r) = call.remaining {
         set_timeout(req.headers_mut(), r);
     }
+    // The agent sees the target sidecar's server span as its parent.
+    agent_reach_telemetry::trace::inject(&call.trace, req.headers_mut());
     let sent = sender.send_request(req);
     let result = match call.remaining {
         Some(r) => match tokio::time::timeout(r, sent).await {
@@ -868,6 +961,12 @@ pub(crate) async fn deliver_to_agent(inner: &Inner, call: InboundCall) -> Attemp
         Err(e) => Attempt::Failed(
             SidecarError::InstanceUnreachable { instance: instance_id.to_string(), cause: e.to_string() }.into_status(),
         ),
+    }
+}
+
+fn target_name(target: &Target) -> &str {
+    match &target.kind {
+        TargetKind::Capability(c) | TargetKind::Agent(c) => c,
     }
 }
 

@@ -27,6 +27,7 @@ pub mod persist;
 pub mod pool;
 pub mod probe;
 pub mod registry;
+pub mod telemetry;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -69,6 +70,10 @@ pub struct Inner {
     pub idempotency: Arc<inbound::idempotency::Store>,
     /// Refusals and shortcuts by mechanism.
     pub rejections: outbound::Rejections,
+    /// Span export and the recent-span buffer.
+    pub tracing: agent_reach_telemetry::Tracing,
+    /// Prometheus metrics.
+    pub metrics: telemetry::SidecarMetrics,
     /// Calls in flight through this sidecar (both directions), for draining.
     pub calls: Calls,
     health: tonic_health::pb::health_server::HealthServer<tonic_health::server::HealthService>,
@@ -132,6 +137,7 @@ pub struct Sidecar {
     inner: Arc<Inner>,
     local_addr: SocketAddr,
     mesh_addr: SocketAddr,
+    admin_addr: Option<SocketAddr>,
     revision: watch::Receiver<i64>,
     shutdown: watch::Sender<bool>,
     tasks: JoinSet<()>,
@@ -139,10 +145,17 @@ pub struct Sidecar {
 
 impl Sidecar {
     /// Starts serving on already-bound listeners and starts watching control.
-    pub async fn start(
+    pub async fn start(config: SidecarConfig, local: TcpListener, mesh: TcpListener) -> Result<Sidecar, StartError> {
+        Sidecar::start_with_admin(config, local, mesh, None).await
+    }
+
+    /// Like [`Sidecar::start`], also serving the admin HTTP port (metrics, health,
+    /// readiness, recent traces) on `admin`.
+    pub async fn start_with_admin(
         mut config: SidecarConfig,
         local: TcpListener,
         mesh: TcpListener,
+        admin: Option<TcpListener>,
     ) -> Result<Sidecar, StartError> {
         let local_addr = local.local_addr()?;
         let mesh_addr = mesh.local_addr()?;
@@ -184,7 +197,18 @@ impl Sidecar {
                 Err(e) => tracing::warn!("ignoring the saved routing table: {e}"),
             }
         }
-        let inner = Arc::new(Inner {
+        let tracing = agent_reach_telemetry::Tracing::new(&agent_reach_telemetry::TraceConfig {
+            service_name: "agent-reach-sidecar".into(),
+            service_instance: config.sidecar_id.clone(),
+            otlp_endpoint: config.otlp_endpoint.clone(),
+            sample_ratio: config.trace_sample_ratio,
+            recent_spans: config.recent_spans,
+        })
+        .map_err(StartError::Config)?;
+        let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| Inner {
+            tracing,
+            metrics: telemetry::SidecarMetrics::new()
+                .with_collector(telemetry::ScrapeCollector::from_weak(weak.clone())),
             config: config.clone(),
             table: table.clone(),
             registry: registry.clone(),
@@ -219,6 +243,20 @@ impl Sidecar {
         tasks.spawn(control::run_watch(control, watch_request, table, revision_tx, watch_stats, shutdown_rx.clone()));
         tasks.spawn(registry.clone().run_renewals(shutdown_rx.clone()));
         tasks.spawn(registry.run_probes(config.probe_interval, shutdown_rx.clone()));
+        let admin_addr = match admin {
+            Some(listener) => {
+                let addr = listener.local_addr()?;
+                let (m, r) = (inner.clone(), inner.clone());
+                let state = agent_reach_telemetry::AdminState {
+                    metrics: Box::new(move || m.metrics.encode()),
+                    ready: Box::new(move || readiness(&r)),
+                    spans: Some(inner.tracing.recent().clone()),
+                };
+                tasks.spawn(agent_reach_telemetry::serve_admin(listener, Arc::new(state), shutdown_rx.clone()));
+                Some(addr)
+            }
+            None => None,
+        };
         let stacks = forward::Stacks::new(inner.clone());
         let (local_inner, local_stacks) = (inner.clone(), stacks.clone());
         tasks.spawn(serve_http2(local, shutdown_rx.clone(), move |req| {
@@ -230,7 +268,7 @@ impl Sidecar {
             sidecar = %config.sidecar_id, tenant = %config.tenant, local = %local_addr, mesh = %mesh_addr,
             advertise = ?config.advertise, control = ?config.control, "sidecar started"
         );
-        Ok(Sidecar { inner, local_addr, mesh_addr, revision, shutdown, tasks })
+        Ok(Sidecar { inner, local_addr, mesh_addr, admin_addr, revision, shutdown, tasks })
     }
 
     /// Address of the local API.
@@ -240,6 +278,18 @@ impl Sidecar {
     /// Address of the mesh API.
     pub fn mesh_addr(&self) -> SocketAddr {
         self.mesh_addr
+    }
+    /// Address of the admin HTTP port, when serving one.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
+    }
+    /// The Prometheus text of the sidecar's metrics.
+    pub fn metrics_text(&self) -> String {
+        self.inner.metrics.encode()
+    }
+    /// Span export and the recent-span buffer.
+    pub fn tracing(&self) -> &agent_reach_telemetry::Tracing {
+        &self.inner.tracing
     }
     pub fn id(&self) -> &str {
         &self.inner.config.sidecar_id
@@ -297,6 +347,7 @@ impl Sidecar {
     pub async fn stop(mut self) {
         let _ = self.shutdown.send(true);
         while self.tasks.join_next().await.is_some() {}
+        self.inner.tracing.shutdown();
     }
 
     /// Calls in flight through this sidecar.
@@ -309,6 +360,26 @@ impl Sidecar {
         signal.await;
         self.shutdown().await;
     }
+}
+
+/// `/readyz`: a routing table, and control reachable or the table fresh enough.
+fn readiness(inner: &Inner) -> Result<String, String> {
+    let table = inner.table.load();
+    if table.revision == 0 {
+        return Err("no routing table yet (control not reached, nothing saved)".into());
+    }
+    let (stale, age) = inner.watch_stats.staleness();
+    if !stale {
+        return Ok(format!("watching control, table at revision {} with {} instances", table.revision, table.len()));
+    }
+    if age <= inner.config.ready_max_stale {
+        return Ok(format!("control unreachable; routing from a table {}s old", age.as_secs()));
+    }
+    Err(format!(
+        "control unreachable and the table is {}s old (limit {}s)",
+        age.as_secs(),
+        inner.config.ready_max_stale.as_secs()
+    ))
 }
 
 type HandlerFuture = Pin<Box<dyn Future<Output = Response<Body>> + Send>>;

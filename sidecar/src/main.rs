@@ -35,7 +35,11 @@ async fn run(args: SidecarArgs, config: SidecarConfig) -> Result<(), String> {
     let mesh = tokio::net::TcpListener::bind(args.mesh_listen)
         .await
         .map_err(|e| format!("--mesh-listen {}: {e}", args.mesh_listen))?;
-    let sidecar = Sidecar::start(config, local, mesh).await.map_err(|e| e.to_string())?;
+    let admin = match args.admin_listen.as_str() {
+        "off" => None,
+        addr => Some(tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("--admin-listen {addr}: {e}"))?),
+    };
+    let sidecar = Sidecar::start_with_admin(config, local, mesh, admin).await.map_err(|e| e.to_string())?;
     sidecar.run_until(agent_reach::process::shutdown_signal()).await;
     Ok(())
 }

@@ -72,6 +72,7 @@ impl Client {
                 ..Default::default()
             },
             timeout: None,
+            headers: Vec::new(),
         }
     }
 
@@ -101,6 +102,7 @@ pub struct InvokeBuilder {
     client: Client,
     request: proto::InvokeRequest,
     timeout: Option<Duration>,
+    headers: Vec<(&'static str, String)>,
 }
 
 impl InvokeBuilder {
@@ -156,11 +158,34 @@ impl InvokeBuilder {
         self.request.message_id = id.into();
         self
     }
+    /// Continues the trace of `call` (a call this agent is handling), so a chain of agents
+    /// is one trace.
+    pub fn within(self, call: &crate::Call) -> Self {
+        match call.traceparent() {
+            Some(tp) => self.traceparent(tp),
+            None => self,
+        }
+    }
+    /// The W3C trace context the call belongs to.
+    pub fn traceparent(mut self, traceparent: &str) -> Self {
+        self.headers.push(("traceparent", traceparent.to_string()));
+        self
+    }
+    /// Traces this call and everything it leads to, whatever the sidecars' sampling ratio.
+    pub fn force_trace(mut self) -> Self {
+        self.headers.push(("ar-trace", "force".to_string()));
+        self
+    }
 
     fn into_request(self) -> (SidecarClient<Channel>, tonic::Request<proto::InvokeRequest>) {
         let mut request = tonic::Request::new(self.request);
         if let Some(t) = self.timeout {
             request.set_timeout(t);
+        }
+        for (name, value) in self.headers {
+            if let Ok(v) = value.parse() {
+                request.metadata_mut().insert(name, v);
+            }
         }
         (self.client.sidecar, request)
     }
@@ -169,7 +194,8 @@ impl InvokeBuilder {
     pub async fn send(self) -> Result<InvokeReply, InvokeError> {
         let (mut sidecar, request) = self.into_request();
         let reply = sidecar.invoke(request).await?;
-        Ok(InvokeReply { inner: reply.into_inner() })
+        let route = reply.metadata().get("ar-route").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+        Ok(InvokeReply { inner: reply.into_inner(), route })
     }
 
     /// Makes the call and returns the stream of answer chunks.
@@ -186,6 +212,7 @@ impl InvokeBuilder {
 #[derive(Clone, Debug, PartialEq)]
 pub struct InvokeReply {
     inner: proto::InvokeReply,
+    route: String,
 }
 
 impl InvokeReply {
@@ -215,6 +242,10 @@ impl InvokeReply {
     /// Attempts the caller's sidecar made (2 when the call was retried on another instance).
     pub fn attempts(&self) -> u32 {
         self.inner.attempts
+    }
+    /// The routing digest (strategy, target, instance, attempt) from the reply's metadata.
+    pub fn route(&self) -> &str {
+        &self.route
     }
     /// When a fallback served the call: the target that could not (e.g. "capability x").
     pub fn fallback_from(&self) -> Option<&str> {

@@ -1,7 +1,7 @@
 //! The target's sidecar side of a call, as tower layers:
 //!
 //! ```text
-//! Idempotency → Admission → Deliver (gRPC agent, or the HTTP/JSON adapter)
+//! Telemetry → Idempotency → Admission → Deliver (gRPC agent, or the HTTP/JSON adapter)
 //! ```
 //! - [`idempotency`]: at-most-once execution of calls with an idempotency key;
 //! - [`admission`]: per-instance slots with priority shares and short queues;
@@ -111,6 +111,9 @@ pub struct InboundCall {
     pub priority: agent_reach::model::Priority,
     pub idempotency_key: Option<String>,
     pub tenant: String,
+    /// The trace context: the caller's attempt span on arrival, the server span once the
+    /// telemetry layer opened it.
+    pub trace: opentelemetry::Context,
 }
 
 type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
@@ -256,7 +259,16 @@ where
         let (inner, service) = (self.inner.clone(), self.service.clone());
         Box::pin(async move {
             let deadline = call.remaining.map(|r| tokio::time::Instant::now() + r);
-            let permit = match gate.acquire(call.priority, deadline).await {
+            let queued_since = std::time::SystemTime::now();
+            let started = agent_reach_routing::clock();
+            let admitted = gate.acquire(call.priority, deadline).await;
+            let waited = std::time::Duration::from_nanos(agent_reach_routing::clock().saturating_sub(started));
+            inner.metrics.queue_duration.observe(waited.as_secs_f64());
+            if waited >= std::time::Duration::from_micros(100) {
+                // Time spent waiting for a slot shows as its own span, apart from the agent's.
+                crate::telemetry::record_queue_span(&inner, &call.trace, queued_since, admitted.is_ok());
+            }
+            let permit = match admitted {
                 Ok(p) => p,
                 Err(refusal) => {
                     crate::outbound::Rejections::count(&inner.rejections.overloaded);
@@ -325,6 +337,8 @@ pub type InboundService = tower::util::BoxCloneSyncService<InboundCall, Attempt,
 /// Builds the inbound stack.
 pub fn stack(inner: Arc<crate::Inner>) -> InboundService {
     let service = tower::ServiceBuilder::new()
+        // The server span and hop metric cover everything the target's sidecar does.
+        .layer(crate::telemetry::InboundTelemetryLayer { inner: inner.clone() })
         // Duplicates are answered first: a replay needs no slot and never reaches the agent.
         .layer(IdempotencyLayer { inner: inner.clone() })
         // Then slots by priority: over its share a call waits briefly, then is refused

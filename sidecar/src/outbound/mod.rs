@@ -1,8 +1,9 @@
 //! The caller's sidecar: the outbound stack every `Invoke` goes through, as tower layers.
 //!
 //! ```text
-//! RateLimit → Cache → Router ──(per attempt)──▶ Breaker → Send
+//! Telemetry → RateLimit → Cache → Router ──(per attempt)──▶ Breaker → Send
 //! ```
+//! - [`crate::telemetry`]: the call's span and metrics;
 //! - [`ratelimit`]: token buckets per caller → target and per tenant;
 //! - [`cache`]: answers of read-only capabilities;
 //! - the router ([`crate::forward`]): picks instances, retries, falls back;
@@ -84,6 +85,8 @@ pub struct OutboundCall {
     pub deadline: Instant,
     /// The routing table the call is routed with (one table for the whole call).
     pub table: Arc<RoutingTable>,
+    /// The caller's-sidecar span of the call (set by the telemetry layer).
+    pub trace: opentelemetry::Context,
 }
 
 impl OutboundCall {

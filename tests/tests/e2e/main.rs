@@ -5,6 +5,7 @@ mod bad_input;
 mod governance;
 mod http_agent;
 mod lifecycle;
+mod observability;
 mod policies;
 mod resilience;
 mod routing;

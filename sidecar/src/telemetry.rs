@@ -1,0 +1,495 @@
+//! What the sidecar measures and traces.
+//!
+//! Metrics (Prometheus, on the admin port): calls by caller, target, instance and outcome;
+//! latency histograms end to end, per hop and for admission queueing; in-flight calls;
+//! breaker states; refusals by mechanism; retries; the watch's state. Labels come only
+//! from names in the routing table (an unknown target or caller is `(unknown)`), never
+//! from sessions or payloads, so their cardinality is bounded by the fleet.
+//!
+//! Spans: [`OutboundTelemetryLayer`] opens the caller's-sidecar span of a call (a child of
+//! the caller's `traceparent`, or a new trace), the router opens one client span per
+//! attempt, and [`InboundTelemetryLayer`] opens the target's-sidecar server span, whose
+//! context reaches the agent; admission queueing is a child span of its own, so time
+//! waiting for a slot shows apart from time in the agent.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Context as TaskContext, Poll};
+use std::time::Duration;
+
+use agent_reach::model::TargetKind;
+use agent_reach::reason;
+use agent_reach_routing::{BreakerState, clock};
+use agent_reach_telemetry::trace::{FORCE_ATTRIBUTE, extract};
+use http::Response;
+use opentelemetry::trace::{Span, SpanKind, Status as SpanStatus, TraceContextExt, Tracer};
+use opentelemetry::{Context, KeyValue};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use tower::{Layer, Service, ServiceExt};
+
+use crate::Inner;
+use crate::error::SidecarError;
+use crate::grpc::Body;
+use crate::inbound::InboundCall;
+use crate::outbound::OutboundCall;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallLabels {
+    pub caller: String,
+    pub target: String,
+    pub instance: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TargetOutcome {
+    pub target: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HopLabels {
+    /// "outbound" (one attempt from the caller's sidecar) or "inbound" (delivery to the agent).
+    pub hop: &'static str,
+}
+
+/// A family of latency histograms.
+pub type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(latency_buckets())
+}
+
+/// The metric families and scrape-time collector of one sidecar.
+pub struct SidecarMetrics {
+    registry: Registry,
+    pub calls: Family<CallLabels, Counter>,
+    pub call_duration: HistogramFamily<TargetOutcome>,
+    pub hop_duration: HistogramFamily<HopLabels>,
+    pub queue_duration: Histogram,
+}
+
+fn latency_buckets() -> impl Iterator<Item = f64> {
+    // 100 µs .. ~26 s.
+    prometheus_client::metrics::histogram::exponential_buckets(0.0001, 2.0, 19)
+}
+
+impl SidecarMetrics {
+    /// Families registered; the collector of scrape-time values is added by
+    /// [`SidecarMetrics::with_collector`].
+    pub fn new() -> SidecarMetrics {
+        let mut registry = Registry::with_prefix("agent_reach");
+        let calls = Family::<CallLabels, Counter>::default();
+        registry.register("calls", "Calls by caller, target, serving instance and outcome", calls.clone());
+        let call_duration: HistogramFamily<TargetOutcome> =
+            Family::new_with_constructor(latency_histogram as fn() -> Histogram);
+        registry.register(
+            "call_duration_seconds",
+            "End-to-end latency of calls, measured in the caller's sidecar",
+            call_duration.clone(),
+        );
+        let hop_duration: HistogramFamily<HopLabels> =
+            Family::new_with_constructor(latency_histogram as fn() -> Histogram);
+        registry.register(
+            "hop_duration_seconds",
+            "Latency per hop: outbound = one attempt from the caller's sidecar; inbound = delivery to the agent",
+            hop_duration.clone(),
+        );
+        let queue_duration = latency_histogram();
+        registry.register(
+            "queue_duration_seconds",
+            "Time calls waited for an admission slot at their instance",
+            queue_duration.clone(),
+        );
+        SidecarMetrics { registry, calls, call_duration, hop_duration, queue_duration }
+    }
+
+    /// Adds the collector that reads the sidecar's counters at each scrape.
+    pub fn with_collector(mut self, collector: ScrapeCollector) -> SidecarMetrics {
+        self.registry.register_collector(Box::new(collector));
+        self
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+impl Default for SidecarMetrics {
+    fn default() -> Self {
+        SidecarMetrics::new()
+    }
+}
+
+/// Reads counters kept elsewhere in the sidecar at each scrape.
+#[derive(Debug)]
+pub struct ScrapeCollector {
+    inner: std::sync::Weak<Inner>,
+}
+
+impl ScrapeCollector {
+    pub fn from_weak(inner: std::sync::Weak<Inner>) -> ScrapeCollector {
+        ScrapeCollector { inner }
+    }
+}
+
+fn counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: u64) -> Result<(), std::fmt::Error> {
+    let c = ConstCounter::new(value);
+    let m = encoder.encode_descriptor(name, help, None, c.metric_type())?;
+    c.encode(m)
+}
+
+fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: i64) -> Result<(), std::fmt::Error> {
+    let g = ConstGauge::new(value);
+    let m = encoder.encode_descriptor(name, help, None, g.metric_type())?;
+    g.encode(m)
+}
+
+impl Collector for ScrapeCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(inner) = self.inner.upgrade() else { return Ok(()) };
+        let r = &inner.rejections;
+        let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        let mut rejections = encoder.encode_descriptor(
+            "rejections",
+            "Calls refused, by the mechanism that refused them",
+            None,
+            ConstCounter::new(0u64).metric_type(),
+        )?;
+        for (mechanism, value) in [
+            ("rate_limit", load(&r.rate_limited)),
+            ("circuit_breaker", load(&r.breaker_open)),
+            ("admission", load(&r.overloaded)),
+            ("idempotency", load(&r.idempotency_refused)),
+        ] {
+            ConstCounter::new(value).encode(rejections.encode_family(&[("mechanism", mechanism)])?)?;
+        }
+        counter(&mut encoder, "cache_hits", "Calls answered from the result cache", load(&r.cache_hits))?;
+        counter(
+            &mut encoder,
+            "idempotency_replays",
+            "Duplicates answered with a stored reply",
+            load(&r.idempotency_replays),
+        )?;
+        counter(&mut encoder, "retries", "Attempts after the first, on another instance", load(&r.retries))?;
+        counter(
+            &mut encoder,
+            "retry_budget_exhausted",
+            "Retries the retry budget refused",
+            load(&r.retry_budget_exhausted),
+        )?;
+        counter(&mut encoder, "fallbacks", "Calls sent to a policy's fallback", load(&r.fallbacks))?;
+        gauge(
+            &mut encoder,
+            "in_flight_outbound",
+            "Calls in flight through this sidecar",
+            inner.calls.in_flight() as i64,
+        )?;
+        gauge(
+            &mut encoder,
+            "in_flight_inbound",
+            "Calls delivered to local agents and not yet answered",
+            i64::from(inner.inbound.total_in_flight()),
+        )?;
+        let w = &inner.watch_stats;
+        gauge(
+            &mut encoder,
+            "watch_connected",
+            "1 while a watch stream to control is up",
+            i64::from(w.connected.load(Ordering::Relaxed)),
+        )?;
+        let table = inner.table.load();
+        gauge(&mut encoder, "watch_revision", "Store revision of the routing table", table.revision)?;
+        counter(&mut encoder, "watch_snapshots", "Snapshots applied", load(&w.snapshots))?;
+        counter(&mut encoder, "watch_resyncs", "Snapshots that replaced a table after compaction", load(&w.resyncs))?;
+        counter(&mut encoder, "watch_deltas", "Deltas applied", load(&w.deltas))?;
+        counter(&mut encoder, "watch_rejected", "Deltas rejected for a revision going backwards", load(&w.rejected))?;
+        let (_, age) = w.staleness();
+        gauge(
+            &mut encoder,
+            "table_stale_seconds",
+            "How long the table has gone unconfirmed while control is unreachable",
+            age.as_secs() as i64,
+        )?;
+        gauge(&mut encoder, "table_instances", "Instances in the routing table", table.len() as i64)?;
+        let now = clock();
+        let mut open = 0;
+        let mut half_open = 0;
+        for m in table.instances.values() {
+            match m.stats.breaker.state(now) {
+                BreakerState::Open => open += 1,
+                BreakerState::HalfOpen => half_open += 1,
+                BreakerState::Closed => {}
+            }
+        }
+        let mut breakers = encoder.encode_descriptor(
+            "breakers",
+            "Instances whose circuit breaker is open or half-open",
+            None,
+            ConstGauge::new(0i64).metric_type(),
+        )?;
+        for (state, value) in [("open", open), ("half_open", half_open)] {
+            ConstGauge::new(value).encode(breakers.encode_family(&[("state", state)])?)?;
+        }
+        Ok(())
+    }
+}
+
+/// What a call ended with, attached to its response by the router.
+#[derive(Clone, Debug, Default)]
+pub struct CallOutcome {
+    /// "OK", a reason such as "AGENT_NOT_FOUND", or "CODE_<grpc code>" for agents' errors.
+    pub outcome: String,
+    pub instance: String,
+    pub agent: String,
+    pub agent_version: String,
+    pub attempts: u32,
+    pub strategy: &'static str,
+}
+
+/// The outcome label of a status.
+pub fn outcome_of(status: &tonic::Status) -> String {
+    if status.code() == tonic::Code::Ok {
+        return "OK".into();
+    }
+    match reason::error_info(status) {
+        Some(info) if !info.reason.is_empty() => info.reason,
+        _ => format!("CODE_{:?}", status.code()).to_uppercase(),
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Layer: the caller's-sidecar span and the call metrics.
+#[derive(Clone)]
+pub struct OutboundTelemetryLayer {
+    pub inner: Arc<Inner>,
+}
+
+impl<S> Layer<S> for OutboundTelemetryLayer {
+    type Service = OutboundTelemetry<S>;
+    fn layer(&self, service: S) -> OutboundTelemetry<S> {
+        OutboundTelemetry { inner: self.inner.clone(), service }
+    }
+}
+
+#[derive(Clone)]
+pub struct OutboundTelemetry<S> {
+    inner: Arc<Inner>,
+    service: S,
+}
+
+impl<S> Service<OutboundCall> for OutboundTelemetry<S>
+where
+    S: Service<OutboundCall, Response = Response<Body>, Error = SidecarError> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    type Response = Response<Body>;
+    type Error = SidecarError;
+    type Future = BoxFuture<Result<Response<Body>, SidecarError>>;
+
+    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), SidecarError>> {
+        self.service.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut call: OutboundCall) -> Self::Future {
+        let inner = self.inner.clone();
+        let tracer = inner.tracing.tracer();
+        let parent = extract(&call.headers);
+        let caller = {
+            let name = call.caller_agent();
+            if name.is_empty() {
+                "(none)".to_string()
+            } else if call.table.by_agent.contains_key(name) {
+                name.to_string()
+            } else {
+                "(unknown)".to_string()
+            }
+        };
+        let target = call.target.to_string();
+        let forced = call.headers.get("ar-trace").is_some_and(|v| v.as_bytes() == b"force");
+        let mut attrs = vec![
+            KeyValue::new("agent_reach.tenant", inner.config.tenant.clone()),
+            KeyValue::new("agent_reach.caller", caller.clone()),
+            KeyValue::new("agent_reach.target", target.clone()),
+            KeyValue::new("agent_reach.priority", call.priority.as_str()),
+        ];
+        if forced {
+            attrs.push(KeyValue::new(FORCE_ATTRIBUTE, true));
+        }
+        let span = tracer
+            .span_builder(format!("invoke {target}"))
+            .with_kind(SpanKind::Server)
+            .with_attributes(attrs)
+            .start_with_context(tracer, &parent);
+        let cx = parent.with_span(span);
+        call.trace = cx.clone();
+        let started = call.started;
+        let known_target = match &call.target.kind {
+            TargetKind::Capability(c) => call.table.by_capability.contains_key(c),
+            TargetKind::Agent(a) => call.table.by_agent.contains_key(a),
+        };
+        let service = self.service.clone();
+        Box::pin(async move {
+            let result = service.oneshot(call).await;
+            let (outcome, detail) = match &result {
+                Ok(resp) => match resp.extensions().get::<CallOutcome>() {
+                    Some(o) => (o.outcome.clone(), Some(o.clone())),
+                    None => {
+                        // Answered before routing (cache) or with a status-only response.
+                        let o = tonic::Status::from_header_map(resp.headers())
+                            .map(|s| outcome_of(&s))
+                            .unwrap_or("OK".into());
+                        (o, None)
+                    }
+                },
+                Err(e) => (e.reason().to_string(), None),
+            };
+            let elapsed = started.elapsed();
+            let instance =
+                detail.as_ref().map(|d| d.instance.clone()).filter(|i| !i.is_empty()).unwrap_or("(none)".into());
+            let target_label = if known_target { target.clone() } else { "(unknown)".into() };
+            let m = &inner.metrics;
+            m.calls
+                .get_or_create(&CallLabels {
+                    caller,
+                    target: target_label.clone(),
+                    instance: instance.clone(),
+                    outcome: outcome.clone(),
+                })
+                .inc();
+            m.call_duration
+                .get_or_create(&TargetOutcome { target: target_label, outcome: outcome.clone() })
+                .observe(elapsed.as_secs_f64());
+            let span = cx.span();
+            span.set_attribute(KeyValue::new("agent_reach.outcome", outcome.clone()));
+            if let Some(d) = &detail {
+                span.set_attribute(KeyValue::new("agent_reach.instance", d.instance.clone()));
+                span.set_attribute(KeyValue::new("agent_reach.agent", d.agent.clone()));
+                span.set_attribute(KeyValue::new("agent_reach.agent_version", d.agent_version.clone()));
+                span.set_attribute(KeyValue::new("agent_reach.attempts", i64::from(d.attempts)));
+                tracing::debug!(
+                    target: "agent_reach::route",
+                    call_target = %target, agent = %d.agent, version = %d.agent_version, instance = %d.instance,
+                    attempts = d.attempts, strategy = d.strategy, outcome = %outcome, elapsed_us = elapsed.as_micros() as u64,
+                    "routed"
+                );
+            } else {
+                tracing::debug!(target: "agent_reach::route", call_target = %target, outcome = %outcome, "not routed");
+            }
+            if outcome != "OK" {
+                span.set_status(SpanStatus::error(outcome));
+            }
+            span.end();
+            result
+        })
+    }
+}
+
+/// The inbound trace context of a call and what the admission layer measured.
+#[derive(Clone, Debug)]
+pub struct InboundTrace {
+    /// The target's-sidecar server span.
+    pub cx: Context,
+}
+
+/// Layer: the target's-sidecar server span and the inbound hop metric.
+#[derive(Clone)]
+pub struct InboundTelemetryLayer {
+    pub inner: Arc<Inner>,
+}
+
+impl<S> Layer<S> for InboundTelemetryLayer {
+    type Service = InboundTelemetry<S>;
+    fn layer(&self, service: S) -> InboundTelemetry<S> {
+        InboundTelemetry { inner: self.inner.clone(), service }
+    }
+}
+
+#[derive(Clone)]
+pub struct InboundTelemetry<S> {
+    inner: Arc<Inner>,
+    service: S,
+}
+
+impl<S> Service<InboundCall> for InboundTelemetry<S>
+where
+    S: Service<InboundCall, Response = crate::forward::Attempt, Error = std::convert::Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    type Response = crate::forward::Attempt;
+    type Error = std::convert::Infallible;
+    type Future = BoxFuture<Result<crate::forward::Attempt, std::convert::Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
+        self.service.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut call: InboundCall) -> Self::Future {
+        let inner = self.inner.clone();
+        let tracer = inner.tracing.tracer();
+        let reg = &call.local.registration;
+        let span = tracer
+            .span_builder(format!("deliver {}", reg.agent))
+            .with_kind(SpanKind::Server)
+            .with_attributes([
+                KeyValue::new("agent_reach.tenant", call.tenant.clone()),
+                KeyValue::new("agent_reach.instance", call.local.instance_id.clone()),
+                KeyValue::new("agent_reach.agent", reg.agent.clone()),
+                KeyValue::new("agent_reach.agent_version", reg.version.clone()),
+                KeyValue::new("agent_reach.priority", call.priority.as_str()),
+            ])
+            .start_with_context(tracer, &call.trace);
+        let cx = call.trace.with_span(span);
+        call.trace = cx.clone();
+        let service = self.service.clone();
+        Box::pin(async move {
+            let started = clock();
+            let attempt = service.oneshot(call).await?;
+            let elapsed = Duration::from_nanos(clock().saturating_sub(started));
+            inner.metrics.hop_duration.get_or_create(&HopLabels { hop: "inbound" }).observe(elapsed.as_secs_f64());
+            let outcome = match &attempt {
+                crate::forward::Attempt::Answered(resp, _) => tonic::Status::from_header_map(resp.headers())
+                    .map(|s| outcome_of(&s))
+                    .unwrap_or_else(|| "OK".into()),
+                crate::forward::Attempt::NotDelivered(s) | crate::forward::Attempt::Failed(s) => outcome_of(s),
+            };
+            let span = cx.span();
+            span.set_attribute(KeyValue::new("agent_reach.outcome", outcome.clone()));
+            if outcome != "OK" {
+                span.set_status(SpanStatus::error(outcome));
+            }
+            span.end();
+            Ok(attempt)
+        })
+    }
+}
+
+/// Records the time a call waited for an admission slot as a span (a child of the server
+/// span) from `since` to now.
+pub fn record_queue_span(inner: &Inner, parent: &Context, since: std::time::SystemTime, admitted: bool) {
+    let tracer = inner.tracing.tracer();
+    let mut span = tracer
+        .span_builder("admission queue")
+        .with_kind(SpanKind::Internal)
+        .with_start_time(since)
+        .with_attributes([KeyValue::new("agent_reach.admitted", admitted)])
+        .start_with_context(tracer, parent);
+    span.end();
+}
