@@ -28,7 +28,9 @@ async fn sidecar(control: &ControlHandle, id: &str) -> Result<Sidecar, String> {
     config.sidecar_id = id.to_string();
     config.heartbeat_interval = Duration::from_millis(500);
     config.probe_interval = Duration::from_millis(500);
-    Sidecar::start(config, bind().await?, bind().await?).await.map_err(|e| e.to_string())
+    Sidecar::start_with_admin(config, bind().await?, bind().await?, Some(bind().await?))
+        .await
+        .map_err(|e| e.to_string())
 }
 
 async fn summarizer(sidecar: &Sidecar, tags: &[&str]) -> Result<RunningAgent, String> {
@@ -70,9 +72,16 @@ async fn planner(sidecar: &Sidecar) -> Result<RunningAgent, String> {
         .handle("task.plan", move |call| {
             let mesh = mesh.clone();
             async move {
-                let summary = mesh.invoke("text.summarize").payload(call.payload().clone()).send().await?;
-                let translated =
-                    mesh.invoke("text.translate").tags(["zh"]).payload(summary.payload().clone()).send().await?;
+                // `within(&call)` continues the caller's trace through this agent's own calls.
+                let summary =
+                    mesh.invoke("text.summarize").within(&call).payload(call.payload().clone()).send().await?;
+                let translated = mesh
+                    .invoke("text.translate")
+                    .within(&call)
+                    .tags(["zh"])
+                    .payload(summary.payload().clone())
+                    .send()
+                    .await?;
                 Ok(Reply::text(format!(
                     "{}  (summarized by {}, translated by {})",
                     translated.text(),
@@ -210,10 +219,16 @@ pub async fn run() -> Result<(), String> {
     let reply = client
         .invoke("task.plan")
         .text("customers in three regions asked for refunds after the outage on Monday")
+        .force_trace()
         .send()
         .await
         .map_err(|e| e.to_string())?;
     println!("   -> {} on {}: {}", reply.instance(), host(reply.instance()), reply.text());
+    if let Some(trace_id) = reply.trace_id() {
+        let admins: Vec<String> = [&a, &b].iter().filter_map(|s| s.admin_addr()).map(|a| a.to_string()).collect();
+        println!("   The call was traced; `agent-reach trace {trace_id} --admin … --admin …` shows its hops:");
+        crate::trace::run(trace_id, &admins, false).await?;
+    }
 
     println!("\n4. An unknown capability gets a reason and suggestions, not a timeout:");
     let err = mesh.invoke("text.summarise").text("x").send().await.err().ok_or("text.summarise was served")?;

@@ -6,6 +6,7 @@
 //!   by capability and shows where they went, then exits.
 
 mod demo;
+mod trace;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -29,6 +30,20 @@ enum Command {
     Up(UpArgs),
     /// Run a self-contained demo: control, two sidecars, sample agents, calls; then exit.
     Demo(DemoArgs),
+    /// Show the recent hops of a trace, from the sidecars' in-memory span buffers.
+    Trace(TraceArgs),
+}
+
+#[derive(clap::Args)]
+struct TraceArgs {
+    /// The trace id (32 hex digits, the second field of a traceparent).
+    trace_id: String,
+    /// Admin address of a sidecar to ask (repeat for several).
+    #[arg(long = "admin", default_value = "127.0.0.1:7702")]
+    admins: Vec<String>,
+    /// Output: "tree" or "json".
+    #[arg(long, default_value = "tree", value_parser = ["tree", "json"])]
+    output: String,
 }
 
 #[derive(clap::Args)]
@@ -42,6 +57,9 @@ struct UpArgs {
     /// Sidecar mesh API address.
     #[arg(long, env = "AGENT_REACH_MESH_LISTEN", default_value = "127.0.0.1:7701")]
     mesh_listen: SocketAddr,
+    /// Sidecar admin HTTP address (/metrics, /healthz, /readyz, /traces).
+    #[arg(long, env = "AGENT_REACH_ADMIN_LISTEN", default_value = "127.0.0.1:7702")]
+    admin_listen: SocketAddr,
     /// Lease TTL of registrations.
     #[arg(long, env = "AGENT_REACH_LEASE_TTL", default_value = "15s", value_parser = agent_reach::duration::parse)]
     lease_ttl: Duration,
@@ -71,6 +89,7 @@ fn main() -> ExitCode {
             agent_reach::process::init_logging(&args.log_format);
             runtime.block_on(up(args))
         }
+        Command::Trace(args) => runtime.block_on(trace::run(&args.trace_id, &args.admins, args.output == "json")),
         Command::Demo(args) => {
             if args.verbose {
                 agent_reach::process::init_logging("text");
@@ -94,6 +113,7 @@ async fn up(args: UpArgs) -> Result<(), String> {
     let control_listener = bind(args.control_listen, "--control-listen").await?;
     let local = bind(args.listen, "--listen").await?;
     let mesh = bind(args.mesh_listen, "--mesh-listen").await?;
+    let admin = bind(args.admin_listen, "--admin-listen").await?;
     let control = ControlHandle::spawn(
         std::sync::Arc::new(EmbeddedStore::default()),
         ControlConfig { lease_ttl: args.lease_ttl },
@@ -101,11 +121,14 @@ async fn up(args: UpArgs) -> Result<(), String> {
     )
     .map_err(|e| e.to_string())?;
     let config = SidecarConfig::new(vec![control.endpoint()]);
-    let sidecar = Sidecar::start(config, local, mesh).await.map_err(|e| e.to_string())?;
+    let sidecar = Sidecar::start_with_admin(config, local, mesh, Some(admin)).await.map_err(|e| e.to_string())?;
     println!("Agent-Reach dev mesh is up (embedded store: state lives in this process only).");
     println!("  control   {}   (Control API, grpc.health.v1)", control.addr());
     println!("  sidecar   {}   (local API: agents Register and Invoke here)", sidecar.local_addr());
     println!("            {}   (mesh API)", sidecar.mesh_addr());
+    if let Some(admin) = sidecar.admin_addr() {
+        println!("            {admin}   (admin: /metrics /healthz /readyz /traces/<trace-id>)");
+    }
     println!();
     println!("Point agents at it with AGENT_REACH_SIDECAR={} (the SDK's default). Ctrl-C stops.", sidecar.local_addr());
     agent_reach::process::shutdown_signal().await;

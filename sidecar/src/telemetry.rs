@@ -394,6 +394,15 @@ where
                 span.set_status(SpanStatus::error(outcome));
             }
             span.end();
+            let mut result = result;
+            let sc = span.span_context();
+            if sc.is_sampled()
+                && let Ok(resp) = result.as_mut()
+                && let Ok(v) = http::HeaderValue::from_str(&sc.trace_id().to_string())
+            {
+                // A traced call names its trace, for `agent-reach trace <id>`.
+                resp.headers_mut().insert("ar-trace-id", v);
+            }
             result
         })
     }

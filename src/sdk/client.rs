@@ -194,8 +194,10 @@ impl InvokeBuilder {
     pub async fn send(self) -> Result<InvokeReply, InvokeError> {
         let (mut sidecar, request) = self.into_request();
         let reply = sidecar.invoke(request).await?;
-        let route = reply.metadata().get("ar-route").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
-        Ok(InvokeReply { inner: reply.into_inner(), route })
+        let header =
+            |name: &str| reply.metadata().get(name).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+        let (route, trace_id) = (header("ar-route"), header("ar-trace-id"));
+        Ok(InvokeReply { inner: reply.into_inner(), route, trace_id })
     }
 
     /// Makes the call and returns the stream of answer chunks.
@@ -213,6 +215,7 @@ impl InvokeBuilder {
 pub struct InvokeReply {
     inner: proto::InvokeReply,
     route: String,
+    trace_id: String,
 }
 
 impl InvokeReply {
@@ -242,6 +245,10 @@ impl InvokeReply {
     /// Attempts the caller's sidecar made (2 when the call was retried on another instance).
     pub fn attempts(&self) -> u32 {
         self.inner.attempts
+    }
+    /// The trace the call was recorded in, when it was traced.
+    pub fn trace_id(&self) -> Option<&str> {
+        (!self.trace_id.is_empty()).then_some(self.trace_id.as_str())
     }
     /// The routing digest (strategy, target, instance, attempt) from the reply's metadata.
     pub fn route(&self) -> &str {
