@@ -4,21 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
-
-#[derive(Clone, Debug, Deserialize, serde::Serialize)]
-pub struct SpanRecord {
-    pub trace_id: String,
-    pub span_id: String,
-    pub parent_span_id: String,
-    pub name: String,
-    pub kind: String,
-    pub service: String,
-    pub start_unix_us: u64,
-    pub duration_us: u64,
-    pub status: String,
-    pub attributes: BTreeMap<String, String>,
-}
+use agent_reach_telemetry::SpanRecord;
 
 /// GETs `/traces/{id}` from an admin address ("host:port" or "http://host:port").
 async fn fetch(admin: &str, trace_id: &str) -> Result<Vec<SpanRecord>, String> {

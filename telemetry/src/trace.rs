@@ -19,7 +19,7 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{
     Sampler, SamplingDecision, SamplingResult, SdkTracer, SdkTracerProvider, ShouldSample, SpanData, SpanProcessor,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Span attribute that makes the sampler record a root span (and so its whole chain).
 pub const FORCE_ATTRIBUTE: &str = "agent_reach.force_trace";
@@ -67,7 +67,7 @@ impl ShouldSample for ForceOrRatio {
 }
 
 /// A finished span as the admin port shows it.
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct SpanRecord {
     pub trace_id: String,
     pub span_id: String,

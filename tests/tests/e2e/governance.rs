@@ -8,49 +8,12 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use agent_reach::policy::{Admission, CircuitBreaker, Policy, PolicyKind, PolicySpec, RateLimit, VersionSplit};
-use agent_reach::{Agent, Client, HandlerError, Reply, RunningAgent};
-use agent_reach_control::ControlHandle;
-use agent_reach_e2e::{
-    Backend, TestStore, capability_policy, echo_agent, init_logging, put_policy, sidecar_config, start_control,
-    start_sidecar, wait_for_instances,
-};
+use agent_reach::{Agent, HandlerError, Reply};
+use agent_reach_e2e::{capability_policy, echo_agent, wait_for_instances};
 use agent_reach_sidecar::Sidecar;
+
+use crate::two_sidecars::Mesh;
 use tonic::Code;
-
-struct Mesh {
-    ts: TestStore,
-    control: ControlHandle,
-    a: Sidecar,
-    b: Sidecar,
-}
-
-impl Mesh {
-    async fn start() -> Mesh {
-        init_logging();
-        let ts = TestStore::start(Backend::Embedded).await;
-        let control = start_control(ts.store.clone(), Duration::from_secs(15)).await;
-        let a = start_sidecar(sidecar_config(&control.endpoint(), "host-a")).await;
-        let b = start_sidecar(sidecar_config(&control.endpoint(), "host-b")).await;
-        Mesh { ts, control, a, b }
-    }
-
-    async fn client(&self) -> Client {
-        Client::connect(&self.a.local_addr().to_string()).await.unwrap()
-    }
-
-    async fn policy(&self, policy: Policy) {
-        put_policy(&self.ts.store, &[&self.a, &self.b], policy).await;
-    }
-
-    async fn stop(self, agents: Vec<RunningAgent>) {
-        for agent in agents {
-            agent.abort();
-        }
-        self.a.stop().await;
-        self.b.stop().await;
-        self.control.shutdown().await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rate_limit_refuses_at_once_and_spares_other_callers() {

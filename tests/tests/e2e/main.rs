@@ -9,3 +9,4 @@ mod observability;
 mod policies;
 mod resilience;
 mod routing;
+mod two_sidecars;

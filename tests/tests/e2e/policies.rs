@@ -4,49 +4,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use agent_reach::policy::{CircuitBreaker, Fallback, PolicySpec, RetryPolicy, Strategy};
-use agent_reach::{Agent, Client, HandlerError, Reply, RunningAgent};
-use agent_reach_control::ControlHandle;
-use agent_reach_e2e::{
-    Backend, TestStore, capability_policy, echo_agent, init_logging, put_policy, sidecar_config, start_control,
-    start_sidecar, wait_for_instances,
-};
+use agent_reach::{Agent, HandlerError, Reply, RunningAgent};
+use agent_reach_e2e::{capability_policy, echo_agent, wait_for_instances};
 use agent_reach_sidecar::Sidecar;
+
+use crate::two_sidecars::Mesh;
 use tonic::Code;
-
-struct Mesh {
-    ts: TestStore,
-    control: ControlHandle,
-    a: Sidecar,
-    b: Sidecar,
-}
-
-impl Mesh {
-    async fn start() -> Mesh {
-        init_logging();
-        let ts = TestStore::start(Backend::Embedded).await;
-        let control = start_control(ts.store.clone(), std::time::Duration::from_secs(15)).await;
-        let a = start_sidecar(sidecar_config(&control.endpoint(), "host-a")).await;
-        let b = start_sidecar(sidecar_config(&control.endpoint(), "host-b")).await;
-        Mesh { ts, control, a, b }
-    }
-
-    async fn client(&self) -> Client {
-        Client::connect(&self.a.local_addr().to_string()).await.unwrap()
-    }
-
-    async fn policy(&self, capability: &str, spec: PolicySpec) {
-        put_policy(&self.ts.store, &[&self.a, &self.b], capability_policy(capability, spec)).await;
-    }
-
-    async fn stop(self, agents: Vec<RunningAgent>) {
-        for agent in agents {
-            agent.abort();
-        }
-        self.a.stop().await;
-        self.b.stop().await;
-        self.control.shutdown().await;
-    }
-}
 
 /// An agent on `sidecar` whose every call fails with UNAVAILABLE.
 async fn failing_agent(sidecar: &Sidecar, capability: &str) -> RunningAgent {
@@ -96,10 +59,10 @@ async fn a_call_that_may_have_run_is_retried_only_when_idempotent() {
     assert_eq!(handled(&agents), 4);
 
     // So does a policy marking the capability idempotent.
-    mesh.policy(
+    mesh.policy(capability_policy(
         "work",
         PolicySpec { retry: Some(RetryPolicy { idempotent: true, ..Default::default() }), ..Default::default() },
-    )
+    ))
     .await;
     let err = client.invoke("work").text("x").send().await.unwrap_err();
     assert_eq!(metadata(&err, "ar-attempts"), "3");
@@ -113,14 +76,14 @@ async fn a_retry_lands_on_a_healthy_instance() {
     let bad = failing_agent(&mesh.b, "work").await;
     let good = echo_agent(mesh.b.local_addr(), "steady", &[("work", &[])]).await;
     wait_for_instances(&mesh.a, &[bad.instance_id(), good.instance_id()]).await;
-    mesh.policy(
+    mesh.policy(capability_policy(
         "work",
         PolicySpec {
             strategy: Some(Strategy::RoundRobin),
             retry: Some(RetryPolicy { idempotent: true, ..Default::default() }),
             ..Default::default()
         },
-    )
+    ))
     .await;
     let client = mesh.client().await;
     let mut retried = 0;
@@ -151,7 +114,11 @@ async fn the_retry_budget_caps_attempts_when_everything_fails() {
     // Breakers that never open, so every call reaches the instances and only the budget
     // limits retries.
     let breaker = CircuitBreaker { consecutive_failures: 100_000, min_requests: 100_000, ..Default::default() };
-    mesh.policy("work", PolicySpec { retry: Some(retry), breaker: Some(breaker), ..Default::default() }).await;
+    mesh.policy(capability_policy(
+        "work",
+        PolicySpec { retry: Some(retry), breaker: Some(breaker), ..Default::default() },
+    ))
+    .await;
     let client = mesh.client().await;
     for i in 0..50 {
         let err = client.invoke("work").text(format!("{i}")).send().await.unwrap_err();
@@ -170,10 +137,10 @@ async fn a_fallback_serves_what_the_target_cannot_and_says_so() {
     let err = client.invoke("text.summarize").text("x").send().await.unwrap_err();
     assert_eq!(err.reason(), Some("AGENT_NOT_FOUND"), "without a policy there is no fallback");
 
-    mesh.policy(
+    mesh.policy(capability_policy(
         "text.summarize",
         PolicySpec { fallback: Some(Fallback::Capability("text.summarize.cheap".into())), ..Default::default() },
-    )
+    ))
     .await;
     let reply = client.invoke("text.summarize").text("long text").send().await.unwrap();
     assert_eq!(reply.instance(), backup.instance_id());
@@ -237,7 +204,11 @@ async fn consistent_hash_keeps_sessions_and_random_spreads() {
     wait_for_instances(&mesh.a, &ids).await;
     let client = mesh.client().await;
 
-    mesh.policy("work", PolicySpec { strategy: Some(Strategy::ConsistentHash), ..Default::default() }).await;
+    mesh.policy(capability_policy(
+        "work",
+        PolicySpec { strategy: Some(Strategy::ConsistentHash), ..Default::default() },
+    ))
+    .await;
     let mut owners: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for s in 0..30 {
         for _ in 0..4 {
@@ -249,7 +220,7 @@ async fn consistent_hash_keeps_sessions_and_random_spreads() {
     let used: BTreeSet<&String> = owners.values().flatten().collect();
     assert!(used.len() >= 2, "30 sessions landed on {} instance(s)", used.len());
 
-    mesh.policy("work", PolicySpec { strategy: Some(Strategy::Random), ..Default::default() }).await;
+    mesh.policy(capability_policy("work", PolicySpec { strategy: Some(Strategy::Random), ..Default::default() })).await;
     let before: Vec<u64> = agents.iter().map(RunningAgent::handled).collect();
     for i in 0..300 {
         client.invoke("work").text(format!("{i}")).send().await.unwrap();
@@ -274,7 +245,7 @@ async fn a_policy_default_timeout_applies_when_the_caller_sets_none() {
         .await
         .unwrap();
     wait_for_instances(&mesh.a, &[slow.instance_id()]).await;
-    mesh.policy("slow", PolicySpec { default_timeout_ms: Some(300), ..Default::default() }).await;
+    mesh.policy(capability_policy("slow", PolicySpec { default_timeout_ms: Some(300), ..Default::default() })).await;
     let client = mesh.client().await;
     let t0 = std::time::Instant::now();
     let err = client.invoke("slow").text("x").send().await.unwrap_err();
