@@ -117,6 +117,14 @@ pub struct RunArgs {
     /// Calls made with the real gRPC client to verify each path before it is loaded.
     #[arg(long, default_value_t = 20)]
     pub verify_calls: usize,
+    /// Before each path's measurements, wait (up to --quiet-wait) until processes outside
+    /// the benchmark use less than this many CPU cores (sampled over 2 s). 0: do not wait.
+    #[arg(long, default_value_t = 0.0)]
+    pub quiet_below: f64,
+    /// Longest wait for a quiet machine per path; measuring then goes ahead (and the other
+    /// load is recorded).
+    #[arg(long, default_value = "10m", value_parser = duration)]
+    pub quiet_wait: Duration,
     /// Keep the temporary directory (configs and logs of every process).
     #[arg(long)]
     pub keep_tmp: bool,
@@ -487,6 +495,7 @@ pub async fn run(mut args: RunArgs) -> Result<Report, String> {
                     return Err(format!("{name} path, {payload} B: {e}"));
                 }
                 let body_file = bodies.get(&(path.kind(), payload)).cloned().ok_or("no request body file")?;
+                wait_quiet(args.quiet_below, args.quiet_wait).await;
                 let m = closed_loop(&args, &tools, &pin, &topo, path, payload, rep, port, body_file).await?;
                 if m.errors > 0 {
                     failures
@@ -495,6 +504,7 @@ pub async fn run(mut args: RunArgs) -> Result<Report, String> {
                 eprintln!("#   closed loop {:.0} calls/s", m.throughput);
                 measurements.push(m);
                 for &rate in &args.rates {
+                    wait_quiet(args.quiet_below, args.quiet_wait).await;
                     let m = open_loop(&args, &binaries, &pin, &topo, path, payload, rep, port, rate).await?;
                     if let Some(o) = &m.open_loop
                         && o.errors > 0
@@ -563,6 +573,29 @@ pub async fn run(mut args: RunArgs) -> Result<Report, String> {
         eprintln!("# kept {}", kept.display());
     }
     Ok(report)
+}
+
+/// Waits until processes outside the benchmark use less than `cores` CPU cores over a 2 s
+/// sample, or `max_wait` passes.
+async fn wait_quiet(cores: f64, max_wait: Duration) {
+    if cores <= 0.0 {
+        return;
+    }
+    let until = Instant::now() + max_wait;
+    loop {
+        let before = procstat::all();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let other = procstat::foreign_cpu_seconds(&before, &procstat::all(), std::process::id()) / 2.0;
+        if other < cores {
+            return;
+        }
+        if Instant::now() > until {
+            eprintln!("#   machine still busy ({other:.2} cores used by other processes); measuring anyway");
+            return;
+        }
+        eprintln!("#   waiting for a quiet machine: other processes use {other:.2} cores");
+        tokio::time::sleep(Duration::from_secs(8)).await;
+    }
 }
 
 fn smoke_requests(args: &RunArgs) -> u64 {
