@@ -5,6 +5,11 @@
 //! - `agent-reach demo`: control, two sidecars and sample agents in one process; makes calls
 //!   by capability and shows where they went, then exits.
 
+// The sidecar's allocation pattern (many small, short-lived buffers per call) is where
+// glibc malloc showed up at 9-12 % of the CPU in profiles (see BENCHMARKS.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod demo;
 mod trace;
 

@@ -37,6 +37,7 @@ use agent_reach::policy::{CircuitBreaker, Fallback, RetryPolicy, Strategy};
 use agent_reach::proto;
 use agent_reach::reason::{self, Reason};
 use agent_reach_routing::{self as route, CallGuard, GroupState, Member, PickRequest, RouteError, RoutingTable, clock};
+use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Uri};
 use hyper::body::Incoming;
 use opentelemetry::KeyValue;
@@ -381,7 +382,10 @@ impl Router {
                 idempotency_key: (!key.is_empty()).then(|| key.to_string()),
             };
             let sent_at = clock();
-            let outcome = tokio::time::timeout_at(call.deadline, self.attempts.clone().oneshot(request)).await;
+            // Stop waiting a reserve before the caller does, so the answer (or the
+            // DEADLINE_EXCEEDED) still reaches it in time.
+            let answer_by = call.deadline.checked_sub(cfg.deadline_reserve).unwrap_or(call.deadline);
+            let outcome = tokio::time::timeout_at(answer_by, self.attempts.clone().oneshot(request)).await;
             let hop = Duration::from_nanos(clock().saturating_sub(sent_at));
             inner.metrics.hop_duration.get_or_create(&HOP_OUTBOUND).observe(hop.as_secs_f64());
             end_attempt_span(&attempt_cx, &outcome);
@@ -424,6 +428,14 @@ impl Router {
                 Finished::Done(resp) => {
                     member.stats.observe(Duration::from_nanos(now.saturating_sub(sent_at)), now);
                     return Ok(resp);
+                }
+                Finished::Failed { status, .. }
+                    if status.code() == Code::Cancelled
+                        && Instant::now() + cfg.deadline_reserve * 2 >= call.deadline =>
+                {
+                    // The agent's server gave up at the deadline it was handed (tonic says
+                    // CANCELLED "Timeout expired"): to the caller that is its deadline.
+                    return Ok(deadline_exceeded(call, attempt, tried));
                 }
                 Finished::Failed { status, resp } => {
                     member.stats.observe(Duration::from_nanos(clock().saturating_sub(sent_at)), clock());
@@ -668,49 +680,50 @@ impl Send {
                 Err(never) => match never {},
             };
         }
-        let mut sender = match inner.pool.get(&rec.sidecar_address).await {
-            Ok(s) => s,
+        let conn = match inner.pool.get(&rec.sidecar_address).await {
+            Ok(c) => c,
             Err(e) => return Attempt::NotDelivered(Status::unavailable(e.to_string())),
         };
         let path = match req.shape {
             Shape::Unary => PATH_DELIVER,
             Shape::Stream => PATH_DELIVER_STREAM,
         };
-        let uri = match uri(&rec.sidecar_address, path) {
-            Ok(u) => u,
-            Err(e) => return Attempt::NotDelivered(Status::unavailable(e)),
-        };
-        let mut http = grpc::grpc_request(uri, req.body);
-        copy_forwardable(&req.headers, http.headers_mut());
-        set_timeout(http.headers_mut(), req.remaining);
-        agent_reach_telemetry::trace::inject(&req.trace, http.headers_mut());
-        let h = http.headers_mut();
+        let mut headers = HeaderMap::with_capacity(req.headers.len() + 8);
+        copy_forwardable(&req.headers, &mut headers);
+        set_timeout(&mut headers, req.remaining);
+        agent_reach_telemetry::trace::inject(&req.trace, &mut headers);
         if let Ok(v) = HeaderValue::from_str(&rec.instance_id) {
-            h.insert(grpc::HEADER_INSTANCE, v);
+            headers.insert(grpc::HEADER_INSTANCE, v);
         }
         if let Ok(v) = HeaderValue::from_str(&inner.config.tenant) {
-            h.insert(HEADER_TENANT, v);
+            headers.insert(HEADER_TENANT, v);
         }
         if req.priority != Priority::Normal {
-            h.insert(HEADER_PRIORITY, HeaderValue::from_static(req.priority.as_str()));
+            headers.insert(HEADER_PRIORITY, HeaderValue::from_static(req.priority.as_str()));
         }
         if let Some(k) = &req.idempotency_key
             && let Ok(v) = HeaderValue::from_str(k)
         {
-            h.insert(HEADER_IDEMPOTENCY_KEY, v);
+            headers.insert(HEADER_IDEMPOTENCY_KEY, v);
         }
-        match sender.send_request(http).await {
+        let data = match req.body {
+            Body::Frames(f) => grpc::frames_data(f),
+            other => match collect_chunks(other, inner.config.max_payload_bytes + ENVELOPE_ALLOWANCE).await {
+                Ok(d) => d,
+                Err(e) => return Attempt::Failed(Status::internal(e)),
+            },
+        };
+        match send_h2(conn, path, headers, data).await {
             Ok(resp) if resp.headers().contains_key(grpc::HEADER_NOT_DELIVERED) => {
                 let status = Status::from_header_map(resp.headers())
                     .unwrap_or_else(|| Status::unavailable("refused by the remote sidecar"));
                 Attempt::NotDelivered(status)
             }
-            Ok(resp) => Attempt::Answered(resp.map(Body::Incoming), None),
-            // Canceled: the connection closed before the request was written.
-            Err(e) if e.is_canceled() => {
+            Ok(resp) => Attempt::Answered(resp, None),
+            Err(SendError::NotSent(e)) => {
                 Attempt::NotDelivered(Status::unavailable(format!("sidecar {}: {e}", rec.sidecar_address)))
             }
-            Err(e) => Attempt::Failed(
+            Err(SendError::Failed(e)) => Attempt::Failed(
                 SidecarError::InstanceUnreachable {
                     instance: rec.instance_id.clone(),
                     cause: format!("connection to sidecar {} failed mid-call: {e}", rec.sidecar_address),
@@ -719,6 +732,68 @@ impl Send {
             ),
         }
     }
+}
+
+/// Why an `h2` call failed.
+enum SendError {
+    /// The request never left (no connection, or the peer refused the stream unprocessed).
+    NotSent(String),
+    /// The request may have been processed.
+    Failed(String),
+}
+
+/// Sends a gRPC call with a unary request on `conn`: HEADERS and DATA are queued from this
+/// task together, so they leave in one write. The answer streams back as [`Body::H2`].
+async fn send_h2(
+    conn: crate::pool::Conn,
+    path: &'static str,
+    mut headers: HeaderMap,
+    data: Vec<Bytes>,
+) -> Result<Response<Body>, SendError> {
+    let mut sender = conn.sender.ready().await.map_err(|e| SendError::NotSent(e.to_string()))?;
+    let mut parts = http::uri::Parts::default();
+    parts.scheme = Some(http::uri::Scheme::HTTP);
+    parts.authority = Some(conn.authority);
+    parts.path_and_query = Some(http::uri::PathAndQuery::from_static(path));
+    let uri = Uri::from_parts(parts).map_err(|e| SendError::NotSent(e.to_string()))?;
+    headers.insert(http::header::CONTENT_TYPE, grpc::CONTENT_TYPE_GRPC);
+    headers.insert(grpc::HEADER_TE, grpc::TRAILERS);
+    let mut request = Request::new(());
+    *request.method_mut() = http::Method::POST;
+    *request.uri_mut() = uri;
+    *request.headers_mut() = headers;
+    let (response, mut stream) =
+        sender.send_request(request, data.is_empty()).map_err(|e| SendError::NotSent(e.to_string()))?;
+    let last = data.len().saturating_sub(1);
+    for (i, chunk) in data.into_iter().enumerate() {
+        stream.send_data(chunk, i == last).map_err(|e| SendError::Failed(e.to_string()))?;
+    }
+    match response.await {
+        Ok(resp) => Ok(resp.map(|recv| Body::H2(grpc::H2Body::new(recv)))),
+        // REFUSED_STREAM: the peer did not process the stream (RFC 9113 §8.7).
+        Err(e) if e.reason() == Some(h2::Reason::REFUSED_STREAM) => Err(SendError::NotSent(e.to_string())),
+        Err(e) => Err(SendError::Failed(e.to_string())),
+    }
+}
+
+/// The data chunks of a (unary request) body, up to `limit` bytes, without copying.
+async fn collect_chunks(mut body: Body, limit: usize) -> Result<Vec<Bytes>, String> {
+    use http_body_util::BodyExt;
+    let mut out = Vec::with_capacity(2);
+    let mut total = 0;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| format!("reading the call: {e}"))?;
+        if let Ok(data) = frame.into_data() {
+            total += data.len();
+            if total > limit {
+                return Err(format!("the call is larger than {limit} bytes"));
+            }
+            if !data.is_empty() {
+                out.push(data);
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// The caller's answer, or the failure it carries.
@@ -923,43 +998,38 @@ pub(crate) async fn deliver_to_agent(inner: &Inner, call: InboundCall) -> Attemp
         agent_reach_telemetry::trace::inject(&call.trace, &mut trace);
         return crate::http_agent::deliver(&call.local, call.body, call.remaining, &trace, call.shape).await;
     }
-    let mut sender = match inner.pool.get(&call.local.authority).await {
-        Ok(s) => s,
+    let conn = match inner.pool.get(&call.local.authority).await {
+        Ok(c) => c,
         Err(e) => return Attempt::NotDelivered(Status::unavailable(format!("instance {instance_id}: {e}"))),
     };
     let path = match call.shape {
         Shape::Unary => PATH_HANDLE,
         Shape::Stream => PATH_HANDLE_STREAM,
     };
-    let uri = match uri(&call.local.authority, path) {
-        Ok(u) => u,
-        Err(e) => return Attempt::NotDelivered(Status::unavailable(e)),
-    };
-    let mut req = grpc::grpc_request(uri, call.body);
-    copy_forwardable(&call.headers, req.headers_mut());
+    let mut headers = HeaderMap::with_capacity(call.headers.len() + 4);
+    copy_forwardable(&call.headers, &mut headers);
     if let Some(r) = call.remaining {
-        set_timeout(req.headers_mut(), r);
+        set_timeout(&mut headers, r);
     }
     // The agent sees the target sidecar's server span as its parent.
-    agent_reach_telemetry::trace::inject(&call.trace, req.headers_mut());
-    let sent = sender.send_request(req);
-    let result = match call.remaining {
-        Some(r) => match tokio::time::timeout(r, sent).await {
-            Ok(r) => r,
-            Err(_) => {
-                return Attempt::Failed(
-                    SidecarError::DeadlineExceeded { deadline: r, attempts: 1, tried: vec![instance_id.to_string()] }
-                        .into_status(),
-                );
-            }
+    agent_reach_telemetry::trace::inject(&call.trace, &mut headers);
+    // The request is one message: read it whole, so HEADERS and DATA leave together.
+    let data = match call.body {
+        Body::Frames(f) => grpc::frames_data(f),
+        other => match collect_chunks(other, inner.config.max_payload_bytes + ENVELOPE_ALLOWANCE).await {
+            Ok(d) => d,
+            Err(e) => return Attempt::Failed(Status::internal(e)),
         },
-        None => sent.await,
     };
-    match result {
-        Ok(resp) => Attempt::Answered(resp.map(Body::Incoming), None),
-        Err(e) if e.is_canceled() => Attempt::NotDelivered(Status::unavailable(format!("instance {instance_id}: {e}"))),
-        Err(e) => Attempt::Failed(
-            SidecarError::InstanceUnreachable { instance: instance_id.to_string(), cause: e.to_string() }.into_status(),
+    // No timer here: the caller's sidecar enforces the deadline (its cancellation reaches
+    // the agent), and the agent sees the remaining time in grpc-timeout.
+    match send_h2(conn, path, headers, data).await {
+        Ok(resp) => Attempt::Answered(resp, None),
+        Err(SendError::NotSent(e)) => {
+            Attempt::NotDelivered(Status::unavailable(format!("instance {instance_id}: {e}")))
+        }
+        Err(SendError::Failed(e)) => Attempt::Failed(
+            SidecarError::InstanceUnreachable { instance: instance_id.to_string(), cause: e }.into_status(),
         ),
     }
 }
@@ -970,15 +1040,6 @@ fn target_name(target: &Target) -> &str {
     }
 }
 
-pub(crate) fn uri(authority: &str, path: &'static str) -> Result<Uri, String> {
-    Uri::builder()
-        .scheme("http")
-        .authority(authority)
-        .path_and_query(path)
-        .build()
-        .map_err(|e| format!("bad address {authority:?}: {e}"))
-}
-
 fn copy_forwardable(from: &HeaderMap, to: &mut HeaderMap) {
     for (name, value) in from {
         if grpc::forwardable_header(name) {
@@ -987,8 +1048,13 @@ fn copy_forwardable(from: &HeaderMap, to: &mut HeaderMap) {
     }
 }
 
+/// Writes the remaining deadline as `grpc-timeout`, in whole milliseconds (rounded down, so
+/// the next hop never believes it has more time than the caller), as a never-indexed
+/// header: a value that changes with every call would only churn the HPACK table.
 fn set_timeout(headers: &mut HeaderMap, remaining: Duration) {
-    if let Ok(v) = HeaderValue::from_str(&grpc_timeout::format(remaining)) {
+    let ms = remaining.as_millis().max(1);
+    if let Ok(mut v) = HeaderValue::from_str(&format!("{}m", ms.min(99_999_999))) {
+        v.set_sensitive(true);
         headers.insert(grpc::HEADER_GRPC_TIMEOUT, v);
     }
 }

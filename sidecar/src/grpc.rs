@@ -42,6 +42,8 @@ pub enum Body {
     Frames(Frames),
     /// A body passed through unchanged from another connection.
     Incoming(Incoming),
+    /// An answer received on one of the pool's `h2` connections, passed through.
+    H2(H2Body),
     /// Frames produced by a task (e.g. a streamed answer converted from JSON lines).
     Channel(ChannelBody),
     /// A body whose trailers are read or annotated on the way, and whose call stays counted
@@ -62,6 +64,7 @@ impl Body {
     ) -> Body {
         let inner = match self {
             Body::Incoming(b) => Source::Incoming(b),
+            Body::H2(b) => Source::H2(b),
             Body::Frames(f) => Source::Frames(f),
             Body::Channel(c) => Source::Channel(c),
             Body::Tapped(mut t) => {
@@ -91,6 +94,7 @@ impl HttpBody for Body {
             Body::Empty => Poll::Ready(None),
             Body::Frames(f) => Poll::Ready(f.next_frame().map(Ok)),
             Body::Incoming(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            Body::H2(b) => b.poll_frame(cx),
             Body::Channel(c) => c.poll_frame(cx),
             Body::Tapped(t) => t.poll_frame(cx),
             Body::Tonic(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
@@ -102,6 +106,7 @@ impl HttpBody for Body {
             Body::Empty => true,
             Body::Frames(f) => f.is_empty(),
             Body::Incoming(b) => b.is_end_stream(),
+            Body::H2(b) => b.is_end_stream(),
             Body::Channel(_) => false,
             Body::Tapped(t) => t.inner.is_end_stream(),
             Body::Tonic(b) => b.is_end_stream(),
@@ -113,6 +118,7 @@ impl HttpBody for Body {
             Body::Empty => SizeHint::with_exact(0),
             Body::Frames(f) => SizeHint::with_exact(f.len() as u64),
             Body::Incoming(b) => b.size_hint(),
+            Body::H2(_) => SizeHint::default(),
             Body::Channel(_) => SizeHint::default(),
             Body::Tapped(t) => t.inner.size_hint(),
             Body::Tonic(b) => b.size_hint(),
@@ -137,9 +143,64 @@ impl ChannelBody {
     }
 }
 
+/// The body of an answer received with `h2`: data (returning flow-control capacity as it
+/// is read, so the peer keeps sending only as fast as we pass it on), then trailers.
+pub struct H2Body {
+    recv: h2::RecvStream,
+    data_done: bool,
+    done: bool,
+}
+
+impl H2Body {
+    pub fn new(recv: h2::RecvStream) -> H2Body {
+        let done = recv.is_end_stream();
+        H2Body { recv, data_done: done, done }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        if !self.data_done {
+            match self.recv.poll_data(cx) {
+                Poll::Ready(Some(Ok(data))) => {
+                    let _ = self.recv.flow_control().release_capacity(data.len());
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    self.done = true;
+                    return Poll::Ready(Some(Err(e.into())));
+                }
+                Poll::Ready(None) => self.data_done = true,
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        match self.recv.poll_trailers(cx) {
+            Poll::Ready(Ok(Some(trailers))) => {
+                self.done = true;
+                Poll::Ready(Some(Ok(Frame::trailers(trailers))))
+            }
+            Poll::Ready(Ok(None)) => {
+                self.done = true;
+                Poll::Ready(None)
+            }
+            Poll::Ready(Err(e)) => {
+                self.done = true;
+                Poll::Ready(Some(Err(e.into())))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
 /// What a [`Tapped`] body passes through.
 enum Source {
     Incoming(Incoming),
+    H2(H2Body),
     Frames(Frames),
     Channel(ChannelBody),
 }
@@ -148,6 +209,7 @@ impl Source {
     fn is_end_stream(&self) -> bool {
         match self {
             Source::Incoming(b) => b.is_end_stream(),
+            Source::H2(b) => b.is_end_stream(),
             Source::Frames(f) => f.is_empty(),
             Source::Channel(_) => false,
         }
@@ -156,6 +218,7 @@ impl Source {
     fn size_hint(&self) -> SizeHint {
         match self {
             Source::Incoming(b) => b.size_hint(),
+            Source::H2(_) => SizeHint::default(),
             Source::Frames(f) => SizeHint::with_exact(f.len() as u64),
             Source::Channel(_) => SizeHint::default(),
         }
@@ -174,6 +237,7 @@ impl Tapped {
     fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let polled = match &mut self.inner {
             Source::Incoming(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            Source::H2(b) => b.poll_frame(cx),
             Source::Frames(f) => Poll::Ready(f.next_frame().map(Ok)),
             Source::Channel(c) => c.poll_frame(cx),
         };
@@ -384,6 +448,17 @@ async fn more_data(body: &mut Incoming) -> bool {
     false
 }
 
+/// Takes the data buffers of `frames` (for sending them on an `h2` stream).
+pub fn frames_data(mut frames: Frames) -> Vec<Bytes> {
+    let mut out = Vec::with_capacity(3);
+    while let Some(f) = frames.next_frame() {
+        if let Ok(d) = f.into_data() {
+            out.push(d);
+        }
+    }
+    out
+}
+
 /// Splits one collected response body into its message (without prefix). `None` when the
 /// body is not exactly one uncompressed message.
 pub fn single_message(data: &Bytes) -> Option<Bytes> {
@@ -405,17 +480,6 @@ pub fn not_delivered_response(status: Status) -> http::Response<Body> {
     let mut resp = status.into_http::<Body>();
     resp.headers_mut().insert(HEADER_NOT_DELIVERED, HeaderValue::from_static("1"));
     resp
-}
-
-/// A gRPC POST request to `uri` with the standard headers.
-pub fn grpc_request(uri: http::Uri, body: Body) -> http::Request<Body> {
-    let mut req = http::Request::new(body);
-    *req.method_mut() = http::Method::POST;
-    *req.uri_mut() = uri;
-    let h = req.headers_mut();
-    h.insert(http::header::CONTENT_TYPE, CONTENT_TYPE_GRPC);
-    h.insert(HEADER_TE, TRAILERS);
-    req
 }
 
 /// Whether a request header should travel on to the next hop: custom metadata and trace

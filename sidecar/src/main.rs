@@ -1,5 +1,10 @@
 //! `agent-reach-sidecar`: the sidecar binary.
 
+// The sidecar's allocation pattern (many small, short-lived buffers per call) is where
+// glibc malloc showed up at 9-12 % of the CPU in profiles (see BENCHMARKS.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use agent_reach_sidecar::{Sidecar, SidecarArgs, SidecarConfig};
 use clap::Parser;
 
