@@ -12,6 +12,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/agentreach/v1/sidecar.proto",
         "proto/agentreach/v1/mesh.proto",
         "proto/agentreach/v1/control.proto",
+        "proto/agentreach/v1/admin.proto",
     ];
     tonic_prost_build::configure()
         // Payloads stay `Bytes`: decoding from a `Bytes` buffer then slices instead of copying.

@@ -5,8 +5,8 @@
 //! field as a [`FieldError`]; they never panic on bad input.
 
 use crate::model::{
-    Capability, FieldError, HealthState, Instance, InstanceRecord, Load, Priority, Registration, Target, TargetKind,
-    Transport,
+    AgentSummary, Capability, FieldError, HealthState, HoldScope, Instance, InstanceRecord, InstanceStatus, Load,
+    Priority, Registration, StateHold, Target, TargetKind, TenantRecord, Transport,
 };
 use crate::policy::{
     Admission, CircuitBreaker, Fallback, Policy, PolicyKind, PolicySpec, RateLimit, RetryPolicy, Strategy, VersionSplit,
@@ -166,6 +166,10 @@ impl From<&Instance> for proto::Instance {
             load: Some(r.load.into()),
             revision: i.revision,
             registered_at_ms: r.registered_at_ms,
+            // Without the control service's view, the record's state is all there is.
+            reported_state: proto::HealthState::from(r.state) as i32,
+            holds: Vec::new(),
+            generation: 0,
         }
     }
 }
@@ -188,6 +192,97 @@ pub fn instance_from_proto(i: proto::Instance) -> Result<Instance, FieldError> {
         },
         revision: i.revision,
     })
+}
+
+impl From<&StateHold> for proto::StateHold {
+    fn from(h: &StateHold) -> Self {
+        proto::StateHold {
+            state: proto::HealthState::from(h.state) as i32,
+            reason: h.reason.clone(),
+            scope: match h.scope {
+                HoldScope::Instance => proto::HoldScope::Instance,
+                HoldScope::Agent => proto::HoldScope::Agent,
+            } as i32,
+            set_at_ms: h.set_at_ms,
+        }
+    }
+}
+
+/// A hold from the wire.
+pub fn state_hold_from_proto(field: &str, h: proto::StateHold) -> Result<StateHold, FieldError> {
+    let state = health_state_from_i32(h.state)
+        .ok_or_else(|| FieldError::new(format!("{field}.state"), format!("unknown state {}", h.state)))?;
+    let scope = match proto::HoldScope::try_from(h.scope) {
+        Ok(proto::HoldScope::Instance) => HoldScope::Instance,
+        Ok(proto::HoldScope::Agent) => HoldScope::Agent,
+        _ => return Err(FieldError::new(format!("{field}.scope"), format!("unknown scope {}", h.scope))),
+    };
+    Ok(StateHold { state, reason: h.reason, scope, set_at_ms: h.set_at_ms })
+}
+
+impl From<&InstanceStatus> for proto::Instance {
+    fn from(s: &InstanceStatus) -> Self {
+        let mut wire = proto::Instance::from(&Instance { record: s.record.clone(), revision: s.revision });
+        wire.reported_state = proto::HealthState::from(s.reported_state) as i32;
+        wire.holds = s.holds.iter().map(proto::StateHold::from).collect();
+        wire.generation = s.generation;
+        wire
+    }
+}
+
+/// An instance with its reported state, holds and generation, from the wire.
+pub fn instance_status_from_proto(mut i: proto::Instance) -> Result<InstanceStatus, FieldError> {
+    let reported_state = health_state_from_i32(i.reported_state).unwrap_or_else(|| {
+        // Senders that predate `reported_state` report only the effective state.
+        health_state_from_i32(i.state).unwrap_or_default()
+    });
+    let holds = std::mem::take(&mut i.holds)
+        .into_iter()
+        .enumerate()
+        .map(|(n, h)| state_hold_from_proto(&format!("instance.holds[{n}]"), h))
+        .collect::<Result<Vec<_>, _>>()?;
+    let generation = i.generation;
+    let instance = instance_from_proto(i)?;
+    Ok(InstanceStatus { record: instance.record, revision: instance.revision, reported_state, holds, generation })
+}
+
+impl From<&AgentSummary> for proto::AgentSummary {
+    fn from(a: &AgentSummary) -> Self {
+        proto::AgentSummary {
+            agent: a.agent.clone(),
+            versions: a.versions.clone(),
+            capabilities: a
+                .capabilities
+                .iter()
+                .map(|c| proto::Capability { name: c.name.clone(), tags: c.tags.clone() })
+                .collect(),
+            instances: a.instances,
+            instances_by_state: a.instances_by_state.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            hold: a.hold.as_ref().map(proto::StateHold::from),
+        }
+    }
+}
+
+/// An agent summary from the wire.
+pub fn agent_summary_from_proto(a: proto::AgentSummary) -> Result<AgentSummary, FieldError> {
+    Ok(AgentSummary {
+        agent: a.agent,
+        versions: a.versions,
+        capabilities: a.capabilities.into_iter().map(|c| Capability { name: c.name, tags: c.tags }).collect(),
+        instances: a.instances,
+        instances_by_state: a.instances_by_state.into_iter().collect(),
+        hold: a.hold.map(|h| state_hold_from_proto("agent.hold", h)).transpose()?,
+    })
+}
+
+/// A tenant record on the wire, with the store revision it was read at.
+pub fn tenant_to_proto(t: &TenantRecord, revision: i64) -> proto::Tenant {
+    proto::Tenant { name: t.name.clone(), description: t.description.clone(), created_at_ms: t.created_at_ms, revision }
+}
+
+/// A tenant record from the wire (not validated).
+pub fn tenant_from_proto(t: proto::Tenant) -> TenantRecord {
+    TenantRecord { name: t.name, description: t.description, created_at_ms: t.created_at_ms }
 }
 
 impl From<PolicyKind> for proto::PolicyKind {
@@ -386,6 +481,44 @@ mod tests {
             revision: 42,
         };
         assert_eq!(instance_from_proto(proto::Instance::from(&inst)).unwrap(), inst);
+    }
+
+    #[test]
+    fn instance_status_round_trips() {
+        let status = InstanceStatus {
+            record: InstanceRecord {
+                instance_id: "a-1".into(),
+                tenant: "default".into(),
+                registration: Registration {
+                    agent: "a".into(),
+                    capabilities: vec![Capability { name: "c".into(), tags: vec![] }],
+                    endpoint: "http://127.0.0.1:1".into(),
+                    ..Default::default()
+                },
+                sidecar_id: "s".into(),
+                sidecar_address: "127.0.0.1:2".into(),
+                state: HealthState::Paused,
+                load: Load::default(),
+                registered_at_ms: 1,
+            },
+            revision: 5,
+            reported_state: HealthState::Up,
+            holds: vec![StateHold {
+                state: HealthState::Paused,
+                reason: "maintenance".into(),
+                scope: HoldScope::Agent,
+                set_at_ms: 3,
+            }],
+            generation: 2,
+        };
+        let wire = proto::Instance::from(&status);
+        assert_eq!(wire.state, proto::HealthState::Paused as i32);
+        assert_eq!(wire.reported_state, proto::HealthState::Up as i32);
+        assert_eq!(instance_status_from_proto(wire).unwrap(), status);
+        let summary = AgentSummary::of("a", [&status]);
+        assert_eq!(summary.instances_by_state.get("PAUSED"), Some(&1));
+        assert_eq!(summary.hold.as_ref().map(|h| h.reason.as_str()), Some("maintenance"));
+        assert_eq!(agent_summary_from_proto(proto::AgentSummary::from(&summary)).unwrap(), summary);
     }
 
     #[test]

@@ -148,6 +148,129 @@ impl Instance {
     }
 }
 
+/// What an operator's hold applies to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HoldScope {
+    /// One instance.
+    Instance,
+    /// Every instance of an agent, including instances that register later.
+    Agent,
+}
+
+impl HoldScope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HoldScope::Instance => "instance",
+            HoldScope::Agent => "agent",
+        }
+    }
+}
+
+/// An operator's hold on an instance's state (pause / drain). It wins over whatever the
+/// instance reports until the operator lifts it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateHold {
+    /// The state routing sees while the hold is in force (PAUSED).
+    pub state: HealthState,
+    pub reason: String,
+    pub scope: HoldScope,
+    /// Unix milliseconds when the hold was set.
+    pub set_at_ms: i64,
+}
+
+/// Longest hold reason accepted.
+pub const MAX_REASON_LEN: usize = 512;
+
+/// An instance as operators see it: the record routing uses (whose `state` is the
+/// effective state), plus what the instance itself reported, the holds in force and the
+/// registration's generation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct InstanceStatus {
+    #[serde(flatten)]
+    pub record: InstanceRecord,
+    /// Store revision at which the record was last written.
+    pub revision: i64,
+    /// The state the instance (or its sidecar's probes) last reported.
+    pub reported_state: HealthState,
+    /// Holds in force: instance-level first, then agent-level.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub holds: Vec<StateHold>,
+    /// Registrations of this instance id so far (1 for the first).
+    pub generation: u64,
+}
+
+impl InstanceStatus {
+    /// The instance as routing sees it.
+    pub fn instance(&self) -> Instance {
+        Instance { record: self.record.clone(), revision: self.revision }
+    }
+}
+
+/// One agent name across its instances.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AgentSummary {
+    pub agent: String,
+    /// Versions its instances run, sorted.
+    pub versions: Vec<String>,
+    /// Capabilities with the union of their tags, sorted by name.
+    pub capabilities: Vec<Capability>,
+    pub instances: u32,
+    /// Instances per effective state name.
+    pub instances_by_state: BTreeMap<String, u32>,
+    /// The agent-level hold in force, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<StateHold>,
+}
+
+impl AgentSummary {
+    /// Summarizes `instances` (all of one agent).
+    pub fn of<'a>(agent: &str, instances: impl IntoIterator<Item = &'a InstanceStatus>) -> AgentSummary {
+        let mut summary = AgentSummary { agent: agent.to_string(), ..Default::default() };
+        let mut capabilities: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for status in instances {
+            let reg = &status.record.registration;
+            if !summary.versions.contains(&reg.version) {
+                summary.versions.push(reg.version.clone());
+            }
+            for cap in &reg.capabilities {
+                let tags = capabilities.entry(cap.name.clone()).or_default();
+                for tag in &cap.tags {
+                    if !tags.contains(tag) {
+                        tags.push(tag.clone());
+                    }
+                }
+            }
+            summary.instances += 1;
+            *summary.instances_by_state.entry(status.record.state.as_str().to_string()).or_default() += 1;
+            if summary.hold.is_none() {
+                summary.hold = status.holds.iter().find(|h| h.scope == HoldScope::Agent).cloned();
+            }
+        }
+        summary.versions.sort();
+        summary.capabilities = capabilities
+            .into_iter()
+            .map(|(name, mut tags)| {
+                tags.sort();
+                Capability { name, tags }
+            })
+            .collect();
+        summary
+    }
+}
+
+/// A tenant's record in the tenant registry.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantRecord {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    pub created_at_ms: i64,
+}
+
+/// Longest tenant description accepted.
+pub const MAX_DESCRIPTION_LEN: usize = 1024;
+
 /// What a call asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TargetKind {

@@ -51,6 +51,9 @@ reasons! {
     ControlUnavailable => "CONTROL_UNAVAILABLE", Unavailable;
     StoreUnavailable => "STORE_UNAVAILABLE", Unavailable;
     InstanceNotFound => "INSTANCE_NOT_FOUND", NotFound;
+    PolicyNotFound => "POLICY_NOT_FOUND", NotFound;
+    LeaseNotFound => "LEASE_NOT_FOUND", NotFound;
+    Conflict => "CONFLICT", Aborted;
     InstanceUnreachable => "INSTANCE_UNREACHABLE", Unavailable;
     SidecarUnreachable => "SIDECAR_UNREACHABLE", Unavailable;
     DeadlineExceeded => "DEADLINE_EXCEEDED", DeadlineExceeded;

@@ -194,6 +194,8 @@ pub async fn fill(control_port: u16, n: usize) -> Result<i64, String> {
                     instance_id: agent_reach::model::new_instance_id(&agent),
                     registration: Some(registration),
                     state: proto::HealthState::Up as i32,
+                    // 0: a lease of its own.
+                    lease_id: 0,
                 };
                 let reply =
                     client.register(request).await.map_err(|s| format!("fake registration {i}: {}", s.message()))?;

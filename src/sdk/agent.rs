@@ -255,7 +255,7 @@ async fn register(
 ) -> Result<proto::RegisterReply, AgentError> {
     let mut attempt = 0;
     loop {
-        let request = proto::RegisterRequest { registration: Some(registration.clone().into()) };
+        let request = proto::RegisterRequest { registration: Some(registration.clone().into()), ..Default::default() };
         match sidecar.register(request).await {
             Ok(reply) => return Ok(reply.into_inner()),
             Err(status) if matches!(status.code(), Code::Unavailable | Code::Unknown | Code::DeadlineExceeded) => {
