@@ -1,5 +1,17 @@
 //! The control service's configuration: flags and `AGENT_REACH_*` environment variables,
 //! parsed once at start into [`ControlConfig`]; bad values fail start naming the flag.
+//!
+//! Timing defaults, and why (they must survive a 10 s stall of any one process without
+//! flapping):
+//! - Leases live 20 s (`--lease-ttl`). Sidecars renew their one lease every quarter of it
+//!   (5 s), so a renewal is never more than 5 s old and at least 15 s of lease remain when
+//!   a stall begins: a sidecar, control replica or etcd leader frozen for 10 s (a GC or VM
+//!   pause, a failover to another control replica) loses no lease and no instance. A host
+//!   that really died disappears from routing tables 20 s later at most; until then its
+//!   refused connections are retried on other instances.
+//! - Load reports are written at most once per 5 s per instance (`--load-report-interval`,
+//!   one renewal period) and only when the load ratio moved by 0.1 or more (`--load-step`);
+//!   state changes are written at once. So heartbeats cost lease renewals, not writes.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -12,7 +24,7 @@ use clap::Parser;
 #[derive(Clone, Debug, Parser)]
 #[command(name = "agent-reach-control", version, about)]
 pub struct ControlArgs {
-    /// gRPC listen address (Control API and grpc.health.v1).
+    /// gRPC listen address (Control and Admin APIs, grpc.health.v1).
     #[arg(long, env = "AGENT_REACH_LISTEN", default_value = "0.0.0.0:7800")]
     pub listen: SocketAddr,
 
@@ -39,10 +51,24 @@ pub struct ControlArgs {
     #[arg(long, env = "AGENT_REACH_ETCD_TIMEOUT", default_value = "5s", value_parser = agent_reach::duration::parse)]
     pub etcd_timeout: Duration,
 
-    /// Lifetime of a registration's lease without renewals. Sidecars renew every third of
-    /// it while their agent heartbeats.
-    #[arg(long, env = "AGENT_REACH_LEASE_TTL", default_value = "15s", value_parser = agent_reach::duration::parse)]
+    /// Lifetime of a sidecar's lease without renewals (whole seconds). Sidecars renew every
+    /// quarter of it; when it runs out, the sidecar's instances are removed.
+    #[arg(long, env = "AGENT_REACH_LEASE_TTL", default_value = "20s", value_parser = agent_reach::duration::parse)]
     pub lease_ttl: Duration,
+
+    /// Smallest change of an instance's load ratio (0..1) that is written to the store.
+    #[arg(long, env = "AGENT_REACH_LOAD_STEP", default_value_t = 0.1)]
+    pub load_step: f64,
+
+    /// Load changes of one instance are written at most once per this interval (state
+    /// changes are written at once).
+    #[arg(long, env = "AGENT_REACH_LOAD_REPORT_INTERVAL", default_value = "5s", value_parser = agent_reach::duration::parse)]
+    pub load_report_interval: Duration,
+
+    /// Deltas each tenant feed keeps in memory for sidecars that reconnect; older
+    /// revisions are replayed from etcd's history.
+    #[arg(long, env = "AGENT_REACH_WATCH_HISTORY", default_value_t = 4096)]
+    pub watch_history: usize,
 
     /// Runtime worker threads (0 = one per core, 1 = a single-threaded runtime).
     #[arg(long, env = "AGENT_REACH_WORKER_THREADS", default_value_t = 0)]
@@ -57,11 +83,19 @@ pub struct ControlArgs {
 #[derive(Clone, Debug)]
 pub struct ControlConfig {
     pub lease_ttl: Duration,
+    pub load_step: f64,
+    pub load_report_interval: Duration,
+    pub watch_history: usize,
 }
 
 impl Default for ControlConfig {
     fn default() -> Self {
-        ControlConfig { lease_ttl: Duration::from_secs(15) }
+        ControlConfig {
+            lease_ttl: Duration::from_secs(20),
+            load_step: 0.1,
+            load_report_interval: Duration::from_secs(5),
+            watch_history: 4096,
+        }
     }
 }
 
@@ -85,7 +119,21 @@ impl TryFrom<&ControlArgs> for ControlConfig {
         if let Some(plain) = a.etcd_endpoints.iter().find(|e| tls && !e.trim().starts_with("https://")) {
             return Err(format!("--etcd-endpoints: {plain} must be https:// when etcd TLS files are given"));
         }
-        Ok(ControlConfig { lease_ttl: a.lease_ttl })
+        if !(a.load_step > 0.0 && a.load_step <= 1.0) {
+            return Err(format!("--load-step must be in (0, 1], got {}", a.load_step));
+        }
+        if a.load_report_interval.is_zero() {
+            return Err("--load-report-interval must be greater than 0".into());
+        }
+        if a.watch_history == 0 {
+            return Err("--watch-history must be at least 1".into());
+        }
+        Ok(ControlConfig {
+            lease_ttl: a.lease_ttl,
+            load_step: a.load_step,
+            load_report_interval: a.load_report_interval,
+            watch_history: a.watch_history,
+        })
     }
 }
 
@@ -94,13 +142,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn lease_ttl_is_checked() {
-        let a = ControlArgs::parse_from(["control", "--lease-ttl", "1s"]);
-        assert!(ControlConfig::try_from(&a).unwrap_err().contains("--lease-ttl"));
-        let a = ControlArgs::parse_from(["control", "--lease-ttl", "2500ms"]);
-        assert!(ControlConfig::try_from(&a).unwrap_err().contains("--lease-ttl"));
+    fn bad_values_name_the_flag() {
+        for (flag, value) in [
+            ("--lease-ttl", "1s"),
+            ("--lease-ttl", "2500ms"),
+            ("--load-step", "0"),
+            ("--load-step", "1.5"),
+            ("--load-report-interval", "0s"),
+            ("--watch-history", "0"),
+        ] {
+            let a = ControlArgs::parse_from(["control", flag, value]);
+            let error = ControlConfig::try_from(&a).unwrap_err();
+            assert!(error.contains(flag), "{flag} {value}: {error}");
+        }
+    }
+
+    #[test]
+    fn defaults() {
         let a = ControlArgs::parse_from(["control"]);
-        assert_eq!(ControlConfig::try_from(&a).unwrap().lease_ttl, Duration::from_secs(15));
+        let c = ControlConfig::try_from(&a).unwrap();
+        let d = ControlConfig::default();
+        assert_eq!(
+            (c.lease_ttl, c.load_report_interval, c.watch_history),
+            (d.lease_ttl, d.load_report_interval, d.watch_history)
+        );
+        assert_eq!(c.lease_ttl, Duration::from_secs(20));
+        assert_eq!(c.load_step, 0.1);
         assert!(a.etcd_endpoints.is_empty());
         let a = ControlArgs::parse_from(["control", "--etcd-endpoints", "http://e:2379", "--etcd-ca-file", "/ca.pem"]);
         assert!(ControlConfig::try_from(&a).unwrap_err().contains("https://"));

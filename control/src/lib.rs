@@ -1,30 +1,45 @@
 //! The Agent-Reach control service: stateless, several replicas on one store.
 //!
-//! It stores registrations on leases ([`registry`]), renews them from sidecars' batched
-//! heartbeats, and streams each tenant's instances to every sidecar as a snapshot followed
-//! by deltas in revision order ([`watch`]). All state lives in the store
-//! (`agent_reach_store`): etcd in production, the embedded store in development.
-//! Admin API, policies and multi-replica fan-out are not built yet.
+//! - [`registry`]: registrations on the sidecars' leases, heartbeats that renew them (and
+//!   write state and load only when they change meaningfully, see [`load`]), operator
+//!   holds, policies and tenant records, all with compare-and-swap transactions.
+//! - [`feed`] and [`watch`]: each replica watches the store once per tenant and streams the
+//!   tenant's routing state to its sidecars: a snapshot, then deltas strictly in revision
+//!   order, resumable from any revision the store still has.
+//! - [`service`] (`agentreach.v1.Control`, for sidecars) and [`admin`]
+//!   (`agentreach.v1.Admin`, for operators) on one gRPC port; [`error`] turns every
+//!   failure into a status.
 //!
-//! [`serve`] takes an already-bound listener and a shutdown future; every watch stream ends
-//! on shutdown.
+//! All state lives in the store (`agent_reach_store`): etcd in production, the embedded
+//! store in development. Counters are in [`stats`]. [`serve`] takes an already-bound
+//! listener and a shutdown future; every watch stream ends on shutdown.
 
+pub mod admin;
 pub mod config;
+pub mod error;
+pub mod feed;
 pub mod keys;
+pub mod load;
+pub mod record;
 pub mod registry;
 pub mod service;
+pub mod stats;
 pub mod watch;
 
 use std::future::Future;
 use std::sync::Arc;
 
+use agent_reach::proto::admin_server::AdminServer;
 use agent_reach::proto::control_server::ControlServer;
 use agent_reach_store::{EmbeddedStore, EtcdOptions, EtcdStore, EtcdTls, Store};
 use tokio::net::TcpListener;
 
+pub use admin::AdminService;
 pub use config::{ControlArgs, ControlConfig};
-pub use registry::Registry;
+pub use error::ControlError;
+pub use registry::{Registry, RegistryConfig};
 pub use service::ControlService;
+pub use stats::{ControlStats, CountingStore};
 
 /// Files of the TLS connection to etcd.
 #[derive(Clone, Debug, Default)]
@@ -89,34 +104,64 @@ pub async fn run(args: ControlArgs, config: ControlConfig) -> Result<(), String>
     serve(store, config, listener, agent_reach::process::shutdown_signal()).await.map_err(|e| e.to_string())
 }
 
-/// Serves the Control API (and grpc.health.v1) on `listener` until `shutdown` completes.
+/// Serves the Control and Admin APIs (and grpc.health.v1) on `listener` until `shutdown`
+/// completes.
 pub async fn serve(
     store: Arc<dyn Store>,
     config: ControlConfig,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
+    serve_with_stats(store, config, Arc::new(ControlStats::default()), listener, shutdown).await
+}
+
+/// [`serve`], counting into `stats`.
+pub async fn serve_with_stats(
+    store: Arc<dyn Store>,
+    config: ControlConfig,
+    stats: Arc<ControlStats>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), tonic::transport::Error> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let registry = Registry::new(store, config.lease_ttl);
-    let service = ControlService::new(registry, stop_rx);
+    let store: Arc<dyn Store> = Arc::new(CountingStore::new(store, stats.clone()));
+    let feeds = Arc::new(feed::Feeds::new(store.clone(), stats.clone(), config.watch_history));
+    let registry = Arc::new(Registry::new(
+        store.clone(),
+        RegistryConfig {
+            lease_ttl: config.lease_ttl,
+            load_step: config.load_step,
+            load_report_interval: config.load_report_interval,
+        },
+        stats.clone(),
+        feeds.clone(),
+    ));
+    let janitor = tokio::spawn(feeds.clone().run_janitor(stop_rx.clone()));
+    let control = ControlService::new(registry.clone(), feeds, store, stats, stop_rx);
+    let admin = AdminService::new(registry);
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<ControlServer<ControlService>>().await;
+    health_reporter.set_serving::<AdminServer<AdminService>>().await;
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    tonic::transport::Server::builder()
+    let served = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .add_service(health)
-        .add_service(ControlServer::new(service))
+        .add_service(ControlServer::new(control))
+        .add_service(AdminServer::new(admin))
         .serve_with_incoming_shutdown(incoming, async move {
             shutdown.await;
             // End every watch stream so the graceful shutdown does not wait on them.
             let _ = stop_tx.send(true);
         })
-        .await
+        .await;
+    janitor.abort();
+    served
 }
 
 /// A control service running in this process (tests, `agent-reach up` and `demo`).
 pub struct ControlHandle {
     addr: std::net::SocketAddr,
+    stats: Arc<ControlStats>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
 }
@@ -129,11 +174,12 @@ impl ControlHandle {
         listener: TcpListener,
     ) -> std::io::Result<ControlHandle> {
         let addr = listener.local_addr()?;
+        let stats = Arc::new(ControlStats::default());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(serve(store, config, listener, async move {
+        let task = tokio::spawn(serve_with_stats(store, config, stats.clone(), listener, async move {
             let _ = stopped.await;
         }));
-        Ok(ControlHandle { addr, stop: Some(stop), task })
+        Ok(ControlHandle { addr, stats, stop: Some(stop), task })
     }
 
     pub fn addr(&self) -> std::net::SocketAddr {
@@ -145,6 +191,11 @@ impl ControlHandle {
         format!("http://{}", self.addr)
     }
 
+    /// This replica's counters.
+    pub fn stats(&self) -> &Arc<ControlStats> {
+        &self.stats
+    }
+
     /// Stops serving: ends every watch stream and closes the listener.
     pub async fn shutdown(mut self) {
         if let Some(stop) = self.stop.take() {
@@ -152,10 +203,91 @@ impl ControlHandle {
         }
         let _ = (&mut self.task).await;
     }
+
+    /// Stops at once, as a crash looks to sidecars: connections are dropped without a
+    /// graceful goodbye.
+    pub fn kill(self) {
+        self.task.abort();
+    }
 }
 
 impl Drop for ControlHandle {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// A control replica on a runtime of its own, connected to etcd by its own client.
+/// [`ControlReplica::kill`] drops the runtime at once, so to its sidecars it looks exactly
+/// like a crashed process: connections reset, nothing said. Tests and the scale benchmark
+/// use it; its threads carry a name so their CPU time can be measured.
+pub struct ControlReplica {
+    runtime: Option<tokio::runtime::Runtime>,
+    addr: std::net::SocketAddr,
+    stats: Arc<ControlStats>,
+}
+
+impl ControlReplica {
+    /// Starts serving on `listener` (already bound) with `threads` worker threads named
+    /// `thread_name`, on etcd at `etcd_endpoints` (the embedded store when empty).
+    pub fn start(
+        etcd_endpoints: Vec<String>,
+        config: ControlConfig,
+        listener: std::net::TcpListener,
+        threads: usize,
+        thread_name: &str,
+    ) -> std::io::Result<ControlReplica> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads.max(1))
+            .thread_name(thread_name)
+            .enable_all()
+            .build()?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let stats = Arc::new(ControlStats::default());
+        let counters = stats.clone();
+        runtime.spawn(async move {
+            let listener = match TcpListener::from_std(listener) {
+                Ok(l) => l,
+                Err(e) => return tracing::error!("control replica {addr}: {e}"),
+            };
+            let store =
+                match open_store(&etcd_endpoints, std::time::Duration::from_secs(5), &EtcdTlsFiles::default()).await {
+                    Ok(s) => s,
+                    Err(e) => return tracing::error!("control replica {addr}: {e}"),
+                };
+            if let Err(e) = serve_with_stats(store, config, counters, listener, std::future::pending()).await {
+                tracing::error!("control replica {addr}: {e}");
+            }
+        });
+        Ok(ControlReplica { runtime: Some(runtime), addr, stats })
+    }
+
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.addr
+    }
+
+    /// "http://host:port", as sidecars are configured.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn stats(&self) -> &Arc<ControlStats> {
+        &self.stats
+    }
+
+    /// Stops the replica abruptly (see the type's documentation).
+    pub fn kill(mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl Drop for ControlReplica {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
     }
 }

@@ -1,31 +1,46 @@
-//! Registrations in the store: writing an instance record on a new lease, renewing
-//! leases, recording state changes, removing instances, and reading a tenant's instances.
+//! Registrations in the store: writing an instance record on its sidecar's lease, renewing
+//! leases from heartbeats, writing state and load changes, removing instances, operator
+//! holds, and reading a tenant's state for the Admin API.
 //!
-//! Records are JSON (readable with `etcdctl get --prefix /agent-reach/`); the store
-//! revision of a record travels beside it, not inside. This module knows the store and the
-//! domain types, not protobuf.
+//! Every write that depends on what is stored is a compare-and-swap transaction on the
+//! record's mod revision (and, for registrations, on the agent's hold key), retried a few
+//! times on conflict. So a re-registration replaces a record whole, a heartbeat never
+//! undoes an operator's hold, and a hold reaches every instance of an agent including one
+//! registering at the same moment. This module knows the store and the domain types, not
+//! protobuf; it does not stream anything (see [`crate::feed`]).
 
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use agent_reach::model::{
-    FieldError, HealthState, Instance, InstanceRecord, Load, Registration, validate_name, validate_tenant,
+    FieldError, HealthState, HoldScope, InstanceRecord, InstanceStatus, Load, MAX_DESCRIPTION_LEN, MAX_REASON_LEN,
+    Registration, StateHold, TenantRecord, validate_name, validate_tenant,
 };
-use agent_reach::policy::Policy;
-use agent_reach_store::{KeyValue, LeaseId, Revision, Store, StoreError};
-use bytes::Bytes;
+use agent_reach::policy::{Policy, PolicyKind};
+use agent_reach_store::{Compare, KeyValue, LeaseId, Op, Revision, Store, StoreError, Txn};
+use futures_util::future::join_all;
+use tokio::time::Instant;
 
+use crate::error::ControlError;
+use crate::feed::Feeds;
 use crate::keys;
+use crate::load::{Decision, LoadGate};
+use crate::record::{self, StoredInstance, encode};
+use crate::stats::ControlStats;
 
-/// Why a registry operation failed.
-#[derive(Debug, thiserror::Error)]
-pub enum RegistryError {
-    #[error("invalid argument: {0}")]
-    Invalid(#[from] FieldError),
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error("stored record {key} is unreadable: {why}")]
-    Corrupt { key: String, why: String },
+/// Attempts of a compare-and-swap write before giving up with `Conflict`.
+const CAS_ATTEMPTS: usize = 8;
+
+/// How the registry treats leases and load reports.
+#[derive(Clone, Debug)]
+pub struct RegistryConfig {
+    /// TTL of the leases granted to sidecars.
+    pub lease_ttl: Duration,
+    /// A load ratio change smaller than this is not written.
+    pub load_step: f64,
+    /// Load changes of one instance are written at most once per this interval.
+    pub load_report_interval: Duration,
 }
 
 /// A registration to store.
@@ -36,27 +51,106 @@ pub struct NewInstance {
     pub sidecar_address: String,
     pub registration: Registration,
     pub state: HealthState,
+    /// The sidecar's lease; 0 grants a new one.
+    pub lease: LeaseId,
 }
 
-/// A lease renewal with the state and load the instance reports.
-pub struct Renewal {
+/// A stored registration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Registered {
+    pub lease: LeaseId,
+    pub lease_ttl: Duration,
+    pub revision: Revision,
+    pub generation: u64,
+}
+
+/// One instance's heartbeat.
+pub struct Beat {
     pub instance_id: String,
     pub agent: String,
+    /// 0: the request's lease.
     pub lease: LeaseId,
     pub state: Option<HealthState>,
-    pub load: Load,
+    pub load: Option<Load>,
+}
+
+/// What a batch of heartbeats found.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct BeatOutcome {
+    /// Instances whose lease or record is gone.
+    pub expired: Vec<String>,
+    /// Instances whose id is now registered on another lease.
+    pub replaced: Vec<String>,
+    /// The request's own lease is gone.
+    pub lease_expired: bool,
+}
+
+/// Everything of one tenant, read from the store at one revision.
+#[derive(Debug, Default)]
+pub struct TenantView {
+    pub revision: Revision,
+    /// Sorted by agent, then instance id.
+    pub instances: Vec<InstanceStatus>,
+    /// Each policy with the revision it was written at, sorted by kind and name.
+    pub policies: Vec<(Policy, Revision)>,
+    /// Agent-level holds by agent name.
+    pub agent_holds: BTreeMap<String, StateHold>,
 }
 
 /// Registrations of every tenant, in one store.
-#[derive(Clone)]
 pub struct Registry {
     store: Arc<dyn Store>,
-    lease_ttl: Duration,
+    config: RegistryConfig,
+    stats: Arc<ControlStats>,
+    feeds: Arc<Feeds>,
+    gate: LoadGate,
+    recent: RecentWrites,
+}
+
+/// A record as last known: its value, mod revision and lease.
+type Known = (StoredInstance, Revision, LeaseId);
+
+/// Records this replica wrote in the last seconds, which its tenant feed may not have
+/// seen yet: deciding a heartbeat against a stale record would lose a quick state change.
+#[derive(Default)]
+struct RecentWrites {
+    written: std::sync::Mutex<Recent>,
+}
+
+/// Each record with when it was written, and when old entries are dropped next.
+#[derive(Default)]
+struct Recent {
+    records: HashMap<String, (Known, Instant)>,
+    next_prune: Option<Instant>,
+}
+
+impl RecentWrites {
+    /// Longer than any feed takes to see a write.
+    const KEEP: Duration = Duration::from_secs(30);
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Recent> {
+        // Poisoning only means a panic elsewhere; the map stays valid.
+        self.written.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn get(&self, key: &str) -> Option<Known> {
+        self.lock().records.get(key).map(|(known, _)| known.clone())
+    }
+
+    fn insert(&self, key: &str, known: Known, now: Instant) {
+        let mut recent = self.lock();
+        recent.records.insert(key.to_string(), (known, now));
+        if recent.next_prune.is_none_or(|at| now >= at) {
+            recent.records.retain(|_, (_, at)| now.saturating_duration_since(*at) < Self::KEEP);
+            recent.next_prune = Some(now + Self::KEEP);
+        }
+    }
 }
 
 impl Registry {
-    pub fn new(store: Arc<dyn Store>, lease_ttl: Duration) -> Registry {
-        Registry { store, lease_ttl }
+    pub fn new(store: Arc<dyn Store>, config: RegistryConfig, stats: Arc<ControlStats>, feeds: Arc<Feeds>) -> Self {
+        let gate = LoadGate::new(config.load_step, config.load_report_interval);
+        Registry { store, config, stats, feeds, gate, recent: RecentWrites::default() }
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -64,153 +158,764 @@ impl Registry {
     }
 
     pub fn lease_ttl(&self) -> Duration {
-        self.lease_ttl
+        self.config.lease_ttl
     }
 
-    /// Stores a registration on a new lease; returns the lease, its TTL and the revision.
-    pub async fn register(&self, new: NewInstance) -> Result<(LeaseId, Duration, Revision), RegistryError> {
+    /// Stores a registration (see the module documentation). A new instance of an agent
+    /// without a hold costs one transaction; re-registrations and held agents read first.
+    pub async fn register(&self, new: NewInstance) -> Result<Registered, ControlError> {
         validate_tenant("tenant", &new.tenant)?;
         validate_name("instance_id", &new.instance_id)?;
+        validate_name("sidecar.sidecar_id", &new.sidecar_id)?;
         new.registration.validate()?;
         if new.sidecar_address.is_empty() {
             return Err(FieldError::new("sidecar.mesh_address", "must not be empty").into());
         }
-        let record = InstanceRecord {
-            instance_id: new.instance_id,
-            tenant: new.tenant,
-            registration: new.registration,
-            sidecar_id: new.sidecar_id,
-            sidecar_address: new.sidecar_address,
-            state: new.state,
-            load: Load::default(),
-            registered_at_ms: now_ms(),
+        if new.state == HealthState::Unknown {
+            return Err(FieldError::new("state", "UNKNOWN is set by sidecars' probes, not registered").into());
+        }
+        let (lease, lease_ttl) = if new.lease == 0 {
+            let grant = self.store.grant_lease(self.config.lease_ttl).await?;
+            (grant.id, grant.ttl)
+        } else {
+            (new.lease, self.config.lease_ttl)
         };
-        let key = keys::instance_key(&record.tenant, &record.registration.agent, &record.instance_id);
-        let lease = self.store.grant_lease(self.lease_ttl).await?;
-        let revision = self.store.put(&key, encode(&record), Some(lease.id)).await?;
-        Ok((lease.id, lease.ttl, revision))
+        let key = keys::instance_key(&new.tenant, &new.registration.agent, &new.instance_id);
+        let hold_key = keys::agent_hold_key(&new.tenant, &new.registration.agent);
+        let mut stored = StoredInstance {
+            record: InstanceRecord {
+                instance_id: new.instance_id,
+                tenant: new.tenant,
+                registration: new.registration,
+                sidecar_id: new.sidecar_id,
+                sidecar_address: new.sidecar_address,
+                state: new.state,
+                load: Load::default(),
+                registered_at_ms: now_ms(),
+            },
+            instance_hold: None,
+            agent_hold: None,
+            generation: 1,
+        };
+        // The common case: the id is new and the agent has no hold.
+        let mut expected = (0, 0);
+        for _ in 0..CAS_ATTEMPTS {
+            let txn = Txn {
+                compares: vec![
+                    Compare::ModRevision(key.clone(), expected.0),
+                    Compare::ModRevision(hold_key.clone(), expected.1),
+                ],
+                success: vec![Op::Put { key: key.clone(), value: encode(&stored), lease: Some(lease) }],
+                failure: vec![],
+            };
+            let result = self.store.txn(txn).await.map_err(|e| match e {
+                StoreError::LeaseNotFound(_) => ControlError::LeaseNotFound(lease),
+                other => other.into(),
+            })?;
+            if result.succeeded {
+                ControlStats::inc(&self.stats.registrations);
+                return Ok(Registered { lease, lease_ttl, revision: result.revision, generation: stored.generation });
+            }
+            // A previous registration of this id, or a hold on the agent: carry them over.
+            let (existing, hold) =
+                futures_util::future::try_join(self.store.get(&key), self.store.get(&hold_key)).await?;
+            stored.generation = 1;
+            stored.instance_hold = None;
+            if let Some(kv) = &existing {
+                match record::decode_instance(
+                    kv,
+                    &stored.record.tenant,
+                    &stored.record.registration.agent,
+                    &stored.record.instance_id,
+                ) {
+                    Ok(old) => {
+                        stored.generation = old.generation.max(1) + 1;
+                        stored.instance_hold = old.instance_hold;
+                    }
+                    Err(e) => tracing::warn!("replacing an unreadable record: {e}"),
+                }
+            }
+            stored.agent_hold = match &hold {
+                Some(kv) => Some(record::decode_hold(kv)?),
+                None => None,
+            };
+            expected = (existing.map_or(0, |kv| kv.mod_revision), hold.map_or(0, |kv| kv.mod_revision));
+        }
+        Err(ControlError::Conflict(format!("instance {key}")))
     }
 
-    /// Renews leases. Returns the instances whose lease or record is gone (they must
-    /// register again). A record is rewritten only when its state changed.
-    pub async fn renew(&self, tenant: &str, renewals: Vec<Renewal>) -> Result<Vec<String>, RegistryError> {
+    /// Renews the leases of a batch of heartbeats and writes the records whose state or
+    /// load changed meaningfully (see [`crate::load`]).
+    pub async fn heartbeat(
+        &self,
+        tenant: &str,
+        request_lease: LeaseId,
+        beats: Vec<Beat>,
+    ) -> Result<BeatOutcome, ControlError> {
         validate_tenant("tenant", tenant)?;
-        let mut expired = Vec::new();
-        for r in renewals {
-            validate_name("instances.agent", &r.agent)?;
-            validate_name("instances.instance_id", &r.instance_id)?;
-            match self.store.keep_alive(r.lease).await {
+        for (i, b) in beats.iter().enumerate() {
+            validate_name(&format!("instances[{i}].agent"), &b.agent)?;
+            validate_name(&format!("instances[{i}].instance_id"), &b.instance_id)?;
+        }
+        ControlStats::inc(&self.stats.heartbeat_requests);
+        ControlStats::add(&self.stats.heartbeats, beats.len() as u64);
+        // Each distinct lease once, however many instances it carries.
+        let mut leases: Vec<LeaseId> = Vec::new();
+        for lease in std::iter::once(request_lease).chain(beats.iter().map(|b| b.lease)) {
+            if lease != 0 && !leases.contains(&lease) {
+                leases.push(lease);
+            }
+        }
+        let renewals = join_all(leases.iter().map(|lease| self.store.keep_alive(*lease))).await;
+        let mut lost = HashSet::new();
+        for (lease, renewal) in leases.iter().zip(renewals) {
+            match renewal {
                 Ok(_) => {}
                 Err(StoreError::LeaseNotFound(_)) => {
-                    expired.push(r.instance_id);
-                    continue;
+                    lost.insert(*lease);
                 }
                 Err(e) => return Err(e.into()),
             }
-            let key = keys::instance_key(tenant, &r.agent, &r.instance_id);
-            let Some(kv) = self.store.get(&key).await? else {
-                // The lease lives but the record is gone (deleted by an operator or a
-                // newer registration): drop the lease and have the sidecar register again.
-                let _ = self.store.revoke_lease(r.lease).await;
-                expired.push(r.instance_id);
+        }
+        let mut outcome = BeatOutcome { lease_expired: lost.contains(&request_lease), ..Default::default() };
+        let feed = self.feeds.get(tenant).await?;
+        let now = Instant::now();
+        let mut pending = Vec::new();
+        for beat in beats {
+            let lease = if beat.lease != 0 { beat.lease } else { request_lease };
+            if lease == 0 || lost.contains(&lease) {
+                outcome.expired.push(beat.instance_id);
                 continue;
+            }
+            let key = keys::instance_key(tenant, &beat.agent, &beat.instance_id);
+            // The newer of what the feed has seen and what this replica wrote itself (the
+            // feed may not have seen that yet).
+            let from_feed = feed.instance(&key).map(|e| (e.stored.clone(), e.mod_revision, e.lease));
+            let known = match (from_feed, self.recent.get(&key)) {
+                (Some(f), Some(r)) => Some(if r.1 > f.1 { r } else { f }),
+                (f, r) => f.or(r),
             };
-            let mut record = decode(&kv)?;
-            let state_changed = r.state.is_some_and(|s| s != record.state);
-            if state_changed {
-                record.state = r.state.unwrap_or(record.state);
-                record.load = r.load;
-                self.store.put(&key, encode(&record), Some(kv.lease)).await?;
+            pending.push(async move {
+                let result = self.apply_beat(tenant, &key, lease, &beat, known, now).await;
+                (beat.instance_id, result)
+            });
+        }
+        for (instance_id, result) in join_all(pending).await {
+            match result? {
+                BeatResult::Ok => {}
+                BeatResult::Expired => outcome.expired.push(instance_id),
+                BeatResult::Replaced => outcome.replaced.push(instance_id),
             }
         }
-        Ok(expired)
+        Ok(outcome)
     }
 
-    /// Removes an instance and revokes its lease.
+    /// One instance's heartbeat against its record (`known`: as the tenant's feed last saw
+    /// it; read from the store when the feed has not seen it or a write conflicts).
+    async fn apply_beat(
+        &self,
+        tenant: &str,
+        key: &str,
+        lease: LeaseId,
+        beat: &Beat,
+        mut known: Option<Known>,
+        now: Instant,
+    ) -> Result<BeatResult, ControlError> {
+        for _ in 0..CAS_ATTEMPTS {
+            let (mut stored, mod_revision, record_lease) = match known.take() {
+                Some(known) => known,
+                None => match self.store.get(key).await? {
+                    None => return Ok(BeatResult::Expired),
+                    Some(kv) => (
+                        record::decode_instance(&kv, tenant, &beat.agent, &beat.instance_id)?,
+                        kv.mod_revision,
+                        kv.lease,
+                    ),
+                },
+            };
+            if record_lease != lease {
+                return Ok(BeatResult::Replaced);
+            }
+            let decision =
+                self.gate.decide(key, stored.record.state, &stored.record.load, beat.state, beat.load.as_ref(), now);
+            match decision {
+                Decision::Skip => return Ok(BeatResult::Ok),
+                Decision::Defer => {
+                    ControlStats::inc(&self.stats.load_writes_deferred);
+                    return Ok(BeatResult::Ok);
+                }
+                Decision::WriteState | Decision::WriteLoad => {}
+            }
+            if let Some(state) = beat.state {
+                stored.record.state = state;
+            }
+            if let Some(load) = beat.load {
+                stored.record.load = load;
+            }
+            let txn = Txn {
+                compares: vec![Compare::ModRevision(key.to_string(), mod_revision)],
+                success: vec![Op::Put { key: key.to_string(), value: encode(&stored), lease: Some(lease) }],
+                failure: vec![],
+            };
+            match self.store.txn(txn).await {
+                Ok(r) if r.succeeded => {
+                    self.gate.record_write(key, now);
+                    self.recent.insert(key, (stored, r.revision, lease), now);
+                    let counter = if decision == Decision::WriteState {
+                        &self.stats.state_writes
+                    } else {
+                        &self.stats.load_writes
+                    };
+                    ControlStats::inc(counter);
+                    return Ok(BeatResult::Ok);
+                }
+                // The record changed since it was read (a hold, a re-registration, or the
+                // feed lagging): read it again and decide again.
+                Ok(_) => known = None,
+                Err(StoreError::LeaseNotFound(_)) => return Ok(BeatResult::Expired),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(ControlError::Conflict(format!("instance {key}")))
+    }
+
+    /// Removes an instance. With `expected_lease`, only while the record is still on that
+    /// lease; with `revoke_lease`, also revokes that lease. Returns the store revision.
     pub async fn deregister(
         &self,
         tenant: &str,
         agent: &str,
         instance_id: &str,
-        lease: LeaseId,
-    ) -> Result<Revision, RegistryError> {
+        revoke_lease: LeaseId,
+        expected_lease: LeaseId,
+    ) -> Result<Revision, ControlError> {
         validate_tenant("tenant", tenant)?;
         validate_name("agent", agent)?;
         validate_name("instance_id", instance_id)?;
-        let (revision, _) = self.store.delete(&keys::instance_key(tenant, agent, instance_id)).await?;
-        if lease != 0 {
-            match self.store.revoke_lease(lease).await {
+        let key = keys::instance_key(tenant, agent, instance_id);
+        let mut revision = 0;
+        if expected_lease == 0 {
+            revision = self.store.delete(&key).await?.0;
+        } else {
+            for attempt in 0..=CAS_ATTEMPTS {
+                if attempt == CAS_ATTEMPTS {
+                    return Err(ControlError::Conflict(format!("instance {key}")));
+                }
+                let Some(kv) = self.store.get(&key).await? else { break };
+                if kv.lease != expected_lease {
+                    break; // A newer registration holds the id now: leave it.
+                }
+                let txn = Txn {
+                    compares: vec![Compare::ModRevision(key.clone(), kv.mod_revision)],
+                    success: vec![Op::Delete { key: key.clone() }],
+                    failure: vec![],
+                };
+                let result = self.store.txn(txn).await?;
+                if result.succeeded {
+                    revision = result.revision;
+                    break;
+                }
+            }
+        }
+        if revoke_lease != 0 {
+            match self.store.revoke_lease(revoke_lease).await {
                 Ok(()) | Err(StoreError::LeaseNotFound(_)) => {}
                 Err(e) => return Err(e.into()),
             }
         }
+        if revision == 0 {
+            revision = self.store.current_revision().await?;
+        }
         Ok(revision)
     }
 
-    /// Every instance and policy of `tenant`, at one revision.
-    pub async fn tenant_state(&self, tenant: &str) -> Result<TenantState, RegistryError> {
+    /// Every instance, policy and agent hold of `tenant`, at one revision.
+    pub async fn tenant_view(&self, tenant: &str) -> Result<TenantView, ControlError> {
+        validate_tenant("tenant", tenant)?;
         let range = self.store.get_prefix(&keys::tenant_prefix(tenant)).await?;
         let agents = keys::agents_prefix(tenant);
         let policies = keys::policies_prefix(tenant);
-        let mut state = TenantState { revision: range.revision, ..Default::default() };
+        let holds = keys::holds_prefix(tenant);
+        let mut view = TenantView { revision: range.revision, ..Default::default() };
         for kv in &range.kvs {
-            if kv.key.starts_with(&agents) {
-                match decode(kv) {
-                    Ok(record) => state.instances.push(Instance { record, revision: kv.mod_revision }),
+            if let Some((agent, instance)) = keys::parse_instance_key(&agents, &kv.key) {
+                match record::decode_instance(kv, tenant, agent, instance) {
+                    Ok(stored) => view.instances.push(stored.status(kv.mod_revision)),
                     Err(e) => tracing::warn!("skipping {e}"),
                 }
-            } else if kv.key.starts_with(&policies) {
-                match decode_policy(kv) {
-                    Ok(policy) => state.policies.push((policy, kv.mod_revision)),
+            } else if keys::parse_policy_key(&policies, &kv.key).is_some() {
+                match record::decode_policy(kv, tenant) {
+                    Ok(policy) => view.policies.push((policy, kv.mod_revision)),
+                    Err(e) => tracing::warn!("skipping {e}"),
+                }
+            } else if let Some(agent) = kv.key.strip_prefix(&holds) {
+                match record::decode_hold(kv) {
+                    Ok(hold) => {
+                        view.agent_holds.insert(agent.to_string(), hold);
+                    }
                     Err(e) => tracing::warn!("skipping {e}"),
                 }
             }
         }
-        Ok(state)
+        // Keys sort by agent then instance id, and by policy kind then name.
+        Ok(view)
     }
 
-    /// Every instance of `tenant`, at one revision.
-    pub async fn instances(&self, tenant: &str) -> Result<(Vec<Instance>, Revision), RegistryError> {
-        let prefix = keys::agents_prefix(tenant);
+    /// Holds one instance (`hold` = Some) or lifts its instance-level hold (None); returns
+    /// the instance as it is afterwards.
+    pub async fn set_instance_hold(
+        &self,
+        tenant: &str,
+        instance_id: &str,
+        hold: Option<StateHold>,
+    ) -> Result<(InstanceStatus, Revision), ControlError> {
+        validate_tenant("tenant", tenant)?;
+        validate_name("instance_id", instance_id)?;
+        if let Some(h) = &hold {
+            validate_hold(h)?;
+        }
+        let agents = keys::agents_prefix(tenant);
+        for _ in 0..CAS_ATTEMPTS {
+            // Instance ids are unique within a tenant, but the key also names the agent.
+            let range = self.store.get_prefix(&agents).await?;
+            let found = range.kvs.iter().find_map(|kv| {
+                let (agent, id) = keys::parse_instance_key(&agents, &kv.key)?;
+                (id == instance_id).then(|| (agent.to_string(), kv))
+            });
+            let Some((agent, kv)) = found else {
+                return Err(ControlError::InstanceNotFound(instance_id.to_string()));
+            };
+            let mut stored = record::decode_instance(kv, tenant, &agent, instance_id)?;
+            stored.instance_hold = hold.clone();
+            match self.rewrite(kv, &stored, vec![]).await? {
+                Some(revision) => return Ok((stored.status(revision), revision)),
+                None => continue,
+            }
+        }
+        Err(ControlError::Conflict(format!("instance {instance_id}")))
+    }
+
+    /// Holds every instance of `agent`, present and future (`hold` = Some), or lifts the
+    /// agent-level hold (None); returns the agent's instances as they are afterwards.
+    pub async fn set_agent_hold(
+        &self,
+        tenant: &str,
+        agent: &str,
+        hold: Option<StateHold>,
+    ) -> Result<(Vec<InstanceStatus>, Revision), ControlError> {
+        validate_tenant("tenant", tenant)?;
+        validate_name("agent", agent)?;
+        if let Some(h) = &hold {
+            validate_hold(h)?;
+        }
+        let hold_key = keys::agent_hold_key(tenant, agent);
+        // First the hold key, which registrations read; then every record already there.
+        let hold_revision = match &hold {
+            Some(h) => self.store.put(&hold_key, encode(h), None).await?,
+            None => self.store.delete(&hold_key).await?.0,
+        };
+        let prefix = keys::agent_instances_prefix(tenant, agent);
+        let mut out = Vec::new();
+        let mut revision = hold_revision;
         let range = self.store.get_prefix(&prefix).await?;
+        'instances: for kv in range.kvs {
+            let Some(instance_id) = kv.key.strip_prefix(&prefix).map(str::to_string) else { continue };
+            let mut kv = kv;
+            for _ in 0..CAS_ATTEMPTS {
+                let mut stored = match record::decode_instance(&kv, tenant, agent, &instance_id) {
+                    Ok(stored) => stored,
+                    Err(e) => {
+                        tracing::warn!("skipping {e}");
+                        continue 'instances;
+                    }
+                };
+                if stored.agent_hold == hold {
+                    out.push(stored.status(kv.mod_revision));
+                    continue 'instances;
+                }
+                stored.agent_hold = hold.clone();
+                // Only while the hold key is still what this call wrote: a later call owns
+                // the records from then on.
+                let guard =
+                    vec![Compare::ModRevision(hold_key.clone(), if hold.is_some() { hold_revision } else { 0 })];
+                match self.rewrite(&kv, &stored, guard).await? {
+                    Some(r) => {
+                        revision = revision.max(r);
+                        out.push(stored.status(r));
+                        continue 'instances;
+                    }
+                    None => match self.store.get(&kv.key).await? {
+                        Some(fresh) => {
+                            let current = self.store.get(&hold_key).await?;
+                            let ours = match (&hold, current) {
+                                (Some(_), Some(c)) => c.mod_revision == hold_revision,
+                                (None, None) => true,
+                                _ => false,
+                            };
+                            if !ours {
+                                return Err(ControlError::Conflict(format!("agent {agent}'s hold")));
+                            }
+                            kv = fresh;
+                        }
+                        None => continue 'instances, // The instance left meanwhile.
+                    },
+                }
+            }
+            return Err(ControlError::Conflict(format!("instance {}", kv.key)));
+        }
+        Ok((out, revision))
+    }
+
+    /// Writes `stored` over `kv` if it is unchanged (and `extra` compares hold); keeps its
+    /// lease. `None` when something changed.
+    async fn rewrite(
+        &self,
+        kv: &KeyValue,
+        stored: &StoredInstance,
+        extra: Vec<Compare>,
+    ) -> Result<Option<Revision>, ControlError> {
+        let mut compares = vec![Compare::ModRevision(kv.key.clone(), kv.mod_revision)];
+        compares.extend(extra);
+        let lease = (kv.lease != 0).then_some(kv.lease);
+        let txn = Txn {
+            compares,
+            success: vec![Op::Put { key: kv.key.clone(), value: encode(stored), lease }],
+            failure: vec![],
+        };
+        match self.store.txn(txn).await {
+            Ok(r) => Ok(r.succeeded.then_some(r.revision)),
+            // The record's lease expired meanwhile, taking the record with it.
+            Err(StoreError::LeaseNotFound(_)) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Validates and stores a policy; returns its revision.
+    pub async fn put_policy(&self, policy: &Policy) -> Result<Revision, ControlError> {
+        policy.validate()?;
+        let key = keys::policy_key(&policy.tenant, policy.kind, &policy.name);
+        Ok(self.store.put(&key, encode(policy), None).await?)
+    }
+
+    pub async fn get_policy(
+        &self,
+        tenant: &str,
+        kind: PolicyKind,
+        name: &str,
+    ) -> Result<(Policy, Revision), ControlError> {
+        validate_tenant("tenant", tenant)?;
+        validate_policy_name(kind, name)?;
+        let not_found = || ControlError::PolicyNotFound { kind, name: name.to_string() };
+        let kv = self.store.get(&keys::policy_key(tenant, kind, name)).await?.ok_or_else(not_found)?;
+        Ok((record::decode_policy(&kv, tenant)?, kv.mod_revision))
+    }
+
+    /// Removes a policy; returns the store revision of the deletion.
+    pub async fn delete_policy(&self, tenant: &str, kind: PolicyKind, name: &str) -> Result<Revision, ControlError> {
+        validate_tenant("tenant", tenant)?;
+        validate_policy_name(kind, name)?;
+        let (revision, existed) = self.store.delete(&keys::policy_key(tenant, kind, name)).await?;
+        if !existed {
+            return Err(ControlError::PolicyNotFound { kind, name: name.to_string() });
+        }
+        Ok(revision)
+    }
+
+    /// Creates or updates a tenant's record (keeping its creation time).
+    pub async fn put_tenant(&self, mut tenant: TenantRecord) -> Result<(TenantRecord, Revision), ControlError> {
+        validate_tenant("tenant.name", &tenant.name)?;
+        if tenant.description.len() > MAX_DESCRIPTION_LEN {
+            return Err(
+                FieldError::new("tenant.description", format!("longer than {MAX_DESCRIPTION_LEN} bytes")).into()
+            );
+        }
+        let key = keys::tenant_record_key(&tenant.name);
+        for _ in 0..CAS_ATTEMPTS {
+            let existing = self.store.get(&key).await?;
+            tenant.created_at_ms = match &existing {
+                Some(kv) => record::decode_tenant(kv).map(|t| t.created_at_ms).unwrap_or_else(|_| now_ms()),
+                None => now_ms(),
+            };
+            let txn = Txn {
+                compares: vec![Compare::ModRevision(key.clone(), existing.map_or(0, |kv| kv.mod_revision))],
+                success: vec![Op::Put { key: key.clone(), value: encode(&tenant), lease: None }],
+                failure: vec![],
+            };
+            let result = self.store.txn(txn).await?;
+            if result.succeeded {
+                return Ok((tenant, result.revision));
+            }
+        }
+        Err(ControlError::Conflict(format!("tenant {}", tenant.name)))
+    }
+
+    /// Every tenant record, sorted by name.
+    pub async fn list_tenants(&self) -> Result<Vec<(TenantRecord, Revision)>, ControlError> {
+        let range = self.store.get_prefix(keys::TENANT_REGISTRY).await?;
         let mut out = Vec::with_capacity(range.kvs.len());
         for kv in &range.kvs {
-            match decode(kv) {
-                Ok(record) => out.push(Instance { record, revision: kv.mod_revision }),
+            match record::decode_tenant(kv) {
+                Ok(mut tenant) => {
+                    // The key decides the name.
+                    tenant.name = kv.key.strip_prefix(keys::TENANT_REGISTRY).unwrap_or(&tenant.name).to_string();
+                    out.push((tenant, kv.mod_revision));
+                }
                 Err(e) => tracing::warn!("skipping {e}"),
             }
         }
-        Ok((out, range.revision))
+        Ok(out)
     }
 }
 
-fn now_ms() -> i64 {
+/// A policy as the store holds it (JSON).
+pub fn encode_policy(policy: &Policy) -> bytes::Bytes {
+    encode(policy)
+}
+
+enum BeatResult {
+    Ok,
+    Expired,
+    Replaced,
+}
+
+fn validate_hold(hold: &StateHold) -> Result<(), FieldError> {
+    if hold.state != HealthState::Paused {
+        return Err(FieldError::new("state", "set PAUSED to hold, or UP to lift a hold"));
+    }
+    if hold.reason.trim().is_empty() {
+        return Err(FieldError::new("reason", "a hold needs a reason"));
+    }
+    if hold.reason.len() > MAX_REASON_LEN {
+        return Err(FieldError::new("reason", format!("longer than {MAX_REASON_LEN} bytes")));
+    }
+    if hold.reason.chars().any(char::is_control) {
+        return Err(FieldError::new("reason", "control characters are not allowed"));
+    }
+    Ok(())
+}
+
+fn validate_policy_name(kind: PolicyKind, name: &str) -> Result<(), FieldError> {
+    match kind {
+        PolicyKind::Tenant if name != "default" => Err(FieldError::new("name", "a tenant policy is named \"default\"")),
+        _ => validate_name("name", name),
+    }
+}
+
+/// A hold from an Admin request: PAUSED with a reason holds, UP lifts.
+pub fn hold_from_request(
+    state: Option<HealthState>,
+    reason: String,
+    scope: HoldScope,
+) -> Result<Option<StateHold>, FieldError> {
+    match state {
+        Some(HealthState::Paused) => {
+            Ok(Some(StateHold { state: HealthState::Paused, reason, scope, set_at_ms: now_ms() }))
+        }
+        Some(HealthState::Up) => Ok(None),
+        _ => Err(FieldError::new("state", "set PAUSED to hold, or UP to lift a hold")),
+    }
+}
+
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
-/// Everything routing needs of one tenant, at one revision.
-#[derive(Debug, Default)]
-pub struct TenantState {
-    pub revision: Revision,
-    pub instances: Vec<Instance>,
-    /// Each policy with the revision it was written at.
-    pub policies: Vec<(Policy, Revision)>,
-}
+#[cfg(test)]
+mod tests {
+    use agent_reach::model::Capability;
+    use agent_reach_store::EmbeddedStore;
 
-pub fn encode_policy(policy: &Policy) -> Bytes {
-    // Serializing plain structs of strings and numbers to JSON cannot fail.
-    Bytes::from(serde_json::to_vec(policy).unwrap_or_default())
-}
+    use super::*;
+    use crate::feed::Feeds;
 
-pub fn decode_policy(kv: &KeyValue) -> Result<Policy, RegistryError> {
-    serde_json::from_slice(&kv.value).map_err(|e| RegistryError::Corrupt { key: kv.key.clone(), why: e.to_string() })
-}
+    fn registry(store: Arc<dyn Store>) -> (Registry, Arc<ControlStats>) {
+        let stats = Arc::new(ControlStats::default());
+        let store: Arc<dyn Store> = Arc::new(crate::stats::CountingStore::new(store, stats.clone()));
+        let feeds = Arc::new(Feeds::new(store.clone(), stats.clone(), 64));
+        let config = RegistryConfig {
+            lease_ttl: Duration::from_secs(4),
+            load_step: 0.1,
+            load_report_interval: Duration::from_secs(5),
+        };
+        (Registry::new(store, config, stats.clone(), feeds), stats)
+    }
 
-pub fn encode(record: &InstanceRecord) -> Bytes {
-    // Serializing plain structs of strings and numbers to JSON cannot fail.
-    Bytes::from(serde_json::to_vec(record).unwrap_or_default())
-}
+    fn new_instance(id: &str, agent: &str, version: &str, lease: LeaseId) -> NewInstance {
+        NewInstance {
+            tenant: "t".into(),
+            instance_id: id.into(),
+            sidecar_id: "s".into(),
+            sidecar_address: "s:1".into(),
+            registration: Registration {
+                agent: agent.into(),
+                version: version.into(),
+                capabilities: vec![Capability { name: format!("cap-{version}"), tags: vec![] }],
+                endpoint: "http://127.0.0.1:1".into(),
+                ..Default::default()
+            },
+            state: HealthState::Up,
+            lease,
+        }
+    }
 
-pub fn decode(kv: &KeyValue) -> Result<InstanceRecord, RegistryError> {
-    serde_json::from_slice(&kv.value).map_err(|e| RegistryError::Corrupt { key: kv.key.clone(), why: e.to_string() })
+    fn beat(id: &str, agent: &str, state: HealthState) -> Beat {
+        Beat { instance_id: id.into(), agent: agent.into(), lease: 0, state: Some(state), load: None }
+    }
+
+    async fn status(r: &Registry, id: &str) -> Option<InstanceStatus> {
+        r.tenant_view("t").await.unwrap().instances.into_iter().find(|s| s.record.instance_id == id)
+    }
+
+    fn hold(scope: HoldScope, reason: &str) -> Option<StateHold> {
+        hold_from_request(Some(HealthState::Paused), reason.into(), scope).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reports_holds_and_lifts() {
+        let (r, stats) = registry(Arc::new(EmbeddedStore::default()));
+        let reg = r.register(new_instance("a-1", "a", "1", 0)).await.unwrap();
+        let lease = reg.lease;
+        assert_eq!(reg.generation, 1);
+        let s = status(&r, "a-1").await.unwrap();
+        assert_eq!((s.record.state, s.reported_state), (HealthState::Up, HealthState::Up));
+        // The instance's own report: UP -> DEGRADED -> UP, each written at once.
+        for state in [HealthState::Degraded, HealthState::Up] {
+            let out = r.heartbeat("t", lease, vec![beat("a-1", "a", state)]).await.unwrap();
+            assert_eq!(out, BeatOutcome::default());
+            assert_eq!(status(&r, "a-1").await.unwrap().record.state, state);
+        }
+        assert_eq!(ControlStats::get(&stats.state_writes), 2);
+        // An operator's hold wins over every later report until lifted.
+        r.set_instance_hold("t", "a-1", hold(HoldScope::Instance, "maintenance")).await.unwrap();
+        for state in [HealthState::Up, HealthState::Degraded, HealthState::Up] {
+            tokio::time::advance(Duration::from_secs(1)).await;
+            r.heartbeat("t", lease, vec![beat("a-1", "a", state)]).await.unwrap();
+            let s = status(&r, "a-1").await.unwrap();
+            assert_eq!((s.record.state, s.reported_state), (HealthState::Paused, state));
+            assert_eq!(s.holds[0].reason, "maintenance");
+        }
+        r.set_instance_hold("t", "a-1", None).await.unwrap();
+        let s = status(&r, "a-1").await.unwrap();
+        assert_eq!((s.record.state, s.holds.len()), (HealthState::Up, 0));
+        // A hold needs PAUSED and a reason.
+        assert_eq!(
+            hold_from_request(Some(HealthState::Down), "x".into(), HoldScope::Instance).unwrap_err().field,
+            "state"
+        );
+        let err = r.set_instance_hold("t", "a-1", hold(HoldScope::Instance, " ")).await.unwrap_err();
+        assert!(matches!(err, ControlError::Invalid(f) if f.field == "reason"));
+        let err = r.set_instance_hold("t", "nope", hold(HoldScope::Instance, "x")).await.unwrap_err();
+        assert!(matches!(err, ControlError::InstanceNotFound(_)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_agent_hold_covers_later_instances_until_lifted() {
+        let (r, _) = registry(Arc::new(EmbeddedStore::default()));
+        let lease = r.register(new_instance("a-1", "a", "1", 0)).await.unwrap().lease;
+        r.register(new_instance("b-1", "b", "1", lease)).await.unwrap();
+        let (held, _) = r.set_agent_hold("t", "a", hold(HoldScope::Agent, "drain")).await.unwrap();
+        assert_eq!(
+            held.iter().map(|s| (s.record.instance_id.as_str(), s.record.state)).collect::<Vec<_>>(),
+            [("a-1", HealthState::Paused)]
+        );
+        // A new instance of the held agent comes up held; other agents are untouched.
+        r.register(new_instance("a-2", "a", "1", lease)).await.unwrap();
+        assert_eq!(status(&r, "a-2").await.unwrap().record.state, HealthState::Paused);
+        assert_eq!(status(&r, "b-1").await.unwrap().record.state, HealthState::Up);
+        // An instance hold and the agent hold are separate: lifting one leaves the other.
+        r.set_instance_hold("t", "a-1", hold(HoldScope::Instance, "disk")).await.unwrap();
+        let (lifted, _) = r.set_agent_hold("t", "a", None).await.unwrap();
+        assert_eq!(lifted.len(), 2);
+        assert_eq!(status(&r, "a-1").await.unwrap().record.state, HealthState::Paused);
+        assert_eq!(status(&r, "a-2").await.unwrap().record.state, HealthState::Up);
+        assert!(r.tenant_view("t").await.unwrap().agent_holds.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reregistration_replaces_the_record_and_keeps_the_hold() {
+        let (r, _) = registry(Arc::new(EmbeddedStore::default()));
+        let old = r.register(new_instance("x-1", "x", "1", 0)).await.unwrap();
+        r.set_instance_hold("t", "x-1", hold(HoldScope::Instance, "keep")).await.unwrap();
+        // The same id again, from another sidecar's lease, with a new version.
+        let other = r.store().grant_lease(Duration::from_secs(4)).await.unwrap().id;
+        let new = r.register(new_instance("x-1", "x", "2", other)).await.unwrap();
+        assert_eq!(new.generation, 2);
+        let s = status(&r, "x-1").await.unwrap();
+        assert_eq!(
+            (s.record.registration.version.as_str(), s.record.registration.capabilities[0].name.as_str()),
+            ("2", "cap-2")
+        );
+        assert_eq!((s.generation, s.record.state), (2, HealthState::Paused));
+        // The old sidecar's heartbeats learn that the id moved; they change nothing.
+        let out = r.heartbeat("t", old.lease, vec![beat("x-1", "x", HealthState::Down)]).await.unwrap();
+        assert_eq!(out.replaced, ["x-1"]);
+        assert_eq!(status(&r, "x-1").await.unwrap().reported_state, HealthState::Up);
+        // Its deregistration (expecting its own lease) leaves the new record alone.
+        r.deregister("t", "x", "x-1", 0, old.lease).await.unwrap();
+        assert!(status(&r, "x-1").await.is_some());
+        r.deregister("t", "x", "x-1", 0, other).await.unwrap();
+        assert!(status(&r, "x-1").await.is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lease_expiry_removes_the_instances_and_says_so() {
+        let (r, _) = registry(Arc::new(EmbeddedStore::default()));
+        let lease = r.register(new_instance("a-1", "a", "1", 0)).await.unwrap().lease;
+        r.register(new_instance("a-2", "a", "1", lease)).await.unwrap();
+        // Renewed every 3 s, a 4 s lease lives on.
+        for _ in 0..4 {
+            tokio::time::advance(Duration::from_secs(3)).await;
+            let out = r.heartbeat("t", lease, vec![beat("a-1", "a", HealthState::Up)]).await.unwrap();
+            assert_eq!(out, BeatOutcome::default());
+        }
+        assert_eq!(r.tenant_view("t").await.unwrap().instances.len(), 2);
+        // Silent past its TTL, it expires with both records.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(r.tenant_view("t").await.unwrap().instances.is_empty());
+        let out = r
+            .heartbeat("t", lease, vec![beat("a-1", "a", HealthState::Up), beat("a-2", "a", HealthState::Up)])
+            .await
+            .unwrap();
+        assert_eq!(
+            out,
+            BeatOutcome { expired: vec!["a-1".into(), "a-2".into()], replaced: vec![], lease_expired: true }
+        );
+        // Registering on the lost lease is refused; a new lease works.
+        let err = r.register(new_instance("a-1", "a", "1", lease)).await.unwrap_err();
+        assert!(matches!(err, ControlError::LeaseNotFound(l) if l == lease));
+        assert!(r.register(new_instance("a-1", "a", "1", 0)).await.is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn load_is_written_on_steps_at_most_once_per_interval() {
+        let (r, stats) = registry(Arc::new(EmbeddedStore::default()));
+        let lease = r.register(new_instance("a-1", "a", "1", 0)).await.unwrap().lease;
+        let with_load = |ratio: f64| Beat {
+            load: Some(Load { load_ratio: ratio, in_flight: 1, ..Default::default() }),
+            ..beat("a-1", "a", HealthState::Up)
+        };
+        let writes = || ControlStats::get(&stats.store_writes);
+        let before = writes();
+        // 100 heartbeats hovering around 0.05: nothing written.
+        for i in 0..100 {
+            r.heartbeat("t", lease, vec![with_load(0.05 + f64::from(i % 5) / 100.0)]).await.unwrap();
+        }
+        assert_eq!((ControlStats::get(&stats.load_writes), writes() - before), (0, 0));
+        r.heartbeat("t", lease, vec![with_load(0.5)]).await.unwrap();
+        assert_eq!(ControlStats::get(&stats.load_writes), 1);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        r.heartbeat("t", lease, vec![with_load(0.9)]).await.unwrap();
+        assert_eq!((ControlStats::get(&stats.load_writes), ControlStats::get(&stats.load_writes_deferred)), (1, 1));
+        // Heartbeats keep coming (and renewing the 4 s lease); the write waits for the
+        // interval (5 s) since the last one.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        r.heartbeat("t", lease, vec![with_load(0.9)]).await.unwrap();
+        assert_eq!((ControlStats::get(&stats.load_writes), ControlStats::get(&stats.load_writes_deferred)), (1, 2));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        r.heartbeat("t", lease, vec![with_load(0.9)]).await.unwrap();
+        assert_eq!(ControlStats::get(&stats.load_writes), 2);
+        assert_eq!(status(&r, "a-1").await.unwrap().record.load.load_ratio, 0.9);
+        assert_eq!(writes() - before, 2);
+        assert_eq!(ControlStats::get(&stats.heartbeats), 104);
+    }
 }

@@ -1,50 +1,45 @@
-//! The `agentreach.v1.Control` gRPC service, and the one place where control errors become
-//! `tonic::Status`.
+//! The `agentreach.v1.Control` gRPC service: sidecars register instances on their lease,
+//! renew it with batched heartbeats, deregister, and watch their tenant's routing state.
+//! Errors become statuses in [`crate::error`].
 
-use std::pin::Pin;
+use std::sync::Arc;
 
 use agent_reach::convert::{health_state_from_i32, registration_from_proto};
 use agent_reach::model::{FieldError, HealthState, Load, validate_tenant};
 use agent_reach::proto;
 use agent_reach::proto::control_server::Control;
-use agent_reach::reason::{self, Reason};
-use agent_reach_store::StoreError;
-use futures_util::Stream;
-use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
+use agent_reach_store::Store;
+use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-use crate::registry::{NewInstance, Registry, RegistryError, Renewal};
-
-/// Watch events buffered per sidecar before the watcher waits for it to read.
-const WATCH_BUFFER: usize = 64;
+use crate::error::ControlError;
+use crate::feed::Feeds;
+use crate::registry::{Beat, NewInstance, Registry};
+use crate::stats::ControlStats;
+use crate::watch::{EventStream, Subscription};
 
 /// The Control service.
 pub struct ControlService {
-    registry: Registry,
+    registry: Arc<Registry>,
+    feeds: Arc<Feeds>,
+    store: Arc<dyn Store>,
+    stats: Arc<ControlStats>,
     shutdown: watch::Receiver<bool>,
 }
 
 impl ControlService {
-    pub fn new(registry: Registry, shutdown: watch::Receiver<bool>) -> ControlService {
-        ControlService { registry, shutdown }
+    pub fn new(
+        registry: Arc<Registry>,
+        feeds: Arc<Feeds>,
+        store: Arc<dyn Store>,
+        stats: Arc<ControlStats>,
+        shutdown: watch::Receiver<bool>,
+    ) -> ControlService {
+        ControlService { registry, feeds, store, stats, shutdown }
     }
 }
 
-impl From<RegistryError> for Status {
-    fn from(e: RegistryError) -> Status {
-        match e {
-            RegistryError::Invalid(f) => reason::invalid_argument(&f.field, &f.reason),
-            RegistryError::Store(StoreError::Unavailable(why)) => {
-                reason::status(Reason::StoreUnavailable, format!("store unavailable: {why}"), &[])
-            }
-            RegistryError::Store(e) => reason::status(Reason::Internal, e.to_string(), &[]),
-            RegistryError::Corrupt { .. } => reason::status(Reason::Internal, e.to_string(), &[]),
-        }
-    }
-}
-
-fn identity(sidecar: Option<proto::SidecarIdentity>) -> Result<proto::SidecarIdentity, RegistryError> {
+fn identity(sidecar: Option<proto::SidecarIdentity>) -> Result<proto::SidecarIdentity, ControlError> {
     sidecar.ok_or_else(|| FieldError::new("sidecar", "is required").into())
 }
 
@@ -56,8 +51,8 @@ impl Control for ControlService {
     ) -> Result<Response<proto::ControlRegisterReply>, Status> {
         let r = request.into_inner();
         let sidecar = identity(r.sidecar)?;
-        let registration = registration_from_proto("registration", r.registration).map_err(RegistryError::from)?;
-        let (lease, ttl, revision) = self
+        let registration = registration_from_proto("registration", r.registration).map_err(ControlError::from)?;
+        let registered = self
             .registry
             .register(NewInstance {
                 tenant: r.tenant,
@@ -66,12 +61,14 @@ impl Control for ControlService {
                 sidecar_address: sidecar.mesh_address,
                 registration,
                 state: health_state_from_i32(r.state).unwrap_or(HealthState::Up),
+                lease: r.lease_id,
             })
             .await?;
         Ok(Response::new(proto::ControlRegisterReply {
-            lease_id: lease,
-            lease_ttl_ms: u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX),
-            revision,
+            lease_id: registered.lease,
+            lease_ttl_ms: u32::try_from(registered.lease_ttl.as_millis()).unwrap_or(u32::MAX),
+            revision: registered.revision,
+            generation: registered.generation,
         }))
     }
 
@@ -80,19 +77,23 @@ impl Control for ControlService {
         request: Request<proto::ControlHeartbeatRequest>,
     ) -> Result<Response<proto::ControlHeartbeatReply>, Status> {
         let r = request.into_inner();
-        let renewals = r
+        let beats = r
             .instances
             .into_iter()
-            .map(|i| Renewal {
+            .map(|i| Beat {
                 instance_id: i.instance_id,
                 agent: i.agent,
                 lease: i.lease_id,
                 state: health_state_from_i32(i.state),
-                load: i.load.map(Load::from).unwrap_or_default(),
+                load: i.load.map(Load::from),
             })
             .collect();
-        let expired = self.registry.renew(&r.tenant, renewals).await?;
-        Ok(Response::new(proto::ControlHeartbeatReply { expired_instance_ids: expired }))
+        let outcome = self.registry.heartbeat(&r.tenant, r.lease_id, beats).await?;
+        Ok(Response::new(proto::ControlHeartbeatReply {
+            expired_instance_ids: outcome.expired,
+            replaced_instance_ids: outcome.replaced,
+            lease_expired: outcome.lease_expired,
+        }))
     }
 
     async fn deregister(
@@ -100,20 +101,25 @@ impl Control for ControlService {
         request: Request<proto::ControlDeregisterRequest>,
     ) -> Result<Response<proto::ControlDeregisterReply>, Status> {
         let r = request.into_inner();
-        let revision = self.registry.deregister(&r.tenant, &r.agent, &r.instance_id, r.lease_id).await?;
+        let revision =
+            self.registry.deregister(&r.tenant, &r.agent, &r.instance_id, r.lease_id, r.expected_lease_id).await?;
         Ok(Response::new(proto::ControlDeregisterReply { revision }))
     }
 
-    type WatchStream = Pin<Box<dyn Stream<Item = Result<proto::WatchEvent, Status>> + Send>>;
+    type WatchStream = EventStream;
 
     async fn watch(&self, request: Request<proto::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
         let r = request.into_inner();
-        validate_tenant("tenant", &r.tenant).map_err(RegistryError::from)?;
+        validate_tenant("tenant", &r.tenant).map_err(ControlError::from)?;
         if r.from_revision < 0 {
-            return Err(RegistryError::from(FieldError::new("from_revision", "must not be negative")).into());
+            return Err(ControlError::from(FieldError::new("from_revision", "must not be negative")).into());
         }
-        let (tx, rx) = mpsc::channel(WATCH_BUFFER);
-        tokio::spawn(crate::watch::run(self.registry.clone(), r.tenant, r.from_revision, tx, self.shutdown.clone()));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        if *self.shutdown.borrow() {
+            return Err(ControlError::ShuttingDown.into());
+        }
+        let feed = self.feeds.get(&r.tenant).await?;
+        let subscription =
+            Subscription::new(feed, self.store.clone(), self.stats.clone(), r.from_revision, self.shutdown.clone());
+        Ok(Response::new(subscription.into_stream()))
     }
 }

@@ -1,142 +1,441 @@
-//! The routing-state stream a sidecar watches: one snapshot of its tenant's instances and
-//! policies at revision R, then one delta per later revision, in order, with no gaps.
+//! One sidecar's routing-state stream: a snapshot of its tenant at revision R, then one
+//! delta per later revision that changed the tenant's routing state, strictly in order,
+//! each naming the revision before it, with no gaps and no duplicates.
 //!
-//! A sidecar that reconnects with its last revision gets only the deltas after it. If the
-//! store has compacted that history, or the revision is ahead of the store (the store was
-//! replaced), it gets a fresh snapshot flagged `resync` instead of a silent gap. The stream
-//! ends with UNAVAILABLE when the store fails, and ends when the service shuts down.
+//! A sidecar that reconnects with its last revision X gets only what came after X:
+//! - from its tenant feed's memory ([`crate::feed`]) when the feed still holds it;
+//! - otherwise from the store's history (a temporary store watch from X+1, until the
+//!   feed's memory takes over; an empty delta at the hand-over revision tells the sidecar
+//!   that nothing happened in between);
+//! - and if the store has compacted past X, or X is ahead of the store (the store was
+//!   replaced), as a fresh snapshot flagged `resync`, never a silent gap.
+//!
+//! The stream is polled by the sidecar's connection and reads the shared history only
+//! when woken by the feed's head revision: it holds no queue of its own beyond the deltas
+//! of one wake-up. It ends when the service shuts down, or with UNAVAILABLE when the store
+//! fails while catching up.
 
-use agent_reach::convert::policy_to_proto;
-use agent_reach::model::Instance;
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
 use agent_reach::proto;
-use agent_reach_store::{EventKind, Revision, StoreError, WatchStream};
-use futures_util::StreamExt;
-use tokio::sync::{mpsc, watch};
+use agent_reach_store::{Revision, Store, StoreError, WatchStream};
+use futures_util::{Stream, StreamExt};
+use tokio::sync::watch;
 use tonic::Status;
 
-use crate::keys;
-use crate::registry::{Registry, decode, decode_policy};
+use crate::error::ControlError;
+use crate::feed::{Feed, deltas_from_events};
+use crate::stats::{ControlStats, GaugeGuard};
 
-/// Runs one sidecar's watch, sending events into `tx` until the receiver goes away,
-/// `shutdown` turns true, or the store fails.
-pub async fn run(
-    registry: Registry,
-    tenant: String,
-    from_revision: Revision,
-    tx: mpsc::Sender<Result<proto::WatchEvent, Status>>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    tokio::select! {
-        _ = agent_reach::process::stopped(&mut shutdown) => {}
-        r = stream(&registry, &tenant, from_revision, &tx) => {
-            if let Err(status) = r {
-                let _ = tx.send(Err(status)).await;
-            }
-        }
-    }
+/// Deltas taken from the feed per wake-up.
+const BATCH: usize = 256;
+/// How long a sidecar ahead of this replica's feed waits for the feed to catch up before
+/// it is sent a snapshot instead.
+const AHEAD_WAIT: Duration = Duration::from_secs(10);
+
+/// The stream type the Control service returns.
+pub type EventStream = Pin<Box<dyn Stream<Item = Result<proto::WatchEvent, Status>> + Send>>;
+
+enum Phase {
+    /// Nothing sent yet; the sidecar asked to resume after this revision (0: snapshot).
+    Start(Revision),
+    /// Following the feed.
+    Live,
+    /// Reading the store's history until the feed's memory covers the sidecar.
+    CatchUp(WatchStream),
+    Done,
 }
 
-async fn stream(
-    registry: &Registry,
-    tenant: &str,
-    from_revision: Revision,
-    tx: &mpsc::Sender<Result<proto::WatchEvent, Status>>,
-) -> Result<(), Status> {
-    let store = registry.store();
-    let prefix = keys::tenant_prefix(tenant);
-    let agents = keys::agents_prefix(tenant);
-    let policies = keys::policies_prefix(tenant);
-    let head = store.current_revision().await.map_err(store_status)?;
-    // Resume when the sidecar's revision is still in the store's history.
-    let mut resync = false;
-    let mut watch = None;
-    if from_revision > 0 && from_revision <= head {
-        match store.watch_prefix(&prefix, from_revision + 1).await {
-            Ok(w) => watch = Some(w),
-            Err(StoreError::Compacted { .. }) => resync = true,
-            Err(e) => return Err(store_status(e)),
+/// One sidecar's stream (see the module documentation).
+pub struct Subscription {
+    feed: Arc<Feed>,
+    store: Arc<dyn Store>,
+    stats: Arc<ControlStats>,
+    head: watch::Receiver<Revision>,
+    shutdown: watch::Receiver<bool>,
+    phase: Phase,
+    /// The revision the sidecar's table is at, once this stream has sent something.
+    sent: Revision,
+    /// Deltas of one wake-up (from the feed) or one batch of the store's history, not
+    /// sent yet.
+    pending: VecDeque<Arc<proto::Delta>>,
+    _gauge: GaugeGuard,
+}
+
+impl Subscription {
+    pub fn new(
+        feed: Arc<Feed>,
+        store: Arc<dyn Store>,
+        stats: Arc<ControlStats>,
+        from_revision: Revision,
+        shutdown: watch::Receiver<bool>,
+    ) -> Subscription {
+        let head = feed.subscribe();
+        let gauge = GaugeGuard::new(stats.clone(), |s| &s.watch_streams);
+        Subscription {
+            feed,
+            store,
+            stats,
+            head,
+            shutdown,
+            phase: Phase::Start(from_revision),
+            sent: 0,
+            pending: VecDeque::new(),
+            _gauge: gauge,
         }
-    } else if from_revision > head {
-        resync = true;
     }
-    let mut watch: WatchStream = match watch {
-        Some(w) => w,
-        None => send_snapshot(registry, tenant, &prefix, resync, tx).await?,
-    };
-    loop {
-        let Some(batch) = watch.next().await else {
-            return Err(Status::unavailable("store watch ended"));
+
+    /// The stream of events, ending after an error.
+    pub fn into_stream(self) -> EventStream {
+        Box::pin(futures_util::stream::unfold(self, |mut sub| async move {
+            let item = sub.next().await?;
+            Some((item, sub))
+        }))
+    }
+
+    /// The next event, `None` when the stream is over.
+    pub async fn next(&mut self) -> Option<Result<proto::WatchEvent, Status>> {
+        let mut shutdown = self.shutdown.clone();
+        let step = tokio::select! {
+            biased;
+            _ = agent_reach::process::stopped(&mut shutdown) => None,
+            step = self.step() => Some(step),
         };
-        let batch = match batch {
-            Ok(b) => b,
-            Err(StoreError::Compacted { .. }) => {
-                // Fell behind the store's history: start over from a snapshot.
-                watch = send_snapshot(registry, tenant, &prefix, true, tx).await?;
-                continue;
+        match step {
+            None => {
+                self.phase = Phase::Done;
+                None
             }
-            Err(e) => return Err(store_status(e)),
-        };
-        // One delta per revision, in order.
-        let mut delta: Option<proto::Delta> = None;
-        for event in batch.events {
-            let rev = event.kv.mod_revision;
-            if delta.as_ref().is_some_and(|d| d.revision != rev) {
-                send(tx, proto::watch_event::Event::Delta(delta.take().unwrap_or_default())).await?;
+            Some(Ok(Some(event))) => Some(Ok(event)),
+            Some(Ok(None)) => None,
+            Some(Err(e)) => {
+                self.phase = Phase::Done;
+                Some(Err(e.into()))
             }
-            let d = delta.get_or_insert_with(|| proto::Delta { revision: rev, ..Default::default() });
-            let key = event.kv.key.as_str();
-            match event.kind {
-                EventKind::Put if key.starts_with(&agents) => match decode(&event.kv) {
-                    Ok(record) => d.upserted.push(proto::Instance::from(&Instance { record, revision: rev })),
-                    Err(e) => tracing::warn!("skipping {e}"),
-                },
-                EventKind::Put if key.starts_with(&policies) => match decode_policy(&event.kv) {
-                    Ok(policy) => d.upserted_policies.push(policy_to_proto(&policy, rev)),
-                    Err(e) => tracing::warn!("skipping {e}"),
-                },
-                EventKind::Delete => {
-                    if let Some((_, instance)) = keys::parse_instance_key(&agents, key) {
-                        d.removed_instance_ids.push(instance.to_string());
-                    } else if let Some((kind, name)) = keys::parse_policy_key(&policies, key) {
-                        d.removed_policies.push(proto::PolicyRef { kind: proto::PolicyKind::from(kind) as i32, name });
+        }
+    }
+
+    async fn step(&mut self) -> Result<Option<proto::WatchEvent>, ControlError> {
+        loop {
+            if matches!(self.phase, Phase::Live | Phase::CatchUp(_))
+                && let Some(delta) = self.pending.pop_front()
+            {
+                return Ok(Some(self.send_delta(Arc::unwrap_or_clone(delta))));
+            }
+            match &mut self.phase {
+                Phase::Done => return Ok(None),
+                Phase::Start(from) => {
+                    let from = *from;
+                    if let Some(event) = self.start(from).await? {
+                        return Ok(Some(event));
                     }
                 }
-                EventKind::Put => {}
+                Phase::Live => {
+                    // Marks the current head as seen before reading, so a change that lands
+                    // after the read wakes the wait below.
+                    self.head.borrow_and_update();
+                    match self.feed.deltas_after(self.sent, BATCH) {
+                        Ok(deltas) if !deltas.is_empty() => self.pending.extend(deltas),
+                        Ok(_) => {
+                            if self.head.changed().await.is_err() {
+                                return Err(StoreError::Unavailable("the tenant feed stopped".into()).into());
+                            }
+                        }
+                        Err(_) => {
+                            if let Some(snapshot) = self.catch_up().await? {
+                                return Ok(Some(snapshot));
+                            }
+                        }
+                    }
+                }
+                Phase::CatchUp(watch) => {
+                    if self.sent >= self.feed.positions().floor {
+                        self.phase = Phase::Live;
+                        continue;
+                    }
+                    let batch = match watch.next().await {
+                        Some(Ok(batch)) => batch,
+                        Some(Err(StoreError::Compacted { .. })) => return Ok(Some(self.snapshot(true))),
+                        Some(Err(e)) => return Err(e.into()),
+                        None => return Err(StoreError::Unavailable("the store's watch ended".into()).into()),
+                    };
+                    self.catch_up_batch(batch.events);
+                }
             }
         }
-        if let Some(d) = delta {
-            send(tx, proto::watch_event::Event::Delta(d)).await?;
+    }
+
+    /// Queues the deltas of a batch of the store's history. Once the history reaches past
+    /// the feed's floor, hands over to the feed's memory, if it still holds everything
+    /// after that floor; otherwise keeps reading the store's history.
+    fn catch_up_batch(&mut self, events: Vec<agent_reach_store::Event>) {
+        let floor = self.feed.positions().floor;
+        let prefixes = self.feed.prefixes().clone();
+        let last_queued = |pending: &VecDeque<Arc<proto::Delta>>, sent| pending.back().map_or(sent, |d| d.revision);
+        if events.last().is_some_and(|e| e.kv.mod_revision > floor) {
+            let (old, _covered): (Vec<_>, Vec<_>) = events.iter().cloned().partition(|e| e.kv.mod_revision <= floor);
+            // Under one look at the feed: everything after `floor` is still in memory.
+            if let Ok(ring) = self.feed.deltas_after(floor, BATCH) {
+                let prev = last_queued(&self.pending, self.sent);
+                let deltas = deltas_from_events(&prefixes, &old, prev);
+                self.pending.extend(deltas.into_iter().map(Arc::new));
+                let prev = last_queued(&self.pending, self.sent);
+                if prev < floor {
+                    // The store's history had nothing more up to `floor`: say so, so the
+                    // feed's next delta (which follows `floor`) applies.
+                    self.pending.push_back(Arc::new(proto::Delta {
+                        revision: floor,
+                        prev_revision: prev,
+                        ..Default::default()
+                    }));
+                }
+                self.pending.extend(ring);
+                self.phase = Phase::Live;
+                return;
+            }
         }
+        let prev = last_queued(&self.pending, self.sent);
+        let deltas = deltas_from_events(&prefixes, &events, prev);
+        self.pending.extend(deltas.into_iter().map(Arc::new));
+    }
+
+    /// The first event: a snapshot, or nothing (and a phase to continue in).
+    async fn start(&mut self, from: Revision) -> Result<Option<proto::WatchEvent>, ControlError> {
+        if from == 0 {
+            return Ok(Some(self.snapshot(false)));
+        }
+        self.sent = from;
+        let positions = self.feed.positions();
+        if from > positions.head {
+            // The sidecar was served by a replica ahead of this one, or by a store that has
+            // since been replaced.
+            if from > self.store.current_revision().await? {
+                return Ok(Some(self.snapshot(true)));
+            }
+            let caught_up = tokio::time::timeout(AHEAD_WAIT, self.head.wait_for(|head| *head >= from))
+                .await
+                .is_ok_and(|r| r.is_ok());
+            if !caught_up {
+                return Ok(Some(self.snapshot(true)));
+            }
+            self.phase = Phase::Live;
+        } else if from >= positions.floor {
+            self.phase = Phase::Live;
+        } else if let Some(snapshot) = self.catch_up().await? {
+            return Ok(Some(snapshot));
+        }
+        Ok(None)
+    }
+
+    /// Starts reading the store's history after the sidecar's revision; a resync snapshot
+    /// when the store no longer has it.
+    async fn catch_up(&mut self) -> Result<Option<proto::WatchEvent>, ControlError> {
+        ControlStats::inc(&self.stats.catch_ups);
+        self.pending.clear();
+        match self.store.watch_prefix(&self.feed.prefixes().all, self.sent + 1).await {
+            Ok(watch) => {
+                self.phase = Phase::CatchUp(watch);
+                Ok(None)
+            }
+            Err(StoreError::Compacted { .. }) => Ok(Some(self.snapshot(true))),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn snapshot(&mut self, resync: bool) -> proto::WatchEvent {
+        let snapshot = self.feed.snapshot(resync);
+        self.sent = snapshot.revision;
+        self.pending.clear();
+        self.phase = Phase::Live;
+        ControlStats::inc(&self.stats.snapshots_sent);
+        if resync {
+            ControlStats::inc(&self.stats.resyncs_sent);
+        }
+        proto::WatchEvent { event: Some(proto::watch_event::Event::Snapshot(snapshot)) }
+    }
+
+    fn send_delta(&mut self, delta: proto::Delta) -> proto::WatchEvent {
+        self.sent = delta.revision;
+        ControlStats::inc(&self.stats.deltas_sent);
+        proto::WatchEvent { event: Some(proto::watch_event::Event::Delta(delta)) }
     }
 }
 
-/// Sends a snapshot and returns the watch that continues right after it.
-async fn send_snapshot(
-    registry: &Registry,
-    tenant: &str,
-    prefix: &str,
-    resync: bool,
-    tx: &mpsc::Sender<Result<proto::WatchEvent, Status>>,
-) -> Result<WatchStream, Status> {
-    let state = registry.tenant_state(tenant).await.map_err(|e| Status::unavailable(e.to_string()))?;
-    let watch = registry.store().watch_prefix(prefix, state.revision + 1).await.map_err(store_status)?;
-    let snapshot = proto::Snapshot {
-        revision: state.revision,
-        instances: state.instances.iter().map(proto::Instance::from).collect(),
-        resync,
-        policies: state.policies.iter().map(|(p, rev)| policy_to_proto(p, *rev)).collect(),
-    };
-    send(tx, proto::watch_event::Event::Snapshot(snapshot)).await?;
-    Ok(watch)
-}
+#[cfg(test)]
+mod tests {
+    use agent_reach::model::{Capability, HealthState, InstanceRecord, Load, Registration};
+    use agent_reach_store::EmbeddedStore;
 
-async fn send(
-    tx: &mpsc::Sender<Result<proto::WatchEvent, Status>>,
-    event: proto::watch_event::Event,
-) -> Result<(), Status> {
-    tx.send(Ok(proto::WatchEvent { event: Some(event) })).await.map_err(|_| Status::cancelled("watcher went away"))
-}
+    use super::*;
+    use crate::feed::Feeds;
+    use crate::keys;
+    use crate::record::{StoredInstance, encode};
 
-fn store_status(e: StoreError) -> Status {
-    agent_reach::reason::status(agent_reach::reason::Reason::StoreUnavailable, e.to_string(), &[])
+    struct Setup {
+        store: Arc<dyn Store>,
+        stats: Arc<ControlStats>,
+        feeds: Feeds,
+        _stop: watch::Sender<bool>,
+        shutdown: watch::Receiver<bool>,
+    }
+
+    fn setup(store: Arc<dyn Store>, capacity: usize) -> Setup {
+        let stats = Arc::new(ControlStats::default());
+        let feeds = Feeds::new(store.clone(), stats.clone(), capacity);
+        let (stop, shutdown) = watch::channel(false);
+        Setup { store, stats, feeds, _stop: stop, shutdown }
+    }
+
+    impl Setup {
+        async fn subscribe(&self, tenant: &str, from: Revision) -> Subscription {
+            let feed = self.feeds.get(tenant).await.unwrap();
+            Subscription::new(feed, self.store.clone(), self.stats.clone(), from, self.shutdown.clone())
+        }
+    }
+
+    async fn put(store: &Arc<dyn Store>, tenant: &str, id: &str) -> Revision {
+        let stored = StoredInstance {
+            record: InstanceRecord {
+                instance_id: id.into(),
+                tenant: tenant.into(),
+                registration: Registration {
+                    agent: "a".into(),
+                    capabilities: vec![Capability { name: "c".into(), tags: vec![] }],
+                    endpoint: "http://127.0.0.1:1".into(),
+                    ..Default::default()
+                },
+                sidecar_id: "s".into(),
+                sidecar_address: "127.0.0.1:2".into(),
+                state: HealthState::Up,
+                load: Load::default(),
+                registered_at_ms: 0,
+            },
+            instance_hold: None,
+            agent_hold: None,
+            generation: 1,
+        };
+        store.put(&keys::instance_key(tenant, "a", id), encode(&stored), None).await.unwrap()
+    }
+
+    async fn delete(store: &Arc<dyn Store>, tenant: &str, id: &str) -> Revision {
+        store.delete(&keys::instance_key(tenant, "a", id)).await.unwrap().0
+    }
+
+    async fn next(sub: &mut Subscription) -> proto::watch_event::Event {
+        let event = tokio::time::timeout(Duration::from_secs(5), sub.next()).await.expect("an event in time");
+        event.expect("the stream goes on").expect("no error").event.expect("an event")
+    }
+
+    fn delta(event: proto::watch_event::Event) -> proto::Delta {
+        match event {
+            proto::watch_event::Event::Delta(d) => d,
+            other => panic!("expected a delta, got {other:?}"),
+        }
+    }
+
+    async fn wait_for_head(feeds: &Feeds, tenant: &str, revision: Revision) {
+        let feed = feeds.get(tenant).await.unwrap();
+        let mut head = feed.subscribe();
+        tokio::time::timeout(Duration::from_secs(5), head.wait_for(|h| *h >= revision)).await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_behind_the_feeds_memory_gets_every_revision_once() {
+        let s = setup(Arc::new(EmbeddedStore::default()), 4);
+        for i in 0..3 {
+            put(&s.store, "t", &format!("i{i}")).await;
+        }
+        let mut sub = s.subscribe("t", 0).await;
+        let proto::watch_event::Event::Snapshot(snapshot) = next(&mut sub).await else { panic!("no snapshot") };
+        assert_eq!((snapshot.instances.len(), snapshot.resync), (3, false));
+        // 20 changes while the subscriber does not read: the feed keeps only 4.
+        let mut expected = Vec::new();
+        for i in 0..20 {
+            let revision = if i % 3 == 2 {
+                delete(&s.store, "t", &format!("i{}", i - 2)).await
+            } else {
+                put(&s.store, "t", &format!("i{i}")).await
+            };
+            expected.push(revision);
+        }
+        wait_for_head(&s.feeds, "t", *expected.last().unwrap()).await;
+        let mut prev = snapshot.revision;
+        for revision in &expected {
+            let d = delta(next(&mut sub).await);
+            assert_eq!((d.prev_revision, d.revision), (prev, *revision));
+            prev = d.revision;
+        }
+        assert_eq!(ControlStats::get(&s.stats.catch_ups), 1);
+        // Then live again, from the feed.
+        let revision = put(&s.store, "t", "late").await;
+        let d = delta(next(&mut sub).await);
+        assert_eq!((d.prev_revision, d.revision, d.upserted.len()), (prev, revision, 1));
+    }
+
+    #[tokio::test]
+    async fn a_new_replica_resumes_a_sidecar_from_the_stores_history() {
+        let store: Arc<dyn Store> = Arc::new(EmbeddedStore::default());
+        let first = setup(store.clone(), 16);
+        put(&store, "t", "i0").await;
+        let mut sub = first.subscribe("t", 0).await;
+        let proto::watch_event::Event::Snapshot(snapshot) = next(&mut sub).await else { panic!("no snapshot") };
+        let a = put(&store, "t", "i1").await;
+        assert_eq!(delta(next(&mut sub).await).revision, a);
+        drop(sub);
+        // While the sidecar is away: a change of its tenant, then only other tenants'.
+        let b = delete(&store, "t", "i0").await;
+        for i in 0..5 {
+            put(&store, "other", &format!("o{i}")).await;
+        }
+        // Another replica, whose feed starts after all that.
+        let second = setup(store.clone(), 16);
+        let loaded = second.feeds.get("t").await.unwrap().positions().floor;
+        assert!(loaded > b);
+        let mut sub = second.subscribe("t", a).await;
+        let d = delta(next(&mut sub).await);
+        assert_eq!((d.prev_revision, d.revision, d.removed_instance_ids.clone()), (a, b, vec!["i0".to_string()]));
+        // Nothing more of the tenant happened up to the feed's start: the next change comes
+        // after a marker that moves the sidecar to that start.
+        let c = put(&store, "t", "i2").await;
+        let marker = delta(next(&mut sub).await);
+        assert_eq!((marker.prev_revision, marker.revision, marker.upserted.len()), (b, loaded, 0));
+        let d = delta(next(&mut sub).await);
+        assert_eq!((d.prev_revision, d.revision), (loaded, c));
+        assert_eq!(ControlStats::get(&second.stats.snapshots_sent), 0);
+        assert!(snapshot.revision < a);
+    }
+
+    #[tokio::test]
+    async fn revisions_the_store_no_longer_has_get_a_resync_snapshot() {
+        let store: Arc<dyn Store> = Arc::new(EmbeddedStore::default());
+        let first = put(&store, "t", "i0").await;
+        put(&store, "t", "i1").await;
+        delete(&store, "t", "i0").await;
+        store.compact(store.current_revision().await.unwrap()).await.unwrap();
+        let s = setup(store.clone(), 16);
+        let mut sub = s.subscribe("t", first).await;
+        let proto::watch_event::Event::Snapshot(snapshot) = next(&mut sub).await else { panic!("no snapshot") };
+        assert!(snapshot.resync);
+        assert_eq!(snapshot.instances.iter().map(|i| i.instance_id.as_str()).collect::<Vec<_>>(), ["i1"]);
+        // A revision ahead of the store (the store was replaced) resyncs too.
+        let mut sub = s.subscribe("t", 1_000_000).await;
+        let proto::watch_event::Event::Snapshot(snapshot) = next(&mut sub).await else { panic!("no snapshot") };
+        assert!(snapshot.resync);
+        assert_eq!(ControlStats::get(&s.stats.resyncs_sent), 2);
+    }
+
+    #[tokio::test]
+    async fn streams_end_on_shutdown() {
+        let s = setup(Arc::new(EmbeddedStore::default()), 4);
+        let mut sub = s.subscribe("t", 0).await;
+        next(&mut sub).await;
+        assert_eq!(s.stats.watch_streams.load(std::sync::atomic::Ordering::Relaxed), 1);
+        s._stop.send(true).unwrap();
+        assert!(tokio::time::timeout(Duration::from_secs(5), sub.next()).await.unwrap().is_none());
+        drop(sub);
+        assert_eq!(s.stats.watch_streams.load(std::sync::atomic::Ordering::Relaxed), 0);
+    }
 }

@@ -1,0 +1,413 @@
+//! The `agentreach.v1.Admin` gRPC service: what operators see and change.
+//!
+//! Every request names a tenant, which is validated before anything else and is the only
+//! tenant whose keys the request reads or writes: a name of another tenant's agent,
+//! instance or policy is simply not found, exactly as a name that exists nowhere. Reads go
+//! to the store at its current revision, so an Admin change shows in the next Admin read.
+//! Route explanations run the sidecars' own routing code on a table built from that read.
+//! Errors become statuses in [`crate::error`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use agent_reach::convert::{
+    health_state_from_i32, policy_from_proto, policy_kind_from_i32, policy_to_proto, priority_from_i32,
+    target_from_proto, tenant_from_proto, tenant_to_proto,
+};
+use agent_reach::model::{
+    AgentSummary, FieldError, HealthState, HoldScope, Instance, InstanceStatus, validate_name, validate_tag,
+    validate_tenant,
+};
+use agent_reach::policy::{Policy, PolicyKind};
+use agent_reach::proto;
+use agent_reach::proto::admin_server::Admin;
+use agent_reach_routing::RoutingTable;
+use tonic::{Request, Response, Status};
+
+use crate::error::ControlError;
+use crate::registry::{Registry, TenantView, hold_from_request};
+
+/// Candidates an explanation returns when the request does not say.
+const DEFAULT_CANDIDATES: usize = 5;
+
+/// The Admin service.
+pub struct AdminService {
+    registry: Arc<Registry>,
+}
+
+impl AdminService {
+    pub fn new(registry: Arc<Registry>) -> AdminService {
+        AdminService { registry }
+    }
+
+    async fn view(&self, tenant: &str) -> Result<TenantView, ControlError> {
+        validate_tenant("tenant", tenant)?;
+        self.registry.tenant_view(tenant).await
+    }
+}
+
+/// Which instances a listing returns.
+#[derive(Debug, Default)]
+struct Filter {
+    agent: Option<String>,
+    capability: Option<String>,
+    tags: Vec<String>,
+    states: Vec<HealthState>,
+}
+
+impl Filter {
+    fn from_proto(f: Option<proto::InstanceFilter>) -> Result<Filter, FieldError> {
+        let Some(f) = f else { return Ok(Filter::default()) };
+        let name = |field: &str, v: String| -> Result<Option<String>, FieldError> {
+            if v.is_empty() {
+                return Ok(None);
+            }
+            validate_name(field, &v)?;
+            Ok(Some(v))
+        };
+        for (i, tag) in f.tags.iter().enumerate() {
+            validate_tag(&format!("filter.tags[{i}]"), tag)?;
+        }
+        let states = f
+            .states
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                health_state_from_i32(*s)
+                    .ok_or_else(|| FieldError::new(format!("filter.states[{i}]"), format!("unknown state {s}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Filter {
+            agent: name("filter.agent", f.agent)?,
+            capability: name("filter.capability", f.capability)?,
+            tags: f.tags,
+            states,
+        })
+    }
+
+    fn matches(&self, status: &InstanceStatus) -> bool {
+        let reg = &status.record.registration;
+        if self.agent.as_ref().is_some_and(|a| a != &reg.agent) {
+            return false;
+        }
+        if !self.states.is_empty() && !self.states.contains(&status.record.state) {
+            return false;
+        }
+        match &self.capability {
+            Some(c) => reg.capabilities.iter().any(|cap| &cap.name == c && cap.has_tags(&self.tags)),
+            None => self.tags.iter().all(|t| reg.capabilities.iter().any(|cap| cap.tags.contains(t))),
+        }
+    }
+}
+
+fn summaries(view: &TenantView, instances: &[&InstanceStatus]) -> Vec<AgentSummary> {
+    let mut by_agent: BTreeMap<&str, Vec<&InstanceStatus>> = BTreeMap::new();
+    for status in instances {
+        by_agent.entry(status.record.registration.agent.as_str()).or_default().push(status);
+    }
+    by_agent
+        .into_iter()
+        .map(|(agent, list)| {
+            let mut summary = AgentSummary::of(agent, list);
+            summary.hold = view.agent_holds.get(agent).cloned();
+            summary
+        })
+        .collect()
+}
+
+fn find_instance<'v>(view: &'v TenantView, instance_id: &str) -> Result<&'v InstanceStatus, ControlError> {
+    view.instances
+        .iter()
+        .find(|s| s.record.instance_id == instance_id)
+        .ok_or_else(|| ControlError::InstanceNotFound(instance_id.to_string()))
+}
+
+fn agent_not_found(view: &TenantView, agent: &str) -> ControlError {
+    let mut names: Vec<&str> = view.instances.iter().map(|s| s.record.registration.agent.as_str()).collect();
+    names.dedup();
+    ControlError::AgentNotFound {
+        target: format!("agent {agent}"),
+        suggestions: agent_reach_routing::suggestions(names.into_iter(), agent),
+    }
+}
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    async fn list_agents(
+        &self,
+        request: Request<proto::ListAgentsRequest>,
+    ) -> Result<Response<proto::ListAgentsReply>, Status> {
+        let r = request.into_inner();
+        let view = self.view(&r.tenant).await?;
+        let filter = Filter::from_proto(r.filter).map_err(ControlError::from)?;
+        let matching: Vec<&InstanceStatus> = view.instances.iter().filter(|s| filter.matches(s)).collect();
+        let agents = summaries(&view, &matching).iter().map(proto::AgentSummary::from).collect();
+        Ok(Response::new(proto::ListAgentsReply { agents, revision: view.revision }))
+    }
+
+    async fn get_agent(
+        &self,
+        request: Request<proto::GetAgentRequest>,
+    ) -> Result<Response<proto::GetAgentReply>, Status> {
+        let r = request.into_inner();
+        let view = self.view(&r.tenant).await?;
+        validate_name("agent", &r.agent).map_err(ControlError::from)?;
+        let instances: Vec<&InstanceStatus> =
+            view.instances.iter().filter(|s| s.record.registration.agent == r.agent).collect();
+        let Some(summary) = summaries(&view, &instances).into_iter().next() else {
+            return Err(agent_not_found(&view, &r.agent).into());
+        };
+        Ok(Response::new(proto::GetAgentReply {
+            agent: Some(proto::AgentSummary::from(&summary)),
+            instances: instances.into_iter().map(proto::Instance::from).collect(),
+            revision: view.revision,
+        }))
+    }
+
+    async fn list_instances(
+        &self,
+        request: Request<proto::ListInstancesRequest>,
+    ) -> Result<Response<proto::ListInstancesReply>, Status> {
+        let r = request.into_inner();
+        let view = self.view(&r.tenant).await?;
+        let filter = Filter::from_proto(r.filter).map_err(ControlError::from)?;
+        let instances = view.instances.iter().filter(|s| filter.matches(s)).map(proto::Instance::from).collect();
+        Ok(Response::new(proto::ListInstancesReply { instances, revision: view.revision }))
+    }
+
+    async fn get_instance(
+        &self,
+        request: Request<proto::GetInstanceRequest>,
+    ) -> Result<Response<proto::GetInstanceReply>, Status> {
+        let r = request.into_inner();
+        let view = self.view(&r.tenant).await?;
+        validate_name("instance_id", &r.instance_id).map_err(ControlError::from)?;
+        let status = find_instance(&view, &r.instance_id)?;
+        Ok(Response::new(proto::GetInstanceReply {
+            instance: Some(proto::Instance::from(status)),
+            revision: view.revision,
+        }))
+    }
+
+    async fn set_instance_state(
+        &self,
+        request: Request<proto::SetInstanceStateRequest>,
+    ) -> Result<Response<proto::SetStateReply>, Status> {
+        let r = request.into_inner();
+        validate_tenant("tenant", &r.tenant).map_err(ControlError::from)?;
+        let hold = hold_from_request(health_state_from_i32(r.state), r.reason, HoldScope::Instance)
+            .map_err(ControlError::from)?;
+        let (status, revision) = self.registry.set_instance_hold(&r.tenant, &r.instance_id, hold).await?;
+        Ok(Response::new(proto::SetStateReply { instances: vec![proto::Instance::from(&status)], revision }))
+    }
+
+    async fn set_agent_state(
+        &self,
+        request: Request<proto::SetAgentStateRequest>,
+    ) -> Result<Response<proto::SetStateReply>, Status> {
+        let r = request.into_inner();
+        validate_tenant("tenant", &r.tenant).map_err(ControlError::from)?;
+        let hold = hold_from_request(health_state_from_i32(r.state), r.reason, HoldScope::Agent)
+            .map_err(ControlError::from)?;
+        let (instances, revision) = self.registry.set_agent_hold(&r.tenant, &r.agent, hold).await?;
+        Ok(Response::new(proto::SetStateReply {
+            instances: instances.iter().map(proto::Instance::from).collect(),
+            revision,
+        }))
+    }
+
+    async fn put_policy(
+        &self,
+        request: Request<proto::PutPolicyRequest>,
+    ) -> Result<Response<proto::PutPolicyReply>, Status> {
+        let wire =
+            request.into_inner().policy.ok_or_else(|| ControlError::from(FieldError::new("policy", "is required")))?;
+        let policy = policy_from_proto(wire)
+            .map_err(|e| ControlError::from(FieldError::new(format!("policy.{}", e.field), e.reason)))?;
+        let revision = self.registry.put_policy(&policy).await.map_err(|e| match e {
+            ControlError::Invalid(f) => ControlError::Invalid(FieldError::new(format!("policy.{}", f.field), f.reason)),
+            other => other,
+        })?;
+        Ok(Response::new(proto::PutPolicyReply { policy: Some(policy_to_proto(&policy, revision)) }))
+    }
+
+    async fn get_policy(
+        &self,
+        request: Request<proto::GetPolicyRequest>,
+    ) -> Result<Response<proto::GetPolicyReply>, Status> {
+        let r = request.into_inner();
+        let kind = policy_kind_from_i32("kind", r.kind).map_err(ControlError::from)?;
+        let (policy, revision) = self.registry.get_policy(&r.tenant, kind, &r.name).await?;
+        Ok(Response::new(proto::GetPolicyReply { policy: Some(policy_to_proto(&policy, revision)) }))
+    }
+
+    async fn list_policies(
+        &self,
+        request: Request<proto::ListPoliciesRequest>,
+    ) -> Result<Response<proto::ListPoliciesReply>, Status> {
+        let r = request.into_inner();
+        let kind = match r.kind {
+            0 => None,
+            k => Some(policy_kind_from_i32("kind", k).map_err(ControlError::from)?),
+        };
+        let view = self.view(&r.tenant).await?;
+        let policies = view
+            .policies
+            .iter()
+            .filter(|(p, _)| kind.is_none_or(|k| p.kind == k))
+            .map(|(p, revision)| policy_to_proto(p, *revision))
+            .collect();
+        Ok(Response::new(proto::ListPoliciesReply { policies, revision: view.revision }))
+    }
+
+    async fn delete_policy(
+        &self,
+        request: Request<proto::DeletePolicyRequest>,
+    ) -> Result<Response<proto::DeletePolicyReply>, Status> {
+        let r = request.into_inner();
+        let kind = policy_kind_from_i32("kind", r.kind).map_err(ControlError::from)?;
+        let revision = self.registry.delete_policy(&r.tenant, kind, &r.name).await?;
+        Ok(Response::new(proto::DeletePolicyReply { revision }))
+    }
+
+    async fn put_tenant(
+        &self,
+        request: Request<proto::PutTenantRequest>,
+    ) -> Result<Response<proto::PutTenantReply>, Status> {
+        let tenant =
+            request.into_inner().tenant.ok_or_else(|| ControlError::from(FieldError::new("tenant", "is required")))?;
+        let (tenant, revision) = self.registry.put_tenant(tenant_from_proto(tenant)).await?;
+        Ok(Response::new(proto::PutTenantReply { tenant: Some(tenant_to_proto(&tenant, revision)) }))
+    }
+
+    async fn list_tenants(
+        &self,
+        _request: Request<proto::ListTenantsRequest>,
+    ) -> Result<Response<proto::ListTenantsReply>, Status> {
+        let tenants = self.registry.list_tenants().await?;
+        Ok(Response::new(proto::ListTenantsReply {
+            tenants: tenants.iter().map(|(t, revision)| tenant_to_proto(t, *revision)).collect(),
+        }))
+    }
+
+    async fn explain_route(
+        &self,
+        request: Request<proto::ExplainRouteRequest>,
+    ) -> Result<Response<proto::ExplainRouteReply>, Status> {
+        let r = request.into_inner();
+        validate_tenant("tenant", &r.tenant).map_err(ControlError::from)?;
+        let target = target_from_proto(r.target).map_err(ControlError::from)?;
+        let view = self.view(&r.tenant).await?;
+        let statuses: HashMap<&str, &InstanceStatus> =
+            view.instances.iter().map(|s| (s.record.instance_id.as_str(), s)).collect();
+        let instances: HashMap<String, Arc<Instance>> =
+            view.instances.iter().map(|s| (s.record.instance_id.clone(), Arc::new(s.instance()))).collect();
+        let policies: HashMap<(PolicyKind, String), Arc<Policy>> =
+            view.policies.iter().map(|(p, _)| ((p.kind, p.name.clone()), Arc::new(p.clone()))).collect();
+        let table = RoutingTable::build(view.revision, instances, policies, None);
+        if let Err(agent_reach_routing::RouteError::NotFound { target, suggestions }) =
+            agent_reach_routing::resolve(&table, &target)
+        {
+            return Err(ControlError::AgentNotFound { target, suggestions }.into());
+        }
+        let max = if r.max_candidates == 0 { DEFAULT_CANDIDATES } else { r.max_candidates as usize };
+        let request = agent_reach_routing::PickRequest {
+            target: &target,
+            priority: priority_from_i32(r.priority),
+            hash_key: (!r.session_id.is_empty()).then_some(r.session_id.as_str()),
+            exclude: &[],
+            // As the sidecars' own Route answers: before a canary split picks a version.
+            version: None,
+            now: agent_reach_routing::clock(),
+        };
+        let explanation = agent_reach_routing::explain(&table, &request, max);
+        Ok(Response::new(proto::ExplainRouteReply {
+            candidates: explanation
+                .candidates
+                .iter()
+                .map(|c| proto::RouteCandidate {
+                    instance: Some(match statuses.get(c.member.id()) {
+                        Some(status) => proto::Instance::from(*status),
+                        None => proto::Instance::from(&*c.member.instance),
+                    }),
+                    score: c.score,
+                    note: c.note.clone(),
+                })
+                .collect(),
+            skipped: explanation
+                .skipped
+                .into_iter()
+                .map(|s| proto::SkippedInstance {
+                    instance_id: s.instance_id,
+                    agent: s.agent,
+                    reason: s.reason,
+                    detail: s.detail,
+                })
+                .collect(),
+            revision: view.revision,
+            strategy: explanation.strategy.unwrap_or_default().as_str().to_string(),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use agent_reach::model::{Capability, InstanceRecord, Load, Registration};
+
+    use super::*;
+
+    fn status(agent: &str, caps: &[(&str, &[&str])], state: HealthState) -> InstanceStatus {
+        InstanceStatus {
+            record: InstanceRecord {
+                instance_id: format!("{agent}-1"),
+                tenant: "t".into(),
+                registration: Registration {
+                    agent: agent.into(),
+                    capabilities: caps
+                        .iter()
+                        .map(|(n, tags)| Capability {
+                            name: n.to_string(),
+                            tags: tags.iter().map(|t| t.to_string()).collect(),
+                        })
+                        .collect(),
+                    endpoint: "http://127.0.0.1:1".into(),
+                    ..Default::default()
+                },
+                sidecar_id: "s".into(),
+                sidecar_address: "127.0.0.1:2".into(),
+                state,
+                load: Load::default(),
+                registered_at_ms: 0,
+            },
+            revision: 1,
+            reported_state: state,
+            holds: vec![],
+            generation: 1,
+        }
+    }
+
+    #[test]
+    fn filters_match_capability_tags_and_states() {
+        let s = status("tr", &[("text.translate", &["zh", "en"]), ("text.detect", &["fr"])], HealthState::Up);
+        let f = |agent: &str, cap: &str, tags: &[&str], states: &[proto::HealthState]| {
+            Filter::from_proto(Some(proto::InstanceFilter {
+                agent: agent.into(),
+                capability: cap.into(),
+                tags: tags.iter().map(|t| t.to_string()).collect(),
+                states: states.iter().map(|s| *s as i32).collect(),
+            }))
+            .unwrap()
+        };
+        assert!(f("", "", &[], &[]).matches(&s));
+        assert!(f("tr", "text.translate", &["zh"], &[proto::HealthState::Up]).matches(&s));
+        assert!(!f("other", "", &[], &[]).matches(&s));
+        assert!(!f("", "text.translate", &["fr"], &[]).matches(&s));
+        // Without a capability, tags may come from any capability.
+        assert!(f("", "", &["fr", "zh"], &[]).matches(&s));
+        assert!(!f("", "", &[], &[proto::HealthState::Paused, proto::HealthState::Down]).matches(&s));
+        let bad = Filter::from_proto(Some(proto::InstanceFilter { agent: "a/b".into(), ..Default::default() }));
+        assert_eq!(bad.unwrap_err().field, "filter.agent");
+        let bad = Filter::from_proto(Some(proto::InstanceFilter { states: vec![0], ..Default::default() }));
+        assert_eq!(bad.unwrap_err().field, "filter.states[0]");
+    }
+}
