@@ -51,13 +51,21 @@ pub struct SidecarArgs {
     #[arg(long, env = "AGENT_REACH_DEADLINE_RESERVE", default_value = "5ms", value_parser = agent_reach::duration::parse)]
     pub deadline_reserve: Duration,
 
-    /// How often agents are asked to heartbeat.
+    /// How often agents are asked to heartbeat. An agent silent for two intervals is
+    /// UNKNOWN and gets probed.
     #[arg(long, env = "AGENT_REACH_HEARTBEAT_INTERVAL", default_value = "2s", value_parser = agent_reach::duration::parse)]
     pub heartbeat_interval: Duration,
 
-    /// How often the sidecar checks its agents with grpc.health.v1.
+    /// How often a silent agent is probed with grpc.health.v1 (2 s timeout); a probe
+    /// settles it UP or DOWN.
     #[arg(long, env = "AGENT_REACH_PROBE_INTERVAL", default_value = "2s", value_parser = agent_reach::duration::parse)]
     pub probe_interval: Duration,
+
+    /// An agent with no heartbeat and no successful probe for this long is removed. The
+    /// default outlasts a 10 s GC pause three times over, so a paused agent keeps its
+    /// instance id and registration (it shows UNKNOWN, then DOWN, then its own state again).
+    #[arg(long, env = "AGENT_REACH_DEAD_AFTER", default_value = "30s", value_parser = agent_reach::duration::parse)]
+    pub dead_after: Duration,
 
     /// Timeout of control-service requests (Register, Heartbeat, Deregister).
     #[arg(long, env = "AGENT_REACH_CONTROL_TIMEOUT", default_value = "3s", value_parser = agent_reach::duration::parse)]
@@ -127,6 +135,7 @@ pub struct SidecarConfig {
     pub deadline_reserve: Duration,
     pub heartbeat_interval: Duration,
     pub probe_interval: Duration,
+    pub dead_after: Duration,
     pub control_timeout: Duration,
     /// Where the routing table is saved and loaded from; `None` = not at all.
     pub table_file: Option<PathBuf>,
@@ -157,6 +166,7 @@ impl SidecarConfig {
             deadline_reserve: Duration::from_millis(5),
             heartbeat_interval: Duration::from_secs(2),
             probe_interval: Duration::from_secs(2),
+            dead_after: Duration::from_secs(30),
             control_timeout: Duration::from_secs(3),
             table_file: None,
             drain_timeout: Duration::from_secs(30),
@@ -193,6 +203,13 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
         if a.admin_listen != "off" && a.admin_listen.parse::<SocketAddr>().is_err() {
             return Err(format!("--admin-listen: {:?} is not host:port or \"off\"", a.admin_listen));
         }
+        let settle = a.heartbeat_interval * 2 + crate::registry::PROBE_TIMEOUT;
+        if a.dead_after <= settle {
+            return Err(format!(
+                "--dead-after must be longer than two heartbeat intervals plus the 2s probe timeout ({settle:?}), got {:?}",
+                a.dead_after
+            ));
+        }
         if a.default_timeout.is_zero() {
             return Err("--default-timeout must be greater than 0".into());
         }
@@ -213,6 +230,7 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
             deadline_reserve: a.deadline_reserve,
             heartbeat_interval: a.heartbeat_interval,
             probe_interval: a.probe_interval,
+            dead_after: a.dead_after,
             control_timeout: a.control_timeout,
             table_file: match a.table_file.as_deref() {
                 Some("off") => None,
@@ -265,8 +283,11 @@ mod tests {
         assert!(SidecarConfig::try_from(&args).unwrap_err().contains("--tenant"));
         let args = SidecarArgs::parse_from(["sidecar", "--max-payload-bytes", "0"]);
         assert!(SidecarConfig::try_from(&args).unwrap_err().contains("--max-payload-bytes"));
+        let args = SidecarArgs::parse_from(["sidecar", "--dead-after", "5s"]);
+        assert!(SidecarConfig::try_from(&args).unwrap_err().contains("--dead-after"));
         let args = SidecarArgs::parse_from(["sidecar"]);
         let cfg = SidecarConfig::try_from(&args).unwrap();
+        assert_eq!(cfg.dead_after, Duration::from_secs(30));
         assert_eq!(cfg.control, vec!["http://127.0.0.1:7800".to_string()]);
         assert_eq!(cfg.max_payload_bytes, 4 * 1024 * 1024);
         assert!(cfg.table_file.unwrap().ends_with("agent-reach/default-7700.table.json"));

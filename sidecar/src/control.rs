@@ -3,9 +3,12 @@
 //! table in step with the store.
 //!
 //! The watch loop applies a snapshot by replacing the whole table and deltas strictly in
-//! revision order (a delta whose revision does not move forward is rejected and counted).
-//! While control is unreachable it keeps the last table and reconnects with capped,
-//! jittered backoff, resuming from the last applied revision.
+//! revision order: a delta whose revision does not move forward is rejected and counted,
+//! and one that does not follow the table's revision (its `prev_revision` is newer than
+//! the table) is refused, counted, and the stream resumed from the table's revision. While
+//! control is unreachable it keeps the last table and reconnects with capped, jittered
+//! backoff, to the next control endpoint each time, resuming from the last applied
+//! revision.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -81,11 +84,19 @@ impl ControlClients {
         Err(last)
     }
 
-    /// The client the watch loop should use after `failures` consecutive failures.
-    fn for_watch(&self, failures: u32) -> (&str, ControlClient<Channel>) {
-        let idx = (self.current.load(Ordering::Relaxed) + failures as usize) % self.endpoints.len();
-        let (uri, client) = &self.endpoints[idx];
+    /// The endpoint at `index` (modulo the number of endpoints).
+    fn endpoint(&self, index: usize) -> (&str, ControlClient<Channel>) {
+        let (uri, client) = &self.endpoints[index % self.endpoints.len()];
         (uri, client.clone())
+    }
+
+    /// How many endpoints there are.
+    pub fn len(&self) -> usize {
+        self.endpoints.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.endpoints.is_empty()
     }
 }
 
@@ -98,13 +109,20 @@ fn failover(status: &Status) -> bool {
 #[derive(Debug, Default)]
 pub struct WatchStats {
     pub connected: AtomicBool,
+    /// Watch streams opened (the first connection and every reconnection).
+    pub connections: AtomicU64,
     pub snapshots: AtomicU64,
+    /// Snapshots flagged `resync` (the sidecar's revision was compacted away).
     pub resyncs: AtomicU64,
     pub deltas: AtomicU64,
+    /// Deltas whose revision did not move forward, rejected.
     pub rejected: AtomicU64,
     /// Unix milliseconds when the table was last known to match control (an event applied
     /// or a watch established); 0 = never.
     pub confirmed_at_ms: AtomicU64,
+    /// Deltas that did not follow the table's revision (changes were missed): the stream
+    /// is dropped and resumed from the table's revision.
+    pub gaps: AtomicU64,
     /// Instances or policies from control that failed conversion and were skipped.
     pub invalid_instances: AtomicU64,
 }
@@ -130,6 +148,22 @@ pub fn unix_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
+/// What one watch event did to the table (for observers such as tests).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// The table was replaced by a snapshot.
+    Snapshot { revision: i64, resync: bool },
+    /// A delta moved the table from `from` to `revision` with `changes` upserts and
+    /// removals (0 for a delta that only moves the revision on).
+    Delta { from: i64, revision: i64, changes: usize },
+    /// A delta was refused: `Backwards` (its revision does not move forward) or `Gap` (it
+    /// does not follow the table's revision).
+    Refused { revision: i64, table: i64, gap: bool },
+}
+
+/// Called after every watch event, with what it did.
+pub type WatchObserver = Arc<dyn Fn(&Applied) + Send + Sync>;
+
 /// Keeps `table` in step with control until `shutdown` turns true.
 pub async fn run_watch(
     control: Arc<ControlClients>,
@@ -137,11 +171,29 @@ pub async fn run_watch(
     table: TableHandle,
     revision_tx: watch::Sender<i64>,
     stats: Arc<WatchStats>,
+    shutdown: watch::Receiver<bool>,
+) {
+    run_watch_observed(control, request, table, revision_tx, stats, None, shutdown).await
+}
+
+/// [`run_watch`], telling `observer` what every event did.
+///
+/// It watches one control endpoint at a time and moves to the next one whenever its stream
+/// fails or ends, after a jittered backoff that grows with consecutive failures (capped at
+/// 5 s). Each connection resumes from the table's revision.
+pub async fn run_watch_observed(
+    control: Arc<ControlClients>,
+    request: proto::WatchRequest,
+    table: TableHandle,
+    revision_tx: watch::Sender<i64>,
+    stats: Arc<WatchStats>,
+    observer: Option<WatchObserver>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut failures: u32 = 0;
+    let mut endpoint = 0usize;
     loop {
-        let (uri, mut client) = control.for_watch(failures);
+        let (uri, mut client) = control.endpoint(endpoint);
         let uri = uri.to_string();
         let mut req = request.clone();
         req.from_revision = table.load().revision;
@@ -153,7 +205,8 @@ pub async fn run_watch(
             Ok(resp) => {
                 stats.connected.store(true, Ordering::Relaxed);
                 stats.confirm();
-                tracing::info!(control = %uri, "watching routing state");
+                stats.connections.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(control = %uri, revision = table.load().revision, "watching routing state");
                 let mut stream = resp.into_inner();
                 loop {
                     let msg = tokio::select! {
@@ -163,9 +216,16 @@ pub async fn run_watch(
                     match msg {
                         Ok(Some(event)) => {
                             failures = 0;
-                            apply(&table, event, &stats);
+                            let applied = apply(&table, event, &stats);
                             stats.confirm();
+                            if let (Some(observer), Some(applied)) = (&observer, &applied) {
+                                observer(applied);
+                            }
                             revision_tx.send_replace(table.load().revision);
+                            if let Some(Applied::Refused { gap: true, .. }) = applied {
+                                tracing::warn!(control = %uri, "missed changes; resuming from revision {}", table.load().revision);
+                                break;
+                            }
                         }
                         Ok(None) => {
                             tracing::warn!(control = %uri, "watch stream ended");
@@ -181,6 +241,8 @@ pub async fn run_watch(
             }
             Err(status) => tracing::warn!(control = %uri, "cannot watch: {}", status.message()),
         }
+        // The next attempt goes to the next replica.
+        endpoint = endpoint.wrapping_add(1);
         let wait = agent_reach::backoff::jittered(failures, Duration::from_millis(100), Duration::from_secs(5));
         failures = failures.saturating_add(1);
         tokio::select! {
@@ -190,8 +252,9 @@ pub async fn run_watch(
     }
 }
 
-/// Applies one watch event to the table.
-pub fn apply(table: &TableHandle, event: proto::WatchEvent, stats: &WatchStats) {
+/// Applies one watch event to the table: a snapshot replaces it whole; a delta applies
+/// only on top of the revision it follows.
+pub fn apply(table: &TableHandle, event: proto::WatchEvent, stats: &WatchStats) -> Option<Applied> {
     let invalid = |what: &str, e: &dyn std::fmt::Display| {
         stats.invalid_instances.fetch_add(1, Ordering::Relaxed);
         tracing::warn!("ignoring an invalid {what} from control: {e}");
@@ -221,6 +284,7 @@ pub fn apply(table: &TableHandle, event: proto::WatchEvent, stats: &WatchStats) 
             if s.resync {
                 stats.resyncs.fetch_add(1, Ordering::Relaxed);
             }
+            Some(Applied::Snapshot { revision: s.revision, resync: s.resync })
         }
         Some(proto::watch_event::Event::Delta(d)) => {
             let current = table.load_full();
@@ -231,8 +295,20 @@ pub fn apply(table: &TableHandle, event: proto::WatchEvent, stats: &WatchStats) 
                     table = current.revision,
                     "rejected a delta that does not move forward"
                 );
-                return;
+                return Some(Applied::Refused { revision: d.revision, table: current.revision, gap: false });
             }
+            if d.prev_revision > current.revision {
+                stats.gaps.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    revision = d.revision,
+                    follows = d.prev_revision,
+                    table = current.revision,
+                    "refused a delta that does not follow the table"
+                );
+                return Some(Applied::Refused { revision: d.revision, table: current.revision, gap: true });
+            }
+            let changes =
+                d.upserted.len() + d.removed_instance_ids.len() + d.upserted_policies.len() + d.removed_policies.len();
             let removed_policies = d
                 .removed_policies
                 .into_iter()
@@ -252,7 +328,8 @@ pub fn apply(table: &TableHandle, event: proto::WatchEvent, stats: &WatchStats) 
                 removed_policies,
             }));
             stats.deltas.fetch_add(1, Ordering::Relaxed);
+            Some(Applied::Delta { from: current.revision, revision: d.revision, changes })
         }
-        None => {}
+        None => None,
     }
 }

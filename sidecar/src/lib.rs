@@ -175,7 +175,7 @@ impl Sidecar {
             config.tenant.clone(),
             identity.clone(),
             control.clone(),
-            config.heartbeat_interval,
+            registry::Timers::from(&config),
         ));
         // The overall status ("") starts SERVING.
         let health = tonic_health::pb::health_server::HealthServer::new(
@@ -242,7 +242,7 @@ impl Sidecar {
             proto::WatchRequest { tenant: config.tenant.clone(), sidecar: Some(identity), from_revision: 0 };
         tasks.spawn(control::run_watch(control, watch_request, table, revision_tx, watch_stats, shutdown_rx.clone()));
         tasks.spawn(registry.clone().run_renewals(shutdown_rx.clone()));
-        tasks.spawn(registry.run_probes(config.probe_interval, shutdown_rx.clone()));
+        tasks.spawn(registry.run_probes(shutdown_rx.clone()));
         let admin_addr = match admin {
             Some(listener) => {
                 let addr = listener.local_addr()?;
@@ -304,6 +304,10 @@ impl Sidecar {
     /// Agents registered through this sidecar.
     pub fn local_instances(&self) -> usize {
         self.inner.registry.len()
+    }
+    /// The registry of local agents (their health, lease and counters).
+    pub fn registry(&self) -> &Arc<registry::Registry> {
+        &self.inner.registry
     }
 
     /// Waits until the routing table satisfies `pred` (checked after every change).
@@ -440,9 +444,10 @@ fn local_api(inner: Arc<Inner>, stacks: forward::Stacks, req: Request<Incoming>)
                 unary(req, move |r: tonic::Request<proto::RegisterRequest>| {
                     let inner = inner.clone();
                     async move {
-                        let registration = registration_from_proto("registration", r.into_inner().registration)
+                        let r = r.into_inner();
+                        let registration = registration_from_proto("registration", r.registration)
                             .map_err(error::SidecarError::from)?;
-                        inner.registry.register(registration).await
+                        inner.registry.register(registration, r.instance_id, health_state_from_i32(r.state)).await
                     }
                 })
                 .await

@@ -1,18 +1,28 @@
 //! The agents on this sidecar's host: their registrations with the control service, the
-//! leases that keep them alive, and their health.
+//! one lease that keeps them all alive, and their health.
 //!
-//! An agent registers here; the sidecar assigns the instance id and stores the record with
-//! control on a lease. Agents heartbeat to the sidecar; the sidecar renews leases in batches
-//! (only for agents whose heartbeats are fresh) and re-registers instances whose lease was
-//! lost while control was away. It probes each agent with `grpc.health.v1` and reports an
-//! agent that fails two probes in a row as DOWN. Routing is not done here.
+//! An agent registers here (with its own stable instance id, or one the sidecar assigns);
+//! the sidecar stores the record with control on the sidecar's lease, granted by the first
+//! registration and shared by every local instance, so renewing it is one store request
+//! per renewal period however many agents run here. When the sidecar dies, the lease
+//! expires and takes all of its instances with it.
+//!
+//! Agents heartbeat to the sidecar with their state and load; the sidecar judges each
+//! instance's health ([`health`]: the agent's report, UNKNOWN when silent, probes that
+//! settle it UP or DOWN, removal when dead) and reports to control: every quarter of the
+//! lease TTL one batch with every instance (which renews the lease), and at once when an
+//! instance's state changes. Control decides which reports become store writes. Instances
+//! whose lease was lost (control away longer than the TTL) are registered again; instances
+//! whose id a newer registration took elsewhere are dropped. Routing is not done here.
+
+mod health;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agent_reach::model::{HealthState, Load, Registration, new_instance_id};
+use agent_reach::model::{FieldError, HealthState, Registration, new_instance_id, validate_name};
 use agent_reach::proto;
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
@@ -21,29 +31,24 @@ use tonic::Status;
 use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::health_client::HealthClient;
 
+pub use health::{Health, Timers};
+
+use crate::config::SidecarConfig;
 use crate::control::ControlClients;
 use crate::error::SidecarError;
 
-/// Consecutive failed probes after which an agent is reported DOWN.
-const PROBE_FAILURES_DOWN: u32 = 2;
 /// Timeout of one health probe.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// One agent instance registered through this sidecar.
-pub struct LocalInstance {
-    pub instance_id: String,
-    pub registration: Registration,
-    /// `host:port` of the agent's endpoint.
-    pub authority: String,
-    lease: AtomicI64,
-    lease_ttl: Mutex<Duration>,
-    last_heartbeat: Mutex<Instant>,
-    last_renewal: Mutex<Instant>,
-    reported: Mutex<(HealthState, Load)>,
-    probe_failures: AtomicU32,
-    /// State last sent to control.
-    published: Mutex<HealthState>,
-    pub(crate) health: HealthClient<Channel>,
+impl From<&SidecarConfig> for Timers {
+    fn from(c: &SidecarConfig) -> Timers {
+        Timers {
+            heartbeat_interval: c.heartbeat_interval,
+            probe_interval: c.probe_interval,
+            probe_timeout: PROBE_TIMEOUT,
+            dead_after: c.dead_after,
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -51,26 +56,68 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// One agent instance registered through this sidecar.
+pub struct LocalInstance {
+    pub instance_id: String,
+    pub registration: Registration,
+    /// `host:port` of the agent's endpoint.
+    pub authority: String,
+    /// The lease its record is on.
+    lease: AtomicI64,
+    timers: Timers,
+    judged: Mutex<Health>,
+    /// The state control last accepted (None: not reported yet).
+    published: Mutex<Option<HealthState>>,
+    /// Set when the sidecar drains: PAUSED whatever the agent reports.
+    draining: AtomicBool,
+    pub(crate) health: HealthClient<Channel>,
+}
+
 impl LocalInstance {
-    /// The state routing should see: DOWN when probes fail, else what the agent reported.
+    /// The state routing should see, now, as this sidecar judges it (operator holds are
+    /// applied by control, not here).
     pub fn effective_state(&self) -> HealthState {
-        if self.probe_failures.load(Ordering::Relaxed) >= PROBE_FAILURES_DOWN {
-            HealthState::Down
-        } else {
-            lock(&self.reported).0
-        }
+        self.state_at(&lock(&self.judged), Instant::now())
     }
 
-    fn heartbeat_message(&self) -> proto::InstanceHeartbeat {
-        let (_, load) = *lock(&self.reported);
-        proto::InstanceHeartbeat {
+    /// The state routing should see at `now`, given `health`.
+    fn state_at(&self, health: &Health, now: Instant) -> HealthState {
+        if self.draining.load(Ordering::Relaxed) { HealthState::Paused } else { health.state(now, &self.timers) }
+    }
+
+    fn heartbeat_message(&self) -> (proto::InstanceHeartbeat, HealthState) {
+        let (state, load) = {
+            let health = lock(&self.judged);
+            (self.state_at(&health, Instant::now()), health.load())
+        };
+        let beat = proto::InstanceHeartbeat {
             instance_id: self.instance_id.clone(),
             agent: self.registration.agent.clone(),
             lease_id: self.lease.load(Ordering::Relaxed),
-            state: proto::HealthState::from(self.effective_state()) as i32,
+            state: proto::HealthState::from(state) as i32,
             load: Some(load.into()),
-        }
+        };
+        (beat, state)
     }
+}
+
+/// Counters of the registry.
+#[derive(Debug, Default)]
+pub struct RegistryStats {
+    /// Heartbeat requests sent to control.
+    pub reports: AtomicU64,
+    /// Instance heartbeats sent to control (entries of those requests).
+    pub instance_reports: AtomicU64,
+    /// Health probes started.
+    pub probes: AtomicU64,
+    /// Probes that failed (not serving, error or timeout).
+    pub probe_failures: AtomicU64,
+    /// Instances registered again after their lease or record was lost.
+    pub reregistrations: AtomicU64,
+    /// Instances removed because they showed no sign of life for `dead_after`.
+    pub dead_removed: AtomicU64,
+    /// Instances dropped because a newer registration of their id was made elsewhere.
+    pub replaced: AtomicU64,
 }
 
 /// The registry of local agents.
@@ -78,8 +125,18 @@ pub struct Registry {
     tenant: String,
     identity: proto::SidecarIdentity,
     control: Arc<ControlClients>,
-    heartbeat_interval: Duration,
+    timers: Timers,
     instances: ArcSwap<HashMap<String, Arc<LocalInstance>>>,
+    /// The sidecar's lease (0: none yet, or lost) and its TTL.
+    lease: AtomicI64,
+    lease_ttl: Mutex<Duration>,
+    /// Held while a lease is being obtained, so concurrent registrations share one.
+    lease_lock: tokio::sync::Mutex<()>,
+    /// Orders reports to control, so an older state never overtakes a newer one.
+    report_lock: tokio::sync::Mutex<()>,
+    /// Instances removed here whose removal control has not taken yet.
+    removals: Mutex<Vec<Arc<LocalInstance>>>,
+    stats: RegistryStats,
 }
 
 impl Registry {
@@ -87,9 +144,21 @@ impl Registry {
         tenant: String,
         identity: proto::SidecarIdentity,
         control: Arc<ControlClients>,
-        heartbeat_interval: Duration,
+        timers: Timers,
     ) -> Registry {
-        Registry { tenant, identity, control, heartbeat_interval, instances: ArcSwap::default() }
+        Registry {
+            tenant,
+            identity,
+            control,
+            timers,
+            instances: ArcSwap::default(),
+            lease: AtomicI64::new(0),
+            lease_ttl: Mutex::new(Duration::ZERO),
+            lease_lock: tokio::sync::Mutex::new(()),
+            report_lock: tokio::sync::Mutex::new(()),
+            removals: Mutex::new(Vec::new()),
+            stats: RegistryStats::default(),
+        }
     }
 
     /// A local instance by id (lock-free; used on the delivery path).
@@ -105,6 +174,19 @@ impl Registry {
         self.instances.load().is_empty()
     }
 
+    pub fn timers(&self) -> &Timers {
+        &self.timers
+    }
+
+    pub fn stats(&self) -> &RegistryStats {
+        &self.stats
+    }
+
+    /// The sidecar's lease (0 while it has none).
+    pub fn lease(&self) -> i64 {
+        self.lease.load(Ordering::Relaxed)
+    }
+
     fn insert(&self, inst: Arc<LocalInstance>) {
         self.instances.rcu(|m| {
             let mut m = HashMap::clone(m);
@@ -113,65 +195,136 @@ impl Registry {
         });
     }
 
-    fn remove(&self, instance_id: &str) -> Option<Arc<LocalInstance>> {
-        let mut removed = None;
+    /// Removes `inst` (only that very instance, not a newer one with its id).
+    fn remove(&self, inst: &Arc<LocalInstance>) -> bool {
+        let mut removed = false;
         self.instances.rcu(|m| {
             let mut m = HashMap::clone(m);
-            removed = m.remove(instance_id);
+            removed = false;
+            if m.get(&inst.instance_id).is_some_and(|i| Arc::ptr_eq(i, inst)) {
+                m.remove(&inst.instance_id);
+                removed = true;
+            }
             m
         });
         removed
     }
 
-    /// Registers a new agent instance with control and starts tracking it.
-    pub async fn register(&self, registration: Registration) -> Result<proto::RegisterReply, SidecarError> {
+    /// Registers an agent instance with control and starts tracking it. `instance_id`
+    /// empty: a new id. `state` None: UP.
+    pub async fn register(
+        &self,
+        registration: Registration,
+        instance_id: String,
+        state: Option<HealthState>,
+    ) -> Result<proto::RegisterReply, SidecarError> {
         registration.validate()?;
         let authority = agent_reach::model::endpoint_authority(&registration.endpoint)
-            .map_err(|why| agent_reach::model::FieldError::new("registration.endpoint", why))?
+            .map_err(|why| FieldError::new("registration.endpoint", why))?
             .to_string();
-        let instance_id = new_instance_id(&registration.agent);
-        let reply = self.register_with_control(&instance_id, &registration, HealthState::Up).await?;
-        let health_endpoint = Endpoint::from_shared(format!("http://{authority}"))
+        let instance_id = if instance_id.is_empty() {
+            new_instance_id(&registration.agent)
+        } else {
+            validate_name("instance_id", &instance_id)?;
+            if let Some(other) = self.get(&instance_id).filter(|i| i.registration.agent != registration.agent) {
+                return Err(FieldError::new(
+                    "instance_id",
+                    format!("already used here by agent {:?}", other.registration.agent),
+                )
+                .into());
+            }
+            instance_id
+        };
+        let state = match state {
+            None => HealthState::Up,
+            Some(s @ (HealthState::Starting | HealthState::Up | HealthState::Degraded | HealthState::Paused)) => s,
+            Some(s) => {
+                return Err(
+                    FieldError::new("state", format!("an instance cannot register {s}; use STARTING or UP")).into()
+                );
+            }
+        };
+        let reply = self.register_with_control(&instance_id, &registration, state).await?;
+        let probe_endpoint = Endpoint::from_shared(format!("http://{authority}"))
             .map_err(|e| SidecarError::Internal(format!("agent endpoint: {e}")))?
             .connect_timeout(PROBE_TIMEOUT)
             .timeout(PROBE_TIMEOUT);
-        let now = Instant::now();
-        let ttl = Duration::from_millis(u64::from(reply.lease_ttl_ms));
         let inst = Arc::new(LocalInstance {
             instance_id: instance_id.clone(),
             registration,
             authority,
             lease: AtomicI64::new(reply.lease_id),
-            lease_ttl: Mutex::new(ttl),
-            last_heartbeat: Mutex::new(now),
-            last_renewal: Mutex::new(now),
-            reported: Mutex::new((HealthState::Up, Load::default())),
-            probe_failures: AtomicU32::new(0),
-            published: Mutex::new(HealthState::Up),
-            health: HealthClient::new(health_endpoint.connect_lazy()),
+            timers: self.timers,
+            judged: Mutex::new(Health::new(state, Instant::now())),
+            published: Mutex::new(Some(state)),
+            draining: AtomicBool::new(false),
+            health: HealthClient::new(probe_endpoint.connect_lazy()),
         });
-        tracing::info!(instance = %instance_id, agent = %inst.registration.agent, endpoint = %inst.registration.endpoint, "agent registered");
+        tracing::info!(
+            instance = %instance_id, agent = %inst.registration.agent, endpoint = %inst.registration.endpoint,
+            generation = reply.generation, %state, "agent registered"
+        );
         self.insert(inst);
         Ok(proto::RegisterReply {
             instance_id,
-            heartbeat_interval_ms: u32::try_from(self.heartbeat_interval.as_millis()).unwrap_or(u32::MAX),
-            lease_ttl_ms: reply.lease_ttl_ms,
+            heartbeat_interval_ms: millis(self.timers.heartbeat_interval),
+            // An agent that stops heartbeating (and answering probes) is removed after this.
+            lease_ttl_ms: millis(self.timers.dead_after),
             tenant: self.tenant.clone(),
         })
     }
 
+    /// Stores a record with control on the sidecar's lease, obtaining a lease first when
+    /// there is none (or it turns out to be gone).
     async fn register_with_control(
         &self,
         instance_id: &str,
         registration: &Registration,
         state: HealthState,
     ) -> Result<proto::ControlRegisterReply, SidecarError> {
+        for attempt in 0..2 {
+            let mut lease = self.lease();
+            let reply = if lease != 0 {
+                self.control_register(instance_id, registration, state, lease).await
+            } else {
+                let _obtaining = self.lease_lock.lock().await;
+                // Another registration may have obtained one while this one waited.
+                lease = self.lease();
+                let reply = self.control_register(instance_id, registration, state, lease).await;
+                if let Ok(r) = &reply
+                    && lease == 0
+                {
+                    *lock(&self.lease_ttl) = Duration::from_millis(u64::from(r.lease_ttl_ms));
+                    self.lease.store(r.lease_id, Ordering::Relaxed);
+                    tracing::info!(lease = format!("{:x}", r.lease_id), ttl_ms = r.lease_ttl_ms, "obtained a lease");
+                }
+                reply
+            };
+            match reply {
+                Err(status) if attempt == 0 && lease_not_found(&status) => {
+                    tracing::warn!(lease = format!("{lease:x}"), "the sidecar's lease is gone; obtaining a new one");
+                    let _ = self.lease.compare_exchange(lease, 0, Ordering::Relaxed, Ordering::Relaxed);
+                }
+                other => return other.map_err(control_error),
+            }
+        }
+        Err(SidecarError::ControlUnavailable("no lease could be obtained".into()))
+    }
+
+    async fn control_register(
+        &self,
+        instance_id: &str,
+        registration: &Registration,
+        state: HealthState,
+        lease: i64,
+    ) -> Result<proto::ControlRegisterReply, Status> {
         let request = proto::ControlRegisterRequest {
             tenant: self.tenant.clone(),
             sidecar: Some(self.identity.clone()),
             instance_id: instance_id.to_string(),
             registration: Some(registration.clone().into()),
             state: proto::HealthState::from(state) as i32,
+            lease_id: lease,
         };
         self.control
             .call(|mut c| {
@@ -179,7 +332,6 @@ impl Registry {
                 async move { c.register(request).await }
             })
             .await
-            .map_err(control_error)
     }
 
     /// Records an agent's heartbeat. Unknown instance ids get INSTANCE_NOT_FOUND, which
@@ -188,64 +340,33 @@ impl Registry {
         self: &Arc<Self>,
         instance_id: &str,
         state: Option<HealthState>,
-        load: Option<Load>,
+        load: Option<agent_reach::model::Load>,
     ) -> Result<(), SidecarError> {
         let inst = self.get(instance_id).ok_or_else(|| SidecarError::InstanceNotFound(instance_id.to_string()))?;
-        *lock(&inst.last_heartbeat) = Instant::now();
-        {
-            let mut reported = lock(&inst.reported);
-            if let Some(s) = state {
-                reported.0 = s;
-            }
-            if let Some(l) = load {
-                reported.1 = l;
-            }
-        }
+        let now = Instant::now();
+        let state = {
+            let mut health = lock(&inst.judged);
+            health.heartbeat(state, load, now);
+            inst.state_at(&health, now)
+        };
         // A state change reaches control at once, not at the next renewal; the agent's
         // heartbeat does not wait for it.
-        if inst.effective_state() != *lock(&inst.published) {
+        if Some(state) != *lock(&inst.published) {
             let registry = self.clone();
-            tokio::spawn(async move { registry.publish(&[inst]).await });
+            tokio::spawn(async move { registry.report(&[inst]).await });
         }
         Ok(())
     }
 
-    /// Removes an instance here and at control.
-    pub async fn deregister(&self, instance_id: &str) -> Result<(), SidecarError> {
-        let inst = self.remove(instance_id).ok_or_else(|| SidecarError::InstanceNotFound(instance_id.to_string()))?;
-        let request = proto::ControlDeregisterRequest {
-            tenant: self.tenant.clone(),
-            instance_id: inst.instance_id.clone(),
-            agent: inst.registration.agent.clone(),
-            lease_id: inst.lease.load(Ordering::Relaxed),
-        };
-        let result = self
-            .control
-            .call(|mut c| {
-                let request = request.clone();
-                async move { c.deregister(request).await }
-            })
-            .await;
-        match result {
-            Ok(_) => tracing::info!(instance = %instance_id, "agent deregistered"),
-            Err(status) => {
-                // The instance is gone here, so its lease will not be renewed and expires
-                // within one TTL; calls routed to it meanwhile are refused as not delivered
-                // and retried elsewhere by the caller's sidecar.
-                tracing::warn!(instance = %instance_id, "control did not take the deregistration ({}); the lease will expire", status.message());
-            }
-        }
-        Ok(())
-    }
-
-    /// Shutdown, step 1: reports every local instance PAUSED so callers stop sending new
-    /// calls (calls in flight finish).
+    /// Shutdown, step 1: every local instance is PAUSED from now on, whatever its agent
+    /// reports, and control is told at once, so callers stop sending new calls (calls in
+    /// flight finish).
     pub async fn pause_all(&self) {
         let all: Vec<Arc<LocalInstance>> = self.instances.load().values().cloned().collect();
         for inst in &all {
-            lock(&inst.reported).0 = HealthState::Paused;
+            inst.draining.store(true, Ordering::Relaxed);
         }
-        self.publish(&all).await;
+        self.report(&all).await;
     }
 
     /// Shutdown, last step: removes every local instance here and at control.
@@ -256,17 +377,80 @@ impl Registry {
         }
     }
 
-    /// Sends heartbeats for `instances` to control; re-registers those whose lease is gone.
-    async fn publish(&self, instances: &[Arc<LocalInstance>]) {
-        if instances.is_empty() {
+    /// Removes an instance here and at control.
+    pub async fn deregister(&self, instance_id: &str) -> Result<(), SidecarError> {
+        let inst = self.get(instance_id).ok_or_else(|| SidecarError::InstanceNotFound(instance_id.to_string()))?;
+        if self.remove(&inst) {
+            self.remove_at_control(inst).await;
+        }
+        tracing::info!(instance = %instance_id, "agent deregistered");
+        Ok(())
+    }
+
+    /// Removes an instance's record at control; if control cannot be reached, keeps trying
+    /// on every renewal tick (the shared lease would otherwise keep the record alive).
+    async fn remove_at_control(&self, inst: Arc<LocalInstance>) {
+        if let Err(status) = self.deregister_at_control(&inst).await {
+            tracing::warn!(instance = %inst.instance_id, "control did not take the removal yet: {}", status.message());
+            lock(&self.removals).push(inst);
+        }
+    }
+
+    /// Retries the removals control has not taken yet.
+    async fn retry_removals(&self) {
+        let pending = std::mem::take(&mut *lock(&self.removals));
+        for inst in pending {
+            self.remove_at_control(inst).await;
+        }
+    }
+
+    async fn deregister_at_control(&self, inst: &LocalInstance) -> Result<(), Status> {
+        let request = proto::ControlDeregisterRequest {
+            tenant: self.tenant.clone(),
+            instance_id: inst.instance_id.clone(),
+            agent: inst.registration.agent.clone(),
+            // The lease is shared with the other local instances: never revoked here.
+            lease_id: 0,
+            expected_lease_id: inst.lease.load(Ordering::Relaxed),
+        };
+        self.control
+            .call(|mut c| {
+                let request = request.clone();
+                async move { c.deregister(request).await }
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// Reports `instances` to control (renewing the lease); registers again those whose
+    /// lease or record is gone and drops those registered anew elsewhere.
+    async fn report(&self, instances: &[Arc<LocalInstance>]) {
+        let _ordered = self.report_lock.lock().await;
+        let lease = self.lease();
+        if lease == 0 {
+            // No lease (lost, or the first registration failed): registering obtains one.
+            for inst in instances {
+                self.reregister(inst).await;
+            }
             return;
         }
+        let mut states = Vec::with_capacity(instances.len());
+        let beats = instances
+            .iter()
+            .map(|i| {
+                let (beat, state) = i.heartbeat_message();
+                states.push(state);
+                beat
+            })
+            .collect();
         let request = proto::ControlHeartbeatRequest {
             tenant: self.tenant.clone(),
             sidecar: Some(self.identity.clone()),
-            instances: instances.iter().map(|i| i.heartbeat_message()).collect(),
+            instances: beats,
+            lease_id: lease,
         };
-        let now = Instant::now();
+        self.stats.reports.fetch_add(1, Ordering::Relaxed);
+        self.stats.instance_reports.fetch_add(instances.len() as u64, Ordering::Relaxed);
         let result = self
             .control
             .call(|mut c| {
@@ -274,43 +458,97 @@ impl Registry {
                 async move { c.heartbeat(request).await }
             })
             .await;
-        match result {
-            Ok(reply) => {
-                for inst in instances {
-                    *lock(&inst.last_renewal) = now;
-                    *lock(&inst.published) = inst.effective_state();
-                }
-                for expired in reply.expired_instance_ids {
-                    if let Some(inst) = self.get(&expired) {
-                        self.reregister(&inst).await;
-                    }
-                }
+        let reply = match result {
+            Ok(reply) => reply,
+            Err(status) => {
+                tracing::warn!("cannot report {} instance(s) to control: {}", instances.len(), status.message());
+                return;
             }
-            Err(status) => tracing::warn!("cannot renew {} lease(s): {}", instances.len(), status.message()),
+        };
+        for (inst, state) in instances.iter().zip(states) {
+            *lock(&inst.published) = Some(state);
+        }
+        if reply.lease_expired {
+            tracing::warn!(
+                lease = format!("{lease:x}"),
+                "the sidecar's lease expired; registering every instance again"
+            );
+            let _ = self.lease.compare_exchange(lease, 0, Ordering::Relaxed, Ordering::Relaxed);
+        }
+        for id in reply.replaced_instance_ids {
+            if let Some(inst) = self.get(&id)
+                && self.remove(&inst)
+            {
+                self.stats.replaced.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(instance = %id, "a newer registration of this instance was made elsewhere; dropping it here");
+            }
+        }
+        for id in reply.expired_instance_ids {
+            if let Some(inst) = self.get(&id) {
+                self.reregister(&inst).await;
+            }
         }
     }
 
     async fn reregister(&self, inst: &Arc<LocalInstance>) {
-        match self.register_with_control(&inst.instance_id, &inst.registration, inst.effective_state()).await {
+        let state = inst.effective_state();
+        match self.register_with_control(&inst.instance_id, &inst.registration, state).await {
             Ok(reply) => {
                 inst.lease.store(reply.lease_id, Ordering::Relaxed);
-                *lock(&inst.lease_ttl) = Duration::from_millis(u64::from(reply.lease_ttl_ms));
-                *lock(&inst.last_renewal) = Instant::now();
-                *lock(&inst.published) = inst.effective_state();
-                tracing::info!(instance = %inst.instance_id, "registered again after its lease was lost");
+                *lock(&inst.published) = Some(state);
+                self.stats.reregistrations.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(instance = %inst.instance_id, generation = reply.generation, "registered again after its lease or record was lost");
             }
             Err(e) => tracing::warn!(instance = %inst.instance_id, "cannot register again: {e}"),
         }
     }
 
-    /// Renews leases until `shutdown`: every tick, instances whose last renewal is older
-    /// than a third of their TTL and whose agent heartbeated recently are renewed in one
-    /// batch. Instances whose agent stopped heartbeating are dropped and their lease left to
-    /// expire.
+    /// Until `shutdown`: reports every instance once per quarter of the lease TTL (which
+    /// renews the lease), reports state changes at once, and removes dead instances.
     pub async fn run_renewals(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
-        let tick = self.heartbeat_interval.min(Duration::from_secs(1)) / 2;
-        let stale_after = self.heartbeat_interval * 2 + self.heartbeat_interval / 2;
-        let mut ticker = tokio::time::interval(tick.max(Duration::from_millis(10)));
+        let tick = (self.timers.heartbeat_interval / 4).clamp(Duration::from_millis(10), Duration::from_millis(500));
+        let mut ticker = tokio::time::interval(tick);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_renewal = Instant::now();
+        loop {
+            tokio::select! {
+                _ = agent_reach::process::stopped(&mut shutdown) => return,
+                _ = ticker.tick() => {}
+            }
+            self.retry_removals().await;
+            let now = Instant::now();
+            let mut changed = Vec::new();
+            let mut dead = Vec::new();
+            for inst in self.instances.load().values() {
+                let health = lock(&inst.judged).clone();
+                if health.dead(now, &self.timers) {
+                    dead.push(inst.clone());
+                } else if Some(inst.state_at(&health, now)) != *lock(&inst.published) {
+                    changed.push(inst.clone());
+                }
+            }
+            for inst in dead {
+                if self.remove(&inst) {
+                    self.stats.dead_removed.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(instance = %inst.instance_id, "no heartbeat and no answer to probes for {:?}; removing it", self.timers.dead_after);
+                    self.remove_at_control(inst).await;
+                }
+            }
+            let renew_every = *lock(&self.lease_ttl) / 4;
+            if now.saturating_duration_since(last_renewal) >= renew_every && !self.is_empty() {
+                last_renewal = now;
+                let all: Vec<Arc<LocalInstance>> = self.instances.load().values().cloned().collect();
+                self.report(&all).await;
+            } else if !changed.is_empty() {
+                self.report(&changed).await;
+            }
+        }
+    }
+
+    /// Until `shutdown`: probes every instance whose heartbeats went silent.
+    pub async fn run_probes(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let tick = (self.timers.heartbeat_interval / 4).clamp(Duration::from_millis(10), Duration::from_millis(500));
+        let mut ticker = tokio::time::interval(tick);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -318,52 +556,51 @@ impl Registry {
                 _ = ticker.tick() => {}
             }
             let now = Instant::now();
-            let mut due = Vec::new();
             for inst in self.instances.load().values() {
-                let since_heartbeat = now - *lock(&inst.last_heartbeat);
-                if since_heartbeat > stale_after {
-                    tracing::warn!(instance = %inst.instance_id, "no heartbeat for {since_heartbeat:?}; no longer renewing its lease");
-                    self.remove(&inst.instance_id);
-                    continue;
-                }
-                let ttl = *lock(&inst.lease_ttl);
-                if now - *lock(&inst.last_renewal) >= ttl / 3 {
-                    due.push(inst.clone());
+                let due = {
+                    let mut health = lock(&inst.judged);
+                    let due = health.probe_due(now, &self.timers);
+                    if due {
+                        health.probe_started(now);
+                    }
+                    due
+                };
+                if due {
+                    tokio::spawn(self.clone().probe(inst.clone(), now));
                 }
             }
-            self.publish(&due).await;
         }
     }
 
-    /// Probes every local agent each `interval` until `shutdown`.
-    pub async fn run_probes(self: Arc<Self>, interval: Duration, mut shutdown: watch::Receiver<bool>) {
-        let mut ticker = tokio::time::interval(interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = agent_reach::process::stopped(&mut shutdown) => return,
-                _ = ticker.tick() => {}
-            }
-            let instances: Vec<Arc<LocalInstance>> = self.instances.load().values().cloned().collect();
-            let probes = instances.iter().map(|inst| async move {
-                let ok = crate::probe::healthy(inst, PROBE_TIMEOUT).await;
-                let before = inst.effective_state();
-                if ok {
-                    inst.probe_failures.store(0, Ordering::Relaxed);
-                } else {
-                    inst.probe_failures.fetch_add(1, Ordering::Relaxed);
-                }
-                let after = inst.effective_state();
-                if before != after {
-                    tracing::warn!(instance = %inst.instance_id, "health probe: {before} -> {after}");
-                }
-                (after != *lock(&inst.published)).then(|| inst.clone())
-            });
-            let changed: Vec<Arc<LocalInstance>> =
-                futures_util::future::join_all(probes).await.into_iter().flatten().collect();
-            self.publish(&changed).await;
+    async fn probe(self: Arc<Self>, inst: Arc<LocalInstance>, started: Instant) {
+        self.stats.probes.fetch_add(1, Ordering::Relaxed);
+        let serving = crate::probe::healthy(&inst, self.timers.probe_timeout).await;
+        if !serving {
+            self.stats.probe_failures.fetch_add(1, Ordering::Relaxed);
+        }
+        let now = Instant::now();
+        let (before, after) = {
+            let mut health = lock(&inst.judged);
+            let before = inst.state_at(&health, now);
+            health.probe_finished(serving, started, now);
+            (before, inst.state_at(&health, now))
+        };
+        if before != after {
+            tracing::warn!(instance = %inst.instance_id, "health probe: {before} -> {after}");
+        }
+        if Some(after) != *lock(&inst.published) {
+            self.report(&[inst]).await;
         }
     }
+}
+
+fn millis(d: Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
+}
+
+fn lease_not_found(status: &Status) -> bool {
+    agent_reach::reason::error_info(status)
+        .is_some_and(|i| i.reason == agent_reach::reason::Reason::LeaseNotFound.as_str())
 }
 
 /// Any failure to reach control becomes CONTROL_UNAVAILABLE; control's own refusals
@@ -371,7 +608,7 @@ impl Registry {
 fn control_error(status: Status) -> SidecarError {
     use tonic::Code;
     match status.code() {
-        Code::InvalidArgument => SidecarError::InvalidArgument(agent_reach::model::FieldError::new(
+        Code::InvalidArgument => SidecarError::InvalidArgument(FieldError::new(
             agent_reach::reason::error_info(&status)
                 .and_then(|i| i.metadata.get(agent_reach::reason::META_FIELD).cloned())
                 .unwrap_or_else(|| "registration".into()),
