@@ -4,12 +4,15 @@
 //!   embedded store plus one sidecar — for running your own agents against.
 //! - `agent-reach demo`: control, two sidecars and sample agents in one process; makes calls
 //!   by capability and shows where they went, then exits.
+//! - `agent-reach ctl`: operators' commands over the control service's Admin API (agents,
+//!   instances, pause/resume, policies, tenants, route explanations).
 
 // The sidecar's allocation pattern (many small, short-lived buffers per call) is where
 // glibc malloc showed up at 9-12 % of the CPU in profiles (see BENCHMARKS.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+mod ctl;
 mod demo;
 mod trace;
 
@@ -37,6 +40,8 @@ enum Command {
     Demo(DemoArgs),
     /// Show the recent hops of a trace, from the sidecars' in-memory span buffers.
     Trace(TraceArgs),
+    /// Inspect and change the mesh through the control service's Admin API.
+    Ctl(ctl::CtlArgs),
 }
 
 #[derive(clap::Args)]
@@ -66,7 +71,7 @@ struct UpArgs {
     #[arg(long, env = "AGENT_REACH_ADMIN_LISTEN", default_value = "127.0.0.1:7702")]
     admin_listen: SocketAddr,
     /// Lease TTL of registrations.
-    #[arg(long, env = "AGENT_REACH_LEASE_TTL", default_value = "15s", value_parser = agent_reach::duration::parse)]
+    #[arg(long, env = "AGENT_REACH_LEASE_TTL", default_value = "20s", value_parser = agent_reach::duration::parse)]
     lease_ttl: Duration,
     /// Log format: "text" or "json".
     #[arg(long, env = "AGENT_REACH_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
@@ -101,6 +106,16 @@ fn main() -> ExitCode {
             }
             runtime.block_on(demo::run())
         }
+        Command::Ctl(args) => {
+            let mut out = std::io::stdout().lock();
+            return match runtime.block_on(ctl::run(args, &mut out)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("agent-reach ctl: {e}");
+                    ExitCode::from(e.exit_code())
+                }
+            };
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -121,7 +136,7 @@ async fn up(args: UpArgs) -> Result<(), String> {
     let admin = bind(args.admin_listen, "--admin-listen").await?;
     let control = ControlHandle::spawn(
         std::sync::Arc::new(EmbeddedStore::default()),
-        ControlConfig { lease_ttl: args.lease_ttl },
+        ControlConfig { lease_ttl: args.lease_ttl, ..ControlConfig::default() },
         control_listener,
     )
     .map_err(|e| e.to_string())?;
