@@ -4,17 +4,24 @@
 //! Everything runs in the test process except etcd, which is a real `etcd` binary started
 //! by `agent_reach_store::testing::EtcdServer`; when etcd cannot start the test fails.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use agent_reach::model::Instance;
 use agent_reach::policy::{Policy, PolicyKind, PolicySpec};
+use agent_reach::proto;
+use agent_reach::proto::admin_client::AdminClient;
+use agent_reach::proto::control_client::ControlClient;
 use agent_reach::{Agent, Reply, RunningAgent};
-use agent_reach_control::{ControlConfig, ControlHandle};
-use agent_reach_sidecar::{Sidecar, SidecarConfig};
+use agent_reach_control::{ControlConfig, ControlHandle, ControlReplica, keys, record};
+use agent_reach_sidecar::control::{Applied, ControlClients, WatchObserver, run_watch_observed};
+use agent_reach_sidecar::{RoutingTable, Sidecar, SidecarConfig, TableHandle, WatchStats};
 use agent_reach_store::testing::EtcdServer;
 use agent_reach_store::{EmbeddedStore, EtcdOptions, EtcdStore, Store};
 use tokio::net::TcpListener;
+use tonic::transport::Channel;
 
 /// Which store the control service runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,7 +73,8 @@ pub async fn start_control(store: Arc<dyn Store>, lease_ttl: Duration) -> Contro
 
 /// Control on a given listener (e.g. rebound on a port sidecars already point at).
 pub fn start_control_on(store: Arc<dyn Store>, lease_ttl: Duration, listener: TcpListener) -> ControlHandle {
-    ControlHandle::spawn(store, ControlConfig { lease_ttl }, listener).expect("control listener address")
+    ControlHandle::spawn(store, ControlConfig { lease_ttl, ..ControlConfig::default() }, listener)
+        .expect("control listener address")
 }
 
 /// Sidecar settings for tests: fast heartbeats, probes and control timeouts.
@@ -75,6 +83,7 @@ pub fn sidecar_config(control: &str, id: &str) -> SidecarConfig {
     c.sidecar_id = id.to_string();
     c.heartbeat_interval = Duration::from_millis(200);
     c.probe_interval = Duration::from_millis(200);
+    c.dead_after = Duration::from_secs(3);
     c.control_timeout = Duration::from_secs(1);
     c
 }
@@ -186,5 +195,323 @@ impl Drop for AgentProcess {
 pub fn init_logging() {
     if std::env::var_os("RUST_LOG").is_some() {
         agent_reach::process::init_logging("text");
+    }
+}
+
+/// A control replica with its own runtime and etcd client on a free port (see
+/// [`ControlReplica`]: killing it looks like a crash to its sidecars).
+pub fn start_replica(etcd: &str, config: ControlConfig) -> ControlReplica {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    ControlReplica::start(vec![etcd.to_string()], config, listener, 2, "ar-control").expect("control replica")
+}
+
+/// A control replica on `addr` again (after [`ControlReplica::kill`]), retrying while the
+/// port is still being released.
+pub async fn restart_replica(etcd: &str, config: ControlConfig, addr: SocketAddr) -> ControlReplica {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match std::net::TcpListener::bind(addr) {
+            Ok(listener) => {
+                return ControlReplica::start(vec![etcd.to_string()], config, listener, 2, "ar-control")
+                    .expect("control replica");
+            }
+            Err(e) if std::time::Instant::now() < deadline => {
+                tracing::debug!("rebinding {addr}: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("cannot bind {addr} again: {e}"),
+        }
+    }
+}
+
+/// An Admin API client of the control service at `endpoint`.
+pub async fn admin_client(endpoint: &str) -> AdminClient<Channel> {
+    AdminClient::connect(endpoint.to_string()).await.unwrap_or_else(|e| panic!("admin client {endpoint}: {e}"))
+}
+
+/// A Control API client (what sidecars use) of the control service at `endpoint`.
+pub async fn control_client(endpoint: &str) -> ControlClient<Channel> {
+    ControlClient::connect(endpoint.to_string()).await.unwrap_or_else(|e| panic!("control client {endpoint}: {e}"))
+}
+
+/// A sidecar's watch loop on its own (the sidecar's code, without the rest of a sidecar),
+/// recording what every watch event did to its table.
+pub struct WatchProbe {
+    pub table: TableHandle,
+    pub stats: Arc<WatchStats>,
+    log: Arc<Mutex<Vec<Applied>>>,
+    revision: tokio::sync::watch::Receiver<i64>,
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl WatchProbe {
+    /// Starts watching `tenant` through the control `endpoints` (in order of preference).
+    pub fn start(endpoints: &[String], tenant: &str) -> WatchProbe {
+        let control = Arc::new(ControlClients::new(endpoints, Duration::from_secs(2)).expect("control endpoints"));
+        let request = proto::WatchRequest {
+            tenant: tenant.to_string(),
+            sidecar: Some(proto::SidecarIdentity { sidecar_id: "probe".into(), mesh_address: "127.0.0.1:1".into() }),
+            from_revision: 0,
+        };
+        let table = TableHandle::default();
+        let stats = Arc::new(WatchStats::default());
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (revision_tx, revision) = tokio::sync::watch::channel(0);
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let record = log.clone();
+        let observer: WatchObserver = Arc::new(move |applied: &Applied| {
+            record.lock().unwrap_or_else(|e| e.into_inner()).push(applied.clone());
+        });
+        let task = tokio::spawn(run_watch_observed(
+            control,
+            request,
+            table.clone(),
+            revision_tx,
+            stats.clone(),
+            Some(observer),
+            stopped,
+        ));
+        WatchProbe { table, stats, log, revision, stop, task }
+    }
+
+    /// Waits until the table satisfies `pred` (checked after every change).
+    pub async fn wait_for(&self, timeout: Duration, pred: impl Fn(&RoutingTable) -> bool) -> Result<(), String> {
+        let mut rx = self.revision.clone();
+        let check = async {
+            loop {
+                if pred(&self.table.load()) {
+                    return;
+                }
+                if rx.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        tokio::time::timeout(timeout, check).await.map_err(|_| {
+            let t = self.table.load();
+            format!("table did not converge within {timeout:?} (revision {}, {} instances)", t.revision, t.len())
+        })
+    }
+
+    /// Everything applied so far, in order.
+    pub fn log(&self) -> Vec<Applied> {
+        self.log.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+}
+
+/// A tenant's routing state read straight from the store, as routing sees it: the
+/// revision of the read, instances by id, and policies by (kind, name).
+pub async fn store_view(
+    store: &Arc<dyn Store>,
+    tenant: &str,
+) -> (i64, BTreeMap<String, Instance>, BTreeMap<(PolicyKind, String), Policy>) {
+    let range = store.get_prefix(&keys::tenant_prefix(tenant)).await.expect("read the tenant's keys");
+    let agents = keys::agents_prefix(tenant);
+    let policies = keys::policies_prefix(tenant);
+    let mut instances = BTreeMap::new();
+    let mut out_policies = BTreeMap::new();
+    for kv in &range.kvs {
+        if let Some((agent, id)) = keys::parse_instance_key(&agents, &kv.key) {
+            let stored = record::decode_instance(kv, tenant, agent, id).expect("a readable record");
+            instances.insert(id.to_string(), stored.status(kv.mod_revision).instance());
+        } else if let Some(key) = keys::parse_policy_key(&policies, &kv.key) {
+            out_policies.insert(key, record::decode_policy(kv, tenant).expect("a readable policy"));
+        }
+    }
+    (range.revision, instances, out_policies)
+}
+
+/// Whether `table` holds exactly `instances` and `policies` (records and revisions).
+pub fn table_matches(
+    table: &RoutingTable,
+    instances: &BTreeMap<String, Instance>,
+    policies: &BTreeMap<(PolicyKind, String), Policy>,
+) -> bool {
+    table.instances.len() == instances.len()
+        && instances.iter().all(|(id, i)| table.instances.get(id).is_some_and(|t| *t.instance == *i))
+        && table.policies.len() == policies.len()
+        && policies.iter().all(|(k, p)| table.policies.get(k).is_some_and(|t| **t == *p))
+}
+
+/// A registration of `agent` with one capability and its tags.
+pub fn registration(agent: &str, version: &str, capability: &str, tags: &[&str]) -> proto::AgentRegistration {
+    proto::AgentRegistration {
+        agent: agent.into(),
+        version: version.into(),
+        capabilities: vec![proto::Capability {
+            name: capability.into(),
+            tags: tags.iter().map(|t| t.to_string()).collect(),
+        }],
+        endpoint: "http://127.0.0.1:9".into(),
+        ..Default::default()
+    }
+}
+
+/// What a [`ManualAgent`] answers to health probes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeAnswer {
+    Serving,
+    NotServing,
+    /// Never answers (a frozen process).
+    Hang,
+}
+
+struct ProbeService(Arc<Mutex<ProbeAnswer>>);
+
+#[tonic::async_trait]
+impl tonic_health::pb::health_server::Health for ProbeService {
+    async fn check(
+        &self,
+        _request: tonic::Request<tonic_health::pb::HealthCheckRequest>,
+    ) -> Result<tonic::Response<tonic_health::pb::HealthCheckResponse>, tonic::Status> {
+        use tonic_health::pb::health_check_response::ServingStatus;
+        let answer = *self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let status = match answer {
+            ProbeAnswer::Serving => ServingStatus::Serving,
+            ProbeAnswer::NotServing => ServingStatus::NotServing,
+            ProbeAnswer::Hang => std::future::pending().await,
+        };
+        Ok(tonic::Response::new(tonic_health::pb::HealthCheckResponse { status: status as i32 }))
+    }
+
+    type WatchStream = futures_util::stream::Empty<Result<tonic_health::pb::HealthCheckResponse, tonic::Status>>;
+
+    async fn watch(
+        &self,
+        _request: tonic::Request<tonic_health::pb::HealthCheckRequest>,
+    ) -> Result<tonic::Response<Self::WatchStream>, tonic::Status> {
+        // Allowed by the health protocol: sidecars only use Check.
+        Err(tonic::Status::unimplemented("this test agent answers Check only"))
+    }
+}
+
+/// An agent driven by the test: it registers through the local API, heartbeats only when
+/// told to, and answers health probes as told (see [`ProbeAnswer`]). It serves no calls.
+pub struct ManualAgent {
+    pub instance_id: String,
+    pub endpoint: String,
+    sidecar: agent_reach::proto::sidecar_client::SidecarClient<Channel>,
+    answer: Arc<Mutex<ProbeAnswer>>,
+    server: tokio::task::JoinHandle<()>,
+    heartbeats: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl ManualAgent {
+    /// Registers `registration` (its endpoint replaced by the agent's own) through the
+    /// sidecar at `sidecar`, with `instance_id` (empty: the sidecar assigns one).
+    pub async fn register(
+        sidecar: SocketAddr,
+        mut registration: proto::AgentRegistration,
+        instance_id: &str,
+        state: proto::HealthState,
+    ) -> Result<ManualAgent, tonic::Status> {
+        let listener = listener().await;
+        let endpoint = format!("http://{}", listener.local_addr().expect("agent address"));
+        let answer = Arc::new(Mutex::new(ProbeAnswer::Serving));
+        let service = tonic_health::pb::health_server::HealthServer::new(ProbeService(answer.clone()));
+        let server = tokio::spawn(async move {
+            let incoming = tokio_stream_listener(listener);
+            let _ = tonic::transport::Server::builder().add_service(service).serve_with_incoming(incoming).await;
+        });
+        registration.endpoint = endpoint.clone();
+        let mut client = agent_reach::proto::sidecar_client::SidecarClient::connect(format!("http://{sidecar}"))
+            .await
+            .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        let reply = client
+            .register(proto::RegisterRequest {
+                registration: Some(registration),
+                instance_id: instance_id.to_string(),
+                state: state as i32,
+            })
+            .await;
+        let reply = match reply {
+            Ok(r) => r.into_inner(),
+            Err(status) => {
+                server.abort();
+                return Err(status);
+            }
+        };
+        Ok(ManualAgent { instance_id: reply.instance_id, endpoint, sidecar: client, answer, server, heartbeats: None })
+    }
+
+    pub fn answer_probes(&self, answer: ProbeAnswer) {
+        *self.answer.lock().unwrap_or_else(|e| e.into_inner()) = answer;
+    }
+
+    /// One heartbeat reporting `state`.
+    pub async fn heartbeat(&mut self, state: proto::HealthState) -> Result<(), tonic::Status> {
+        let request =
+            proto::HeartbeatRequest { instance_id: self.instance_id.clone(), state: state as i32, load: None };
+        self.sidecar.heartbeat(request).await.map(|_| ())
+    }
+
+    /// Heartbeats reporting `state` every `interval` until stopped.
+    pub fn start_heartbeats(&mut self, state: proto::HealthState, interval: Duration) {
+        self.stop_heartbeats();
+        let mut sidecar = self.sidecar.clone();
+        let instance_id = self.instance_id.clone();
+        self.heartbeats = Some(tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(interval);
+            loop {
+                ticker.tick().await;
+                let request =
+                    proto::HeartbeatRequest { instance_id: instance_id.clone(), state: state as i32, load: None };
+                let _ = sidecar.heartbeat(request).await;
+            }
+        }));
+    }
+
+    pub fn stop_heartbeats(&mut self) {
+        if let Some(task) = self.heartbeats.take() {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for ManualAgent {
+    fn drop(&mut self) {
+        self.stop_heartbeats();
+        self.server.abort();
+    }
+}
+
+fn tokio_stream_listener(
+    listener: TcpListener,
+) -> impl futures_util::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    futures_util::stream::unfold(listener, |listener| async move {
+        let accepted = listener.accept().await.map(|(stream, _)| stream);
+        Some((accepted, listener))
+    })
+}
+
+/// The state of `instance_id` in `sidecar`'s table, if it is there.
+pub fn state_in(sidecar: &Sidecar, instance_id: &str) -> Option<agent_reach::model::HealthState> {
+    sidecar.table().instances.get(instance_id).map(|m| m.instance.record.state)
+}
+
+/// Waits until `instance_id` has `state` in `sidecar`'s table.
+pub async fn wait_for_state(sidecar: &Sidecar, instance_id: &str, state: agent_reach::model::HealthState) {
+    sidecar
+        .wait_for_table(Duration::from_secs(15), |t| {
+            t.instances.get(instance_id).is_some_and(|m| m.instance.record.state == state)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}: {instance_id} is {:?}, not {state}", state_in(sidecar, instance_id)));
+}
+
+/// Polls `condition` every 20 ms until it holds; panics with `what` after `timeout`.
+pub async fn eventually(timeout: Duration, what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !condition() {
+        if tokio::time::Instant::now() >= deadline {
+            panic!("{what}: not so within {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

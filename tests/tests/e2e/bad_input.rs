@@ -36,12 +36,13 @@ async fn malformed_requests_name_the_field() {
             endpoint: "http://127.0.0.1:9".into(),
             ..Default::default()
         }),
+        ..Default::default()
     };
     let err = raw.register(registration("", "text.summarize")).await.unwrap_err();
     assert_invalid(&err, "registration.agent");
     let err = raw.register(registration("summarizer", "")).await.unwrap_err();
     assert_invalid(&err, "registration.capabilities[0].name");
-    let err = raw.register(proto::RegisterRequest { registration: None }).await.unwrap_err();
+    let err = raw.register(proto::RegisterRequest { registration: None, ..Default::default() }).await.unwrap_err();
     assert_invalid(&err, "registration");
 
     let err = client.invoke("").text("x").send().await.unwrap_err();
@@ -132,6 +133,7 @@ async fn control_down_at_sidecar_start() {
                 endpoint: "http://127.0.0.1:9".into(),
                 ..Default::default()
             }),
+            ..Default::default()
         })
         .await
         .unwrap_err();

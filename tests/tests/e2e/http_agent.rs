@@ -83,6 +83,7 @@ async fn http_json_agents_join_the_mesh() {
                 transport: proto::Transport::Http as i32,
                 ..Default::default()
             }),
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -1,12 +1,17 @@
 //! End-to-end tests: real control service, sidecars and agents on 127.0.0.1, on a real etcd
 //! process and on the embedded store.
 
+mod admin;
 mod bad_input;
 mod governance;
+mod health;
 mod http_agent;
 mod lifecycle;
 mod observability;
 mod policies;
+mod replicas;
 mod resilience;
 mod routing;
+mod tenants;
 mod two_sidecars;
+mod watch_fidelity;
