@@ -1,0 +1,576 @@
+//! The control service at scale, measured against raw etcd in the same run (a benchmark,
+//! not a test):
+//!
+//! 1. raw etcd: lease grant + put of 10,000 records, 100 at a time (the reference for
+//!    registration throughput);
+//! 2. control: 100 simulated sidecars register 10,000 agents (100 each, concurrently);
+//! 3. control: the sidecars heartbeat 2,000 instances per second (each sidecar reports its
+//!    100 instances every 5 s, loads drifting as a random walk); counts etcd writes and
+//!    keep-alives per heartbeat at steady load, after the first round;
+//! 4. propagation: with 100 and then 1,000 sidecars watching the 10,000-agent tenant
+//!    through the control service, the time from a put in etcd until every sidecar has
+//!    applied it; and the same with 100 and 1,000 clients watching etcd directly.
+//!
+//! Control runs on its own runtime (2 threads named `ar-control`) with its own etcd
+//! client, like a separate process; its CPU time is read from /proc per thread. Run with
+//! `cargo run --release -p agent-reach-control --example scale` (it starts its own etcd;
+//! `AGENT_REACH_ETCD_BIN` names the binary). Everything shares this machine's cores.
+
+use std::collections::HashSet;
+use std::hash::Hasher;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use agent_reach::model::{Capability, HealthState, InstanceRecord, Load, Registration};
+use agent_reach::proto;
+use agent_reach::proto::control_client::ControlClient;
+use agent_reach_control::record::{StoredInstance, encode};
+use agent_reach_control::{ControlConfig, ControlReplica, ControlStats, keys};
+use agent_reach_store::testing::EtcdServer;
+use agent_reach_store::{EtcdOptions, EtcdStore, Store};
+use clap::Parser;
+use futures_util::StreamExt;
+use rand::Rng;
+use tonic::transport::{Channel, Endpoint};
+
+#[derive(Parser, Debug)]
+#[command(about = "Scale benchmark of the Agent-Reach control service against raw etcd")]
+struct Args {
+    /// Agents (instances) to register.
+    #[arg(long, default_value_t = 10_000)]
+    agents: usize,
+    /// Simulated sidecars (the registration and heartbeat concurrency).
+    #[arg(long, default_value_t = 100)]
+    sidecars: usize,
+    /// Instance heartbeats per second at steady load.
+    #[arg(long, default_value_t = 2000.0)]
+    heartbeat_rate: f64,
+    /// How long heartbeats are driven (the first round is a warm-up).
+    #[arg(long, default_value = "30s", value_parser = agent_reach::duration::parse)]
+    heartbeat_for: Duration,
+    /// Watcher counts to measure propagation with.
+    #[arg(long, value_delimiter = ',', default_value = "100,1000")]
+    watchers: Vec<usize>,
+    /// Puts per propagation measurement.
+    #[arg(long, default_value_t = 200)]
+    puts: usize,
+    /// Pause between those puts.
+    #[arg(long, default_value = "25ms", value_parser = agent_reach::duration::parse)]
+    put_every: Duration,
+}
+
+const TENANT: &str = "default";
+const RAW_PREFIX: &str = "/bench-raw/";
+
+fn main() -> Result<(), String> {
+    let args = Args::parse();
+    eprintln!("starting etcd...");
+    let etcd = EtcdServer::start()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("bench")
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let report = runtime.block_on(run(&args, &etcd))?;
+    println!("{report}");
+    Ok(())
+}
+
+/// CPU seconds used so far by this process's threads named `name`.
+fn thread_cpu(name: &str) -> f64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0.0 };
+    let mut ticks = 0u64;
+    for task in tasks.flatten() {
+        let path = task.path();
+        let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+        if comm.trim_end() != name {
+            continue;
+        }
+        let stat = std::fs::read_to_string(path.join("stat")).unwrap_or_default();
+        // Fields after the ")" that closes the command name: state is field 3; utime and
+        // stime are fields 14 and 15.
+        let fields: Vec<&str> = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("").split_whitespace().collect();
+        let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+        ticks += field(14) + field(15);
+    }
+    // USER_HZ is 100 on Linux.
+    ticks as f64 / 100.0
+}
+
+fn stored(instance_id: &str, agent: &str, capability: &str, sidecar: usize) -> StoredInstance {
+    StoredInstance {
+        record: InstanceRecord {
+            instance_id: instance_id.into(),
+            tenant: TENANT.into(),
+            registration: registration(agent, capability),
+            sidecar_id: format!("sidecar-{sidecar}"),
+            sidecar_address: format!("10.0.{}.{}:7701", sidecar / 250, sidecar % 250),
+            state: HealthState::Up,
+            load: Load::default(),
+            registered_at_ms: 0,
+        },
+        instance_hold: None,
+        agent_hold: None,
+        generation: 1,
+    }
+}
+
+fn registration(agent: &str, capability: &str) -> Registration {
+    Registration {
+        agent: agent.into(),
+        version: "1.4.2".into(),
+        capabilities: vec![Capability { name: capability.into(), tags: vec!["en".into(), "gpu".into()] }],
+        endpoint: "http://127.0.0.1:50051".into(),
+        max_concurrency: 16,
+        ..Default::default()
+    }
+}
+
+fn agent_of(n: usize) -> (String, String) {
+    (format!("agent-{}", n % 1000), format!("cap-{}", n % 100))
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+async fn etcd_client(etcd: &EtcdServer) -> Result<EtcdStore, String> {
+    EtcdStore::connect(EtcdOptions {
+        endpoints: vec![etcd.endpoint()],
+        connect_timeout: Duration::from_secs(5),
+        request_timeout: Duration::from_secs(10),
+        tls: None,
+    })
+    .await
+    .map_err(|e| e.to_string())
+}
+
+async fn control_channel(endpoint: &str) -> Result<Channel, String> {
+    Endpoint::from_shared(endpoint.to_string())
+        .map_err(|e| e.to_string())?
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .map_err(|e| e.to_string())
+}
+
+async fn run(args: &Args, etcd: &EtcdServer) -> Result<String, String> {
+    let mut report = String::new();
+    let per_sidecar = args.agents.div_ceil(args.sidecars);
+    let store = etcd_client(etcd).await?;
+
+    // 1. Raw etcd: lease grant + put, at the sidecars' concurrency.
+    eprintln!("raw etcd: {} lease grants + puts, {} at a time...", args.agents, args.sidecars);
+    let value = encode(&stored("agent-0-0", "agent-0", "cap-0", 0));
+    let t0 = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for s in 0..args.sidecars {
+        let (store, value) = (store.clone(), value.clone());
+        tasks.spawn(async move {
+            for j in 0..per_sidecar {
+                let lease = store.grant_lease(Duration::from_secs(3600)).await?;
+                store.put(&format!("{RAW_PREFIX}{s}/{j}"), value.clone(), Some(lease.id)).await?;
+            }
+            Ok::<_, agent_reach_store::StoreError>(())
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+    }
+    let raw_registrations = (per_sidecar * args.sidecars) as f64 / t0.elapsed().as_secs_f64();
+
+    // 2. Control: the sidecars register their agents.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    let control = ControlReplica::start(vec![etcd.endpoint()], ControlConfig::default(), listener, 2, "ar-control")
+        .map_err(|e| e.to_string())?;
+    let endpoint = control.endpoint();
+    let stats = control.stats().clone();
+    let mut sidecars = Vec::new();
+    for _ in 0..args.sidecars {
+        sidecars.push(ControlClient::new(control_channel(&endpoint).await?));
+    }
+    eprintln!("control: {} sidecars register {} agents...", args.sidecars, per_sidecar * args.sidecars);
+    let cpu0 = thread_cpu("ar-control");
+    let t0 = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for (s, client) in sidecars.iter().enumerate() {
+        let mut client = client.clone();
+        tasks.spawn(async move {
+            let mut lease = 0;
+            for j in 0..per_sidecar {
+                let (agent, capability) = agent_of(s * per_sidecar + j);
+                let reply = client
+                    .register(proto::ControlRegisterRequest {
+                        tenant: TENANT.into(),
+                        sidecar: Some(proto::SidecarIdentity {
+                            sidecar_id: format!("sidecar-{s}"),
+                            mesh_address: format!("10.0.{}.{}:7701", s / 250, s % 250),
+                        }),
+                        instance_id: format!("{agent}-{s}-{j}"),
+                        registration: Some(registration(&agent, &capability).into()),
+                        state: proto::HealthState::Up as i32,
+                        lease_id: lease,
+                    })
+                    .await?;
+                lease = reply.into_inner().lease_id;
+            }
+            Ok::<_, tonic::Status>((s, lease))
+        });
+    }
+    let mut leases = vec![0; args.sidecars];
+    while let Some(done) = tasks.join_next().await {
+        let (s, lease) = done.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+        leases[s] = lease;
+    }
+    let registration_secs = t0.elapsed().as_secs_f64();
+    let registration_cpu = thread_cpu("ar-control") - cpu0;
+    let registrations = (per_sidecar * args.sidecars) as f64 / registration_secs;
+
+    // 3. Heartbeats: every sidecar reports its instances once per period, staggered.
+    let period = Duration::from_secs_f64(args.sidecars as f64 * per_sidecar as f64 / args.heartbeat_rate);
+    eprintln!(
+        "heartbeats: {} per second ({} sidecars x {} instances every {:?}) for {:?}...",
+        args.heartbeat_rate, args.sidecars, per_sidecar, period, args.heartbeat_for
+    );
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut beats = tokio::task::JoinSet::new();
+    for (s, client) in sidecars.iter().enumerate() {
+        let mut client = client.clone();
+        let lease = leases[s];
+        let mut stop = stop_rx.clone();
+        let offset = period.mul_f64(s as f64 / args.sidecars as f64);
+        beats.spawn(async move {
+            let mut loads: Vec<f64> = (0..per_sidecar).map(|_| rand::rng().random_range(0.0..0.6)).collect();
+            tokio::time::sleep(offset).await;
+            let mut ticker = tokio::time::interval(period);
+            loop {
+                tokio::select! {
+                    _ = stop.changed() => return,
+                    _ = ticker.tick() => {}
+                }
+                let instances = (0..per_sidecar)
+                    .map(|j| {
+                        // A random walk: the load drifts a little every period.
+                        let l = &mut loads[j];
+                        *l = (*l + rand::rng().random_range(-0.03..0.03)).clamp(0.0, 1.0);
+                        let (agent, _) = agent_of(s * per_sidecar + j);
+                        proto::InstanceHeartbeat {
+                            instance_id: format!("{agent}-{s}-{j}"),
+                            agent,
+                            lease_id: 0,
+                            state: proto::HealthState::Up as i32,
+                            load: Some(proto::Load {
+                                in_flight: (*l * 16.0) as u32,
+                                queue_length: 0,
+                                load_ratio: *l,
+                                avg_latency_ms: 40,
+                            }),
+                        }
+                    })
+                    .collect();
+                let request =
+                    proto::ControlHeartbeatRequest { tenant: TENANT.into(), sidecar: None, instances, lease_id: lease };
+                if let Err(e) = client.heartbeat(request).await {
+                    eprintln!("heartbeat of sidecar {s} failed: {}", e.message());
+                }
+            }
+        });
+    }
+    // The first round writes every instance's initial load; steady state starts after it.
+    tokio::time::sleep(period + Duration::from_secs(1)).await;
+    let counters = |s: &ControlStats| {
+        (
+            ControlStats::get(&s.heartbeats),
+            ControlStats::get(&s.store_writes),
+            ControlStats::get(&s.store_keep_alives),
+            ControlStats::get(&s.load_writes),
+            ControlStats::get(&s.state_writes),
+            ControlStats::get(&s.load_writes_deferred),
+        )
+    };
+    let before = counters(&stats);
+    let cpu0 = thread_cpu("ar-control");
+    let t0 = Instant::now();
+    tokio::time::sleep(args.heartbeat_for.saturating_sub(period + Duration::from_secs(1))).await;
+    let steady_secs = t0.elapsed().as_secs_f64();
+    let heartbeat_cpu = thread_cpu("ar-control") - cpu0;
+    let after = counters(&stats);
+    let _ = stop_tx.send(true);
+    while beats.join_next().await.is_some() {}
+    let heartbeats = (after.0 - before.0) as f64;
+    let writes = (after.1 - before.1) as f64;
+    let keep_alives = (after.2 - before.2) as f64;
+    let (load_writes, state_writes, deferred) = (after.3 - before.3, after.4 - before.4, after.5 - before.5);
+
+    // Leases stay alive with empty reports while propagation is measured in quiet.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    for (s, client) in sidecars.iter().enumerate() {
+        let (mut client, lease, mut stop) = (client.clone(), leases[s], stop_rx.clone());
+        tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                tokio::select! {
+                    _ = stop.changed() => return,
+                    _ = ticker.tick() => {}
+                }
+                let request = proto::ControlHeartbeatRequest {
+                    tenant: TENANT.into(),
+                    sidecar: None,
+                    instances: vec![],
+                    lease_id: lease,
+                };
+                let _ = client.heartbeat(request).await;
+            }
+        });
+    }
+
+    // 4. Propagation, through control and straight from etcd.
+    let mut propagation = Vec::new();
+    for &n in &args.watchers {
+        eprintln!("propagation through control to {n} watching sidecars...");
+        let cpu0 = thread_cpu("ar-control");
+        let (ours, connect_secs) = through_control(&endpoint, &store, n, args).await?;
+        let cpu = thread_cpu("ar-control") - cpu0;
+        eprintln!("propagation straight from etcd to {n} watchers...");
+        let raw = straight_from_etcd(etcd, &store, n, args).await?;
+        propagation.push((n, ours, raw, connect_secs, cpu));
+    }
+    let _ = stop_tx.send(true);
+
+    // The report.
+    use std::fmt::Write as _;
+    let ok = |pass: bool| if pass { "meets target" } else { "MISSES target" };
+    let _ = writeln!(
+        report,
+        "\nAgent-Reach control service at scale ({} agents, {} sidecars)\n",
+        per_sidecar * args.sidecars,
+        args.sidecars
+    );
+    let ratio = registrations / raw_registrations;
+    let _ = writeln!(report, "registration throughput");
+    let _ =
+        writeln!(report, "  raw etcd lease grant + put ({} at a time)   {raw_registrations:>9.0} /s", args.sidecars);
+    let _ = writeln!(report, "  control Register ({} sidecars)             {registrations:>9.0} /s", args.sidecars);
+    let _ = writeln!(report, "  ratio {ratio:.2} (target >= 0.5: {})", ok(ratio >= 0.5));
+    let _ = writeln!(
+        report,
+        "  control CPU {registration_cpu:.2} s for {:.2} s ({:.0}% of one core; {:.0} us per registration)",
+        registration_secs,
+        100.0 * registration_cpu / registration_secs,
+        1e6 * registration_cpu / (per_sidecar * args.sidecars) as f64
+    );
+    let per_beat = writes / heartbeats;
+    let _ = writeln!(report, "\nheartbeats at steady load ({steady_secs:.1} s after a warm-up round)");
+    let _ = writeln!(report, "  instance heartbeats           {heartbeats:>9.0} ({:.0} /s)", heartbeats / steady_secs);
+    let _ = writeln!(
+        report,
+        "  etcd writes                   {writes:>9.0} ({load_writes} load, {state_writes} state; {deferred} load changes deferred)"
+    );
+    let _ =
+        writeln!(report, "  etcd writes per heartbeat     {per_beat:>9.4} (target <= 0.1: {})", ok(per_beat <= 0.1));
+    let _ = writeln!(
+        report,
+        "  lease keep-alives             {keep_alives:>9.0} ({:.4} per heartbeat)",
+        keep_alives / heartbeats
+    );
+    let _ = writeln!(
+        report,
+        "  control CPU {heartbeat_cpu:.2} s for {steady_secs:.1} s ({:.1}% of one core; {:.1} us per heartbeat)",
+        100.0 * heartbeat_cpu / steady_secs,
+        1e6 * heartbeat_cpu / heartbeats
+    );
+    let _ = writeln!(report, "\nput -> applied in every watcher ({} puts, one every {:?})", args.puts, args.put_every);
+    let _ = writeln!(report, "  watchers  path                     p50 ms   p99 ms   max ms");
+    for (n, ours, raw, connect_secs, cpu) in &propagation {
+        let row =
+            |label: &str, l: &Latency| format!("  {n:>8}  {label:<22} {:>7.2}  {:>7.2}  {:>7.2}", l.p50, l.p99, l.max);
+        let _ = writeln!(report, "{}", row("through control", ours));
+        let _ = writeln!(report, "{}", row("raw etcd watchers", raw));
+        let r = ours.p99 / raw.p99;
+        let _ = writeln!(report, "            p99 ratio {r:.2} (target <= 1.5: {})", ok(r <= 1.5));
+        let _ = writeln!(
+            report,
+            "            {n} snapshots of {} instances delivered in {connect_secs:.1} s; control CPU {cpu:.1} s during this step",
+            per_sidecar * args.sidecars
+        );
+    }
+    let etcd_cpu = etcd.metric("process_cpu_seconds_total").unwrap_or(f64::NAN);
+    let _ = writeln!(report, "\netcd process CPU over the whole run: {etcd_cpu:.1} s");
+    drop(control);
+    Ok(report)
+}
+
+struct Latency {
+    p50: f64,
+    p99: f64,
+    max: f64,
+}
+
+/// For each put (by revision), the latest time any watcher applied it, minus the put's
+/// start; in milliseconds, sorted.
+fn latencies(starts: &[(i64, Instant)], seen: &[Vec<(i64, Instant)>]) -> Result<Latency, String> {
+    let mut out = Vec::with_capacity(starts.len());
+    for (revision, start) in starts {
+        let mut latest = *start;
+        for watcher in seen {
+            let at = watcher
+                .iter()
+                .find(|(r, _)| r == revision)
+                .map(|(_, at)| *at)
+                .ok_or_else(|| format!("a watcher never applied revision {revision}"))?;
+            latest = latest.max(at);
+        }
+        out.push(latest.duration_since(*start).as_secs_f64() * 1000.0);
+    }
+    out.sort_by(f64::total_cmp);
+    Ok(Latency {
+        p50: percentile(&out, 50.0),
+        p99: percentile(&out, 99.0),
+        max: out.last().copied().unwrap_or(f64::NAN),
+    })
+}
+
+fn hash(s: &str) -> u64 {
+    // The same keys everywhere, so an id always hashes the same.
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    h.write(s.as_bytes());
+    h.finish()
+}
+
+/// `n` sidecars watching the tenant through control: each applies the snapshot and every
+/// delta in order (keeping the set of instance ids) and notes when it applied each
+/// revision. Returns the latencies and how long the snapshots took to arrive.
+async fn through_control(endpoint: &str, store: &EtcdStore, n: usize, args: &Args) -> Result<(Latency, f64), String> {
+    let ready = Arc::new(AtomicUsize::new(0));
+    let (done_tx, done_rx) = tokio::sync::watch::channel(0i64);
+    let t0 = Instant::now();
+    let mut watchers = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let channel = control_channel(endpoint).await?;
+        let (ready, mut done) = (ready.clone(), done_rx.clone());
+        watchers.spawn(async move {
+            let mut client = ControlClient::new(channel).max_decoding_message_size(256 << 20);
+            let request = proto::WatchRequest {
+                tenant: TENANT.into(),
+                sidecar: Some(proto::SidecarIdentity {
+                    sidecar_id: format!("watcher-{i}"),
+                    mesh_address: "w:1".into(),
+                }),
+                from_revision: 0,
+            };
+            let mut stream = client.watch(request).await.map_err(|e| e.to_string())?.into_inner();
+            let mut ids: HashSet<u64> = HashSet::new();
+            let mut revision = 0;
+            let mut seen = Vec::new();
+            loop {
+                let event = tokio::select! {
+                    e = stream.message() => e.map_err(|e| e.to_string())?.ok_or("stream ended")?,
+                    _ = done.wait_for(|last| *last > 0 && revision >= *last) => return Ok(seen),
+                };
+                let at = Instant::now();
+                match event.event {
+                    Some(proto::watch_event::Event::Snapshot(s)) => {
+                        ids = s.instances.iter().map(|i| hash(&i.instance_id)).collect();
+                        revision = s.revision;
+                        ready.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Some(proto::watch_event::Event::Delta(d)) => {
+                        if d.prev_revision > revision || d.revision <= revision {
+                            return Err(format!("delta {} does not follow {revision}", d.revision));
+                        }
+                        for id in &d.removed_instance_ids {
+                            ids.remove(&hash(id));
+                        }
+                        for i in &d.upserted {
+                            ids.insert(hash(&i.instance_id));
+                        }
+                        revision = d.revision;
+                        seen.push((revision, at));
+                    }
+                    None => {}
+                }
+                if done.borrow().gt(&0) && revision >= *done.borrow() {
+                    return Ok(seen);
+                }
+            }
+        });
+    }
+    while ready.load(Ordering::Relaxed) < n {
+        if t0.elapsed() > Duration::from_secs(600) {
+            return Err("the watchers' snapshots did not all arrive within 10 minutes".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let connect_secs = t0.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut starts = Vec::with_capacity(args.puts);
+    for k in 0..args.puts {
+        let id = format!("probe-{}", k % 10);
+        let value = encode(&stored(&id, "bench-probe", "probe", 0));
+        let start = Instant::now();
+        let revision =
+            store.put(&keys::instance_key(TENANT, "bench-probe", &id), value, None).await.map_err(|e| e.to_string())?;
+        starts.push((revision, start));
+        tokio::time::sleep(args.put_every).await;
+    }
+    let _ = done_tx.send(starts.last().map_or(1, |(r, _)| *r));
+    let mut seen = Vec::with_capacity(n);
+    while let Some(result) = watchers.join_next().await {
+        seen.push(result.map_err(|e| e.to_string())??);
+    }
+    Ok((latencies(&starts, &seen)?, connect_secs))
+}
+
+/// `n` clients watching a prefix straight from etcd, each on its own connection.
+async fn straight_from_etcd(etcd: &EtcdServer, store: &EtcdStore, n: usize, args: &Args) -> Result<Latency, String> {
+    let prefix = format!("/bench-watch-{n}/");
+    let from = store.current_revision().await.map_err(|e| e.to_string())? + 1;
+    let (done_tx, done_rx) = tokio::sync::watch::channel(0i64);
+    let mut watchers = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let client = etcd_client(etcd).await?;
+        let mut watch = client.watch_prefix(&prefix, from).await.map_err(|e| e.to_string())?;
+        let mut done = done_rx.clone();
+        watchers.spawn(async move {
+            let _client = client;
+            let mut seen = Vec::new();
+            let mut revision = 0;
+            loop {
+                let batch = tokio::select! {
+                    b = watch.next() => b.ok_or("watch ended")?.map_err(|e| e.to_string())?,
+                    _ = done.wait_for(|last| *last > 0 && revision >= *last) => return Ok::<_, String>(seen),
+                };
+                let at = Instant::now();
+                for event in batch.events {
+                    revision = event.kv.mod_revision;
+                    seen.push((revision, at));
+                }
+                if done.borrow().gt(&0) && revision >= *done.borrow() {
+                    return Ok(seen);
+                }
+            }
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let value = encode(&stored("probe-0", "bench-probe", "probe", 0));
+    let mut starts = Vec::with_capacity(args.puts);
+    for k in 0..args.puts {
+        let start = Instant::now();
+        let revision =
+            store.put(&format!("{prefix}{}", k % 10), value.clone(), None).await.map_err(|e| e.to_string())?;
+        starts.push((revision, start));
+        tokio::time::sleep(args.put_every).await;
+    }
+    let _ = done_tx.send(starts.last().map_or(1, |(r, _)| *r));
+    let mut seen = Vec::with_capacity(n);
+    while let Some(result) = watchers.join_next().await {
+        seen.push(result.map_err(|e| e.to_string())??);
+    }
+    latencies(&starts, &seen)
+}
