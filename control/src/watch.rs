@@ -5,8 +5,10 @@
 //! A sidecar that reconnects with its last revision X gets only what came after X:
 //! - from its tenant feed's memory ([`crate::feed`]) when the feed still holds it;
 //! - otherwise from the store's history (a temporary store watch from X+1, until the
-//!   feed's memory takes over; an empty delta at the hand-over revision tells the sidecar
-//!   that nothing happened in between);
+//!   store's history reaches past the feed's memory, which then takes over; an empty delta
+//!   at the hand-over revision tells the sidecar that nothing happened in between). For a
+//!   tenant that changes rarely, that temporary watch stays open until its next change;
+//!   nothing is sent meanwhile because nothing happened;
 //! - and if the store has compacted past X, or X is ahead of the store (the store was
 //!   replaced), as a fresh snapshot flagged `resync`, never a silent gap.
 //!
