@@ -52,11 +52,11 @@ struct Args {
     /// Watcher counts to measure propagation with.
     #[arg(long, value_delimiter = ',', default_value = "100,1000")]
     watchers: Vec<usize>,
-    /// Puts per propagation measurement.
-    #[arg(long, default_value_t = 200)]
+    /// Puts per propagation measurement (enough for a p99 that is not one outlier).
+    #[arg(long, default_value_t = 500)]
     puts: usize,
     /// Pause between those puts.
-    #[arg(long, default_value = "25ms", value_parser = agent_reach::duration::parse)]
+    #[arg(long, default_value = "20ms", value_parser = agent_reach::duration::parse)]
     put_every: Duration,
 }
 
