@@ -132,7 +132,7 @@ pub async fn run() -> Result<(), String> {
         ControlHandle::spawn(store.clone(), ControlConfig::default(), bind().await?).map_err(|e| e.to_string())?;
     let a = sidecar(&control, "host-a").await?;
     let b = sidecar(&control, "host-b").await?;
-    println!("  control    {}  (embedded store: registrations on 15 s leases)", control.addr());
+    println!("  control    {}  (embedded store: registrations on 20 s leases)", control.addr());
     println!("  sidecar A  host-a  local API {}  mesh API {}", a.local_addr(), a.mesh_addr());
     println!("  sidecar B  host-b  local API {}  mesh API {}", b.local_addr(), b.mesh_addr());
 
@@ -275,7 +275,7 @@ pub async fn run() -> Result<(), String> {
         check(reply.instance() != dead, "no call was served by the killed instance")?;
     }
     println!(
-        "   6/6 succeeded, {retried} after a retry on another instance; the dead one leaves the tables when its lease expires."
+        "   6/6 succeeded, {retried} after a retry on another instance; its sidecar marks the dead one DOWN once a probe fails, and removes it 30 s later."
     );
 
     println!(
