@@ -28,6 +28,10 @@ pub struct ControlArgs {
     #[arg(long, env = "AGENT_REACH_LISTEN", default_value = "0.0.0.0:7800")]
     pub listen: SocketAddr,
 
+    /// Admin HTTP address: /metrics, /healthz, /readyz (the store answers); "off" disables it.
+    #[arg(long, env = "AGENT_REACH_ADMIN_LISTEN", default_value = "0.0.0.0:7801")]
+    pub admin_listen: String,
+
     /// etcd endpoints, comma-separated ("http://etcd-0:2379,..."). Without it the control
     /// service keeps its state in memory (embedded store, for development: state is lost
     /// when the process stops and replicas do not share it).
@@ -103,6 +107,9 @@ impl TryFrom<&ControlArgs> for ControlConfig {
     type Error = String;
 
     fn try_from(a: &ControlArgs) -> Result<Self, String> {
+        if a.admin_listen != "off" && a.admin_listen.parse::<SocketAddr>().is_err() {
+            return Err(format!("--admin-listen: {:?} is not host:port or \"off\"", a.admin_listen));
+        }
         if a.lease_ttl < Duration::from_secs(2) {
             return Err(format!("--lease-ttl must be at least 2s (etcd's minimum), got {:?}", a.lease_ttl));
         }

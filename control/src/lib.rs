@@ -20,6 +20,7 @@ pub mod error;
 pub mod feed;
 pub mod keys;
 pub mod load;
+pub mod metrics;
 pub mod record;
 pub mod registry;
 pub mod service;
@@ -100,8 +101,22 @@ pub async fn run(args: ControlArgs, config: ControlConfig) -> Result<(), String>
     };
     let store = open_store(&args.etcd_endpoints, args.etcd_timeout, &tls).await?;
     let listener = TcpListener::bind(args.listen).await.map_err(|e| format!("--listen {}: {e}", args.listen))?;
-    tracing::info!(listen = %args.listen, store = store.backend(), lease_ttl = ?config.lease_ttl, "control service started");
-    serve(store, config, listener, agent_reach::process::shutdown_signal()).await.map_err(|e| e.to_string())
+    let stats = Arc::new(ControlStats::default());
+    let (stop_admin, admin_stopped) = tokio::sync::watch::channel(false);
+    if args.admin_listen != "off" {
+        let admin = TcpListener::bind(&args.admin_listen)
+            .await
+            .map_err(|e| format!("--admin-listen {}: {e}", args.admin_listen))?;
+        let state = metrics::admin_state(store.clone(), stats.clone(), admin_stopped.clone());
+        tokio::spawn(agent_reach_telemetry::serve_admin(admin, Arc::new(state), admin_stopped));
+    }
+    tracing::info!(
+        listen = %args.listen, admin = %args.admin_listen, store = store.backend(), lease_ttl = ?config.lease_ttl,
+        "control service started"
+    );
+    let served = serve_with_stats(store, config, stats, listener, agent_reach::process::shutdown_signal()).await;
+    let _ = stop_admin.send(true);
+    served.map_err(|e| e.to_string())
 }
 
 /// Serves the Control and Admin APIs (and grpc.health.v1) on `listener` until `shutdown`
@@ -162,6 +177,8 @@ pub async fn serve_with_stats(
 pub struct ControlHandle {
     addr: std::net::SocketAddr,
     stats: Arc<ControlStats>,
+    /// Stops the admin port, when there is one.
+    admin_stop: Option<tokio::sync::watch::Sender<bool>>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
 }
@@ -179,7 +196,23 @@ impl ControlHandle {
         let task = tokio::spawn(serve_with_stats(store, config, stats.clone(), listener, async move {
             let _ = stopped.await;
         }));
-        Ok(ControlHandle { addr, stats, stop: Some(stop), task })
+        Ok(ControlHandle { addr, stats, admin_stop: None, stop: Some(stop), task })
+    }
+
+    /// Like [`ControlHandle::spawn`], also serving the admin HTTP port on `admin` (it stops
+    /// with the handle).
+    pub fn spawn_with_admin(
+        store: Arc<dyn Store>,
+        config: ControlConfig,
+        listener: TcpListener,
+        admin: TcpListener,
+    ) -> std::io::Result<ControlHandle> {
+        let mut handle = ControlHandle::spawn(store.clone(), config, listener)?;
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let state = metrics::admin_state(store, handle.stats.clone(), stopped.clone());
+        tokio::spawn(agent_reach_telemetry::serve_admin(admin, Arc::new(state), stopped));
+        handle.admin_stop = Some(stop);
+        Ok(handle)
     }
 
     pub fn addr(&self) -> std::net::SocketAddr {
@@ -214,6 +247,9 @@ impl ControlHandle {
 impl Drop for ControlHandle {
     fn drop(&mut self) {
         self.task.abort();
+        if let Some(stop) = &self.admin_stop {
+            let _ = stop.send(true);
+        }
     }
 }
 
@@ -261,6 +297,22 @@ impl ControlReplica {
             }
         });
         Ok(ControlReplica { runtime: Some(runtime), addr, stats })
+    }
+
+    /// Like [`ControlHandle::spawn`], also serving the admin HTTP port on `admin` (it stops
+    /// with the handle).
+    pub fn spawn_with_admin(
+        store: Arc<dyn Store>,
+        config: ControlConfig,
+        listener: TcpListener,
+        admin: TcpListener,
+    ) -> std::io::Result<ControlHandle> {
+        let mut handle = ControlHandle::spawn(store.clone(), config, listener)?;
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let state = metrics::admin_state(store, handle.stats.clone(), stopped.clone());
+        tokio::spawn(agent_reach_telemetry::serve_admin(admin, Arc::new(state), stopped));
+        handle.admin_stop = Some(stop);
+        Ok(handle)
     }
 
     pub fn addr(&self) -> std::net::SocketAddr {

@@ -988,6 +988,13 @@ pub(crate) async fn deliver_to_agent(inner: &Inner, call: InboundCall) -> Attemp
     if !state.routable() {
         return Attempt::NotDelivered(Status::unavailable(format!("instance {instance_id} is {state}")));
     }
+    // An operator's hold (PAUSED at control) counts even while the agent reports UP.
+    if let Some(m) = inner.table.load().instances.get(instance_id)
+        && m.instance.record.state == agent_reach::model::HealthState::Paused
+    {
+        let state = m.instance.record.state;
+        return Attempt::NotDelivered(Status::unavailable(format!("instance {instance_id} is {state} at control")));
+    }
     if call.remaining.is_some_and(|r| r.is_zero()) {
         return Attempt::Failed(
             SidecarError::DeadlineExceeded { deadline: Duration::ZERO, attempts: 0, tried: Vec::new() }.into_status(),

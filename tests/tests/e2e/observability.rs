@@ -343,3 +343,88 @@ async fn metrics_count_known_traffic_exactly_and_parse_as_prometheus_text() {
         sc.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_control_service_counts_registrations_and_writes_and_reports_readiness() {
+    init_logging();
+    let mut ts = TestStore::start(Backend::Etcd).await;
+    let admin = listener().await;
+    let admin_addr = admin.local_addr().unwrap();
+    let control = agent_reach_control::ControlHandle::spawn_with_admin(
+        ts.store.clone(),
+        agent_reach_control::ControlConfig { lease_ttl: Duration::from_secs(15), ..Default::default() },
+        listener().await,
+        admin,
+    )
+    .unwrap();
+    let a = agent_reach_e2e::start_sidecar(sidecar_config(&control.endpoint(), "sc-a")).await;
+    let b = agent_reach_e2e::start_sidecar(sidecar_config(&control.endpoint(), "sc-b")).await;
+    let agents = vec![
+        echo_agent(a.local_addr(), "one", &[("x", &[])]).await,
+        echo_agent(b.local_addr(), "two", &[("y", &[])]).await,
+        echo_agent(b.local_addr(), "three", &[("z", &[])]).await,
+    ];
+    let ids: Vec<String> = agents.iter().map(|x| x.instance_id()).collect();
+    wait_for_instances(&a, &ids).await;
+    // Let a few renewal rounds pass (heartbeats every 200 ms in these sidecars).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let (status, text) = http_get(admin_addr, "/metrics").await;
+    assert_eq!(status, 200);
+    let scrape =
+        prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).expect("valid Prometheus text");
+    let value = |name: &str| {
+        scrape.samples.iter().find(|s| s.metric == name).map(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => f64::NAN,
+        })
+    };
+    assert_eq!(value("agent_reach_control_registrations_total"), Some(3.0));
+    assert_eq!(value("agent_reach_control_watch_streams"), Some(2.0), "two sidecars watch");
+    assert_eq!(value("agent_reach_control_tenant_feeds"), Some(1.0), "one store watch for the tenant");
+    assert_eq!(value("agent_reach_control_snapshots_sent_total"), Some(2.0), "one snapshot per sidecar");
+    let writes = value("agent_reach_control_store_writes_total").unwrap();
+    assert!(writes >= 3.0, "at least the three registrations were written: {writes}");
+    // Steady heartbeats with unchanged state and load do not become store writes.
+    let writes_then = writes;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (_, text) = http_get(admin_addr, "/metrics").await;
+    let later = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap();
+    let later_value = |name: &str| {
+        later.samples.iter().find(|s| s.metric == name).map(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => f64::NAN,
+        })
+    };
+    assert_eq!(
+        later_value("agent_reach_control_store_writes_total"),
+        Some(writes_then),
+        "no writes for steady heartbeats"
+    );
+
+    assert_eq!(http_get(admin_addr, "/healthz").await, (200, "ok\n".into()));
+    let (status, body) = http_get(admin_addr, "/readyz").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.starts_with("ready: etcd store at revision"), "{body}");
+    ts.etcd.as_mut().unwrap().kill();
+    let t0 = std::time::Instant::now();
+    loop {
+        let (status, body) = http_get(admin_addr, "/readyz").await;
+        if status == 503 {
+            assert!(body.starts_with("not ready: etcd store"), "{body}");
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "still ready 10 s after etcd died: {body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for agent in agents {
+        agent.abort();
+    }
+    a.stop().await;
+    b.stop().await;
+    control.shutdown().await;
+}

@@ -1,0 +1,99 @@
+//! The control service's admin port: `/metrics` from [`ControlStats`], `/healthz`, and
+//! `/readyz` (the store answered recently).
+//!
+//! Readiness is checked by a background task every two seconds, so a probe never waits on
+//! the store.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agent_reach_store::Store;
+use agent_reach_telemetry::AdminState;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+
+use crate::stats::ControlStats;
+
+#[derive(Debug)]
+struct StatsCollector {
+    stats: Arc<ControlStats>,
+}
+
+impl Collector for StatsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = &self.stats;
+        let counters: [(&str, &str, &std::sync::atomic::AtomicU64); 13] = [
+            ("registrations", "Registrations stored (new and re-registrations)", &s.registrations),
+            ("heartbeats", "Instance heartbeats received from sidecars", &s.heartbeats),
+            ("heartbeat_requests", "Heartbeat requests (batches) received", &s.heartbeat_requests),
+            ("state_writes", "Record writes caused by a state change", &s.state_writes),
+            ("load_writes", "Record writes caused by a meaningful load change", &s.load_writes),
+            ("store_writes", "Requests that wrote to the store", &s.store_writes),
+            ("store_reads", "Reads from the store", &s.store_reads),
+            ("store_keep_alives", "Lease keep-alives sent to the store", &s.store_keep_alives),
+            ("store_watches_opened", "Watches opened on the store", &s.store_watches_opened),
+            ("snapshots_sent", "Snapshots sent to sidecars", &s.snapshots_sent),
+            ("resyncs_sent", "Snapshots flagged resync (after compaction)", &s.resyncs_sent),
+            ("deltas_sent", "Deltas sent to sidecars", &s.deltas_sent),
+            ("catch_ups", "Sidecars caught up from the store's history", &s.catch_ups),
+        ];
+        for (name, help, value) in counters {
+            let c = ConstCounter::new(value.load(Ordering::Relaxed));
+            let m = encoder.encode_descriptor(name, help, None, c.metric_type())?;
+            c.encode(m)?;
+        }
+        for (name, help, value) in [
+            ("tenant_feeds", "Tenant feeds running (one store watch each)", &s.feeds),
+            ("watch_streams", "Sidecar watch streams open", &s.watch_streams),
+        ] {
+            let g = ConstGauge::new(value.load(Ordering::Relaxed));
+            let m = encoder.encode_descriptor(name, help, None, g.metric_type())?;
+            g.encode(m)?;
+        }
+        Ok(())
+    }
+}
+
+/// The admin endpoints of a control replica, with readiness kept fresh by a task that ends
+/// on `shutdown`.
+pub fn admin_state(store: Arc<dyn Store>, stats: Arc<ControlStats>, mut shutdown: watch::Receiver<bool>) -> AdminState {
+    let mut registry = Registry::with_prefix("agent_reach_control");
+    registry.register_collector(Box::new(StatsCollector { stats }));
+    let ready = Arc::new(AtomicBool::new(false));
+    let why = Arc::new(Mutex::new("store not checked yet".to_string()));
+    let (r, w) = (ready.clone(), why.clone());
+    tokio::spawn(async move {
+        loop {
+            let (ok, text) = match tokio::time::timeout(Duration::from_secs(2), store.current_revision()).await {
+                Ok(Ok(rev)) => (true, format!("{} store at revision {rev}", store.backend())),
+                Ok(Err(e)) => (false, format!("{} store: {e}", store.backend())),
+                Err(_) => (false, format!("{} store did not answer within 2s", store.backend())),
+            };
+            r.store(ok, Ordering::Relaxed);
+            *w.lock().unwrap_or_else(|e| e.into_inner()) = text;
+            tokio::select! {
+                _ = agent_reach::process::stopped(&mut shutdown) => return,
+                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            }
+        }
+    });
+    AdminState {
+        metrics: Box::new(move || {
+            let mut out = String::new();
+            if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
+                out.clear();
+            }
+            out
+        }),
+        ready: Box::new(move || {
+            let text = why.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            if ready.load(Ordering::Relaxed) { Ok(text) } else { Err(text) }
+        }),
+        spans: None,
+    }
+}
