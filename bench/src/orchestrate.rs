@@ -177,9 +177,11 @@ impl Pinning {
     }
 }
 
-/// The sidecar flags of the benchmark: one runtime thread, explicit addresses.
-pub fn sidecar_args(id: &str, local: u16, mesh: u16, control: u16) -> Vec<String> {
-    [
+/// The sidecar flags of the benchmark: one runtime thread, explicit addresses (the admin
+/// port on a free port of its own, so several sidecars fit on one host).
+pub fn sidecar_args(id: &str, local: u16, mesh: u16, control: u16) -> Result<Vec<String>, String> {
+    let admin = procs::free_port()?;
+    Ok([
         "--listen",
         &format!("127.0.0.1:{local}"),
         "--mesh-listen",
@@ -192,10 +194,28 @@ pub fn sidecar_args(id: &str, local: u16, mesh: u16, control: u16) -> Vec<String
         id,
         "--worker-threads",
         "1",
+        "--admin-listen",
+        &format!("127.0.0.1:{admin}"),
     ]
     .iter()
     .map(|s| s.to_string())
-    .collect()
+    .collect())
+}
+
+/// The control flags of the benchmark: one runtime thread, the gRPC port, the admin port
+/// on a free port of its own, and `extra` flags.
+pub fn control_args(port: u16, extra: &[&str]) -> Result<Vec<String>, String> {
+    let admin = procs::free_port()?;
+    let mut args: Vec<String> = vec![
+        "--listen".into(),
+        format!("127.0.0.1:{port}"),
+        "--worker-threads".into(),
+        "1".into(),
+        "--admin-listen".into(),
+        format!("127.0.0.1:{admin}"),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    Ok(args)
 }
 
 /// Every process of the run and the first-hop port of each path.
@@ -221,14 +241,14 @@ impl Topology {
         let port = procs::free_port;
         let control_port = port()?;
         let mut cmd = binaries.control(pin.client());
-        cmd.args(["--listen", &format!("127.0.0.1:{control_port}"), "--worker-threads", "1"]).env("RUST_LOG", "warn");
+        cmd.args(control_args(control_port, &[])?).env("RUST_LOG", "warn");
         start(&mut procs, "control", cmd, dir, control_port).await?;
 
         let mut sidecar_ports = Vec::new();
         for (role, id) in [("sidecar A", "bench-sidecar-a"), ("sidecar B", "bench-sidecar-b")] {
             let (local, mesh) = (port()?, port()?);
             let mut cmd = binaries.sidecar(pin.proxies());
-            cmd.args(sidecar_args(id, local, mesh, control_port)).env("RUST_LOG", "warn");
+            cmd.args(sidecar_args(id, local, mesh, control_port)?).env("RUST_LOG", "warn");
             start(&mut procs, role, cmd, dir, local).await?;
             sidecar_ports.push(local);
         }
