@@ -45,9 +45,12 @@ struct Inner {
     /// Probes let through in this half-open period, and how many succeeded.
     probes_sent: u32,
     probes_ok: u32,
-    /// Outcomes in the window: (time, failed).
-    window: std::collections::VecDeque<(u64, bool)>,
+    /// Outcomes over the window, in [`SLICES`] time slices: (slice number, calls, failures).
+    slices: [(u64, u32, u32); SLICES],
 }
+
+/// Time slices of the failure-rate window: recording and reading are O(1) per call.
+const SLICES: usize = 10;
 
 /// See the module documentation.
 #[derive(Debug, Default)]
@@ -125,14 +128,22 @@ impl Breaker {
             }
             return;
         }
-        b.window.push_back((now, failed));
-        let horizon = now.saturating_sub(ns(settings.window()));
-        while b.window.front().is_some_and(|(t, _)| *t < horizon) {
-            b.window.pop_front();
+        let width = (ns(settings.window()) / SLICES as u64).max(1);
+        let slice = now / width;
+        let current = &mut b.slices[(slice % SLICES as u64) as usize];
+        if current.0 != slice {
+            *current = (slice, 0, 0);
+        }
+        current.1 += 1;
+        if failed {
+            current.2 += 1;
         }
         b.consecutive = if failed { b.consecutive + 1 } else { 0 };
-        let total = b.window.len() as u32;
-        let failures = b.window.iter().filter(|(_, f)| *f).count() as u32;
+        let (total, failures) = b
+            .slices
+            .iter()
+            .filter(|(s, _, _)| *s + SLICES as u64 > slice)
+            .fold((0u32, 0u32), |(t, f), (_, c, x)| (t + c, f + x));
         let rate_trips =
             total >= settings.min_requests() && f64::from(failures) / f64::from(total) >= settings.failure_rate();
         if failed && (b.consecutive >= settings.consecutive_failures() || rate_trips) {
@@ -149,7 +160,7 @@ fn open(b: &mut Inner, now: u64, period: u64) {
     b.consecutive = 0;
     b.probes_sent = 0;
     b.probes_ok = 0;
-    b.window.clear();
+    b.slices = Default::default();
 }
 
 #[cfg(test)]
@@ -196,6 +207,22 @@ mod tests {
         assert_eq!(b.state(9 * MS), BreakerState::Closed, "only 9 requests: below min_requests");
         b.record(9 * MS, true, &s);
         assert_eq!(b.state(9 * MS), BreakerState::Open, "10 requests, 6 failed");
+    }
+
+    #[test]
+    fn outcomes_older_than_the_window_stop_counting() {
+        let (b, s) = (Breaker::default(), settings());
+        for i in 0..9 {
+            b.record(i * MS, i % 2 == 0, &s);
+        }
+        // 11 s later the nine earlier outcomes have left the 10 s window: one more failure
+        // makes 1 request, below min_requests, so the breaker stays closed.
+        b.record(11_000 * MS, true, &s);
+        assert_eq!(b.state(11_000 * MS), BreakerState::Closed);
+        let inner = b.lock();
+        let live: u32 =
+            inner.slices.iter().filter(|(sl, _, _)| *sl + 10 > 11_000 * MS / (1_000 * MS)).map(|(_, c, _)| c).sum();
+        assert_eq!(live, 1);
     }
 
     #[test]

@@ -25,7 +25,7 @@ use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
-use agent_reach_routing::{Change, RoutingTable, TableHandle};
+use agent_reach_routing::{RoutingTable, TableHandle};
 
 /// Clients of every configured control endpoint.
 pub struct ControlClients {
@@ -216,15 +216,50 @@ pub async fn run_watch_observed(
                     match msg {
                         Ok(Some(event)) => {
                             failures = 0;
-                            let applied = apply(&table, event, &stats);
+                            // Take every event already received, and apply them in one
+                            // table build, off the runtime's thread: a burst of changes
+                            // (thousands of registrations) costs one rebuild, not one each.
+                            let mut events = vec![event];
+                            let mut ended = None;
+                            while events.len() < MAX_BATCH {
+                                match futures_util::FutureExt::now_or_never(stream.message()) {
+                                    Some(Ok(Some(e))) => events.push(e),
+                                    Some(other) => {
+                                        ended = Some(other);
+                                        break;
+                                    }
+                                    None => break,
+                                }
+                            }
+                            let (t, st) = (table.clone(), stats.clone());
+                            let applied = match tokio::task::spawn_blocking(move || apply_batch(&t, events, &st)).await
+                            {
+                                Ok(a) => a,
+                                Err(e) => {
+                                    tracing::error!("applying watch events failed: {e}");
+                                    break;
+                                }
+                            };
                             stats.confirm();
-                            if let (Some(observer), Some(applied)) = (&observer, &applied) {
-                                observer(applied);
+                            if let Some(observer) = &observer {
+                                applied.iter().for_each(|a| observer(a));
                             }
                             revision_tx.send_replace(table.load().revision);
-                            if let Some(Applied::Refused { gap: true, .. }) = applied {
+                            if applied.iter().any(|a| matches!(a, Applied::Refused { gap: true, .. })) {
                                 tracing::warn!(control = %uri, "missed changes; resuming from revision {}", table.load().revision);
                                 break;
+                            }
+                            match ended {
+                                None => {}
+                                Some(Ok(None)) => {
+                                    tracing::warn!(control = %uri, "watch stream ended");
+                                    break;
+                                }
+                                Some(Err(status)) => {
+                                    tracing::warn!(control = %uri, "watch stream failed: {}", status.message());
+                                    break;
+                                }
+                                Some(Ok(Some(_))) => {}
                             }
                         }
                         Ok(None) => {
@@ -252,84 +287,129 @@ pub async fn run_watch_observed(
     }
 }
 
+/// Watch events applied in one table build at most.
+const MAX_BATCH: usize = 4096;
+
 /// Applies one watch event to the table: a snapshot replaces it whole; a delta applies
 /// only on top of the revision it follows.
 pub fn apply(table: &TableHandle, event: proto::WatchEvent, stats: &WatchStats) -> Option<Applied> {
+    apply_batch(table, vec![event], stats).pop()
+}
+
+/// Applies watch events in order, building the table once at the end: each snapshot
+/// replaces everything before it, each delta applies only on top of the revision it
+/// follows. Returns what each event did.
+pub fn apply_batch(table: &TableHandle, events: Vec<proto::WatchEvent>, stats: &WatchStats) -> Vec<Applied> {
     let invalid = |what: &str, e: &dyn std::fmt::Display| {
         stats.invalid_instances.fetch_add(1, Ordering::Relaxed);
         tracing::warn!("ignoring an invalid {what} from control: {e}");
     };
-    let instances = |list: Vec<proto::Instance>| -> Vec<Instance> {
-        list.into_iter().filter_map(|p| instance_from_proto(p).map_err(|e| invalid("instance", &e)).ok()).collect()
-    };
-    let policies = |list: Vec<proto::Policy>| -> Vec<Policy> {
-        list.into_iter().filter_map(|p| policy_from_proto(p).map_err(|e| invalid("policy", &e)).ok()).collect()
-    };
-    match event.event {
-        Some(proto::watch_event::Event::Snapshot(s)) => {
-            let instances: HashMap<String, Arc<Instance>> =
-                instances(s.instances).into_iter().map(|i| (i.record.instance_id.clone(), Arc::new(i))).collect();
-            let policies: HashMap<(PolicyKind, String), Arc<Policy>> =
-                policies(s.policies).into_iter().map(|p| ((p.kind, p.name.clone()), Arc::new(p))).collect();
-            tracing::info!(
-                revision = s.revision,
-                instances = instances.len(),
-                policies = policies.len(),
-                resync = s.resync,
-                "applied snapshot"
-            );
-            let previous = table.load_full();
-            table.store(RoutingTable::build(s.revision, instances, policies, Some(&previous)));
-            stats.snapshots.fetch_add(1, Ordering::Relaxed);
-            if s.resync {
-                stats.resyncs.fetch_add(1, Ordering::Relaxed);
-            }
-            Some(Applied::Snapshot { revision: s.revision, resync: s.resync })
-        }
-        Some(proto::watch_event::Event::Delta(d)) => {
-            let current = table.load_full();
-            if d.revision <= current.revision {
-                stats.rejected.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
-                    revision = d.revision,
-                    table = current.revision,
-                    "rejected a delta that does not move forward"
+    let current = table.load_full();
+    let mut revision = current.revision;
+    let mut instances: Option<HashMap<String, Arc<Instance>>> = None;
+    let mut policies: Option<HashMap<(PolicyKind, String), Arc<Policy>>> = None;
+    let mut out = Vec::with_capacity(events.len());
+    for event in events {
+        match event.event {
+            Some(proto::watch_event::Event::Snapshot(s)) => {
+                let inst: HashMap<String, Arc<Instance>> = s
+                    .instances
+                    .into_iter()
+                    .filter_map(|p| instance_from_proto(p).map_err(|e| invalid("instance", &e)).ok())
+                    .map(|i| (i.record.instance_id.clone(), Arc::new(i)))
+                    .collect();
+                let pol: HashMap<(PolicyKind, String), Arc<Policy>> = s
+                    .policies
+                    .into_iter()
+                    .filter_map(|p| policy_from_proto(p).map_err(|e| invalid("policy", &e)).ok())
+                    .map(|p| ((p.kind, p.name.clone()), Arc::new(p)))
+                    .collect();
+                tracing::info!(
+                    revision = s.revision,
+                    instances = inst.len(),
+                    policies = pol.len(),
+                    resync = s.resync,
+                    "applied snapshot"
                 );
-                return Some(Applied::Refused { revision: d.revision, table: current.revision, gap: false });
+                instances = Some(inst);
+                policies = Some(pol);
+                revision = s.revision;
+                stats.snapshots.fetch_add(1, Ordering::Relaxed);
+                if s.resync {
+                    stats.resyncs.fetch_add(1, Ordering::Relaxed);
+                }
+                out.push(Applied::Snapshot { revision: s.revision, resync: s.resync });
             }
-            if d.prev_revision > current.revision {
-                stats.gaps.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
-                    revision = d.revision,
-                    follows = d.prev_revision,
-                    table = current.revision,
-                    "refused a delta that does not follow the table"
-                );
-                return Some(Applied::Refused { revision: d.revision, table: current.revision, gap: true });
-            }
-            let changes =
-                d.upserted.len() + d.removed_instance_ids.len() + d.upserted_policies.len() + d.removed_policies.len();
-            let removed_policies = d
-                .removed_policies
-                .into_iter()
-                .filter_map(|r| match policy_kind_from_i32("kind", r.kind) {
-                    Ok(kind) => Some((kind, r.name)),
-                    Err(e) => {
-                        invalid("policy reference", &e);
-                        None
+            Some(proto::watch_event::Event::Delta(d)) => {
+                if d.revision <= revision {
+                    stats.rejected.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        revision = d.revision,
+                        table = revision,
+                        "rejected a delta that does not move forward"
+                    );
+                    out.push(Applied::Refused { revision: d.revision, table: revision, gap: false });
+                    continue;
+                }
+                if d.prev_revision > revision {
+                    stats.gaps.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        revision = d.revision,
+                        follows = d.prev_revision,
+                        table = revision,
+                        "refused a delta that does not follow the table"
+                    );
+                    out.push(Applied::Refused { revision: d.revision, table: revision, gap: true });
+                    // Nothing after a gap may apply: the table resumes from `revision`.
+                    break;
+                }
+                let changes = d.upserted.len()
+                    + d.removed_instance_ids.len()
+                    + d.upserted_policies.len()
+                    + d.removed_policies.len();
+                let inst = instances.get_or_insert_with(|| {
+                    current.instances.iter().map(|(id, m)| (id.clone(), m.instance.clone())).collect()
+                });
+                for id in &d.removed_instance_ids {
+                    inst.remove(id);
+                }
+                for p in d.upserted {
+                    match instance_from_proto(p) {
+                        Ok(i) => {
+                            inst.insert(i.record.instance_id.clone(), Arc::new(i));
+                        }
+                        Err(e) => invalid("instance", &e),
                     }
-                })
-                .collect();
-            table.store(current.apply(Change {
-                revision: d.revision,
-                upserted: instances(d.upserted),
-                removed: d.removed_instance_ids,
-                upserted_policies: policies(d.upserted_policies),
-                removed_policies,
-            }));
-            stats.deltas.fetch_add(1, Ordering::Relaxed);
-            Some(Applied::Delta { from: current.revision, revision: d.revision, changes })
+                }
+                let pol = policies.get_or_insert_with(|| current.policies.clone());
+                for r in d.removed_policies {
+                    match policy_kind_from_i32("kind", r.kind) {
+                        Ok(kind) => {
+                            pol.remove(&(kind, r.name));
+                        }
+                        Err(e) => invalid("policy reference", &e),
+                    }
+                }
+                for p in d.upserted_policies {
+                    match policy_from_proto(p) {
+                        Ok(p) => {
+                            pol.insert((p.kind, p.name.clone()), Arc::new(p));
+                        }
+                        Err(e) => invalid("policy", &e),
+                    }
+                }
+                stats.deltas.fetch_add(1, Ordering::Relaxed);
+                out.push(Applied::Delta { from: revision, revision: d.revision, changes });
+                revision = d.revision;
+            }
+            None => {}
         }
-        None => None,
     }
+    if revision != current.revision || instances.is_some() || policies.is_some() {
+        let instances = instances
+            .unwrap_or_else(|| current.instances.iter().map(|(id, m)| (id.clone(), m.instance.clone())).collect());
+        let policies = policies.unwrap_or_else(|| current.policies.clone());
+        table.store(RoutingTable::build(revision, instances, policies, Some(&current)));
+    }
+    out
 }
