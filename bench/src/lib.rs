@@ -16,6 +16,7 @@ pub mod latency;
 pub mod load;
 pub mod machine;
 pub mod orchestrate;
+pub mod overload;
 pub mod procs;
 pub mod procstat;
 pub mod proxies;

@@ -6,6 +6,8 @@
 //! - `up`: starts every path as `run` does and keeps it up (for profiling).
 //! - `load`: the open-loop fixed-rate generator `run` uses; prints JSON.
 //! - `agent`: the echo agent `run` uses.
+//! - `overload`: one instance offered a multiple of its capacity through two sidecars
+//!   (admission control of issue #6).
 //! - `sidecar`, `control`: the sidecar and control service run from this binary (the
 //!   smoke test's `run --embedded`).
 
@@ -16,7 +18,7 @@ use std::time::Duration;
 use agent_reach_bench::load::{self, LoadSpec};
 use agent_reach_bench::orchestrate::{self, RunArgs};
 use agent_reach_bench::wire::Kind;
-use agent_reach_bench::{agent, embedded, latency};
+use agent_reach_bench::{agent, embedded, latency, overload};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -28,6 +30,16 @@ struct Cli {
 
 fn duration(s: &str) -> Result<Duration, String> {
     agent_reach::duration::parse(s)
+}
+
+/// "H:N:L" percentages summing to 100.
+fn mix(s: &str) -> Result<[u32; 3], String> {
+    let parts: Vec<u32> =
+        s.split(':').map(|p| p.trim().parse::<u32>()).collect::<Result<_, _>>().map_err(|e| format!("{s:?}: {e}"))?;
+    match parts[..] {
+        [h, n, l] if h + n + l == 100 => Ok([h, n, l]),
+        _ => Err(format!("{s:?}: expected HIGH:NORMAL:LOW percentages summing to 100")),
+    }
 }
 
 #[derive(Subcommand)]
@@ -46,6 +58,34 @@ enum Command {
     },
     /// The benchmark against nginx and Envoy on the same hop, all paths in one run.
     Run(RunArgs),
+    /// One instance offered a multiple of its capacity through two sidecars (one process):
+    /// shed vs admitted latency, goodput, most calls in the agent at once.
+    Overload {
+        /// The agent's concurrency slots (max_concurrency).
+        #[arg(long, default_value_t = 8)]
+        slots: u32,
+        /// Time the agent spends on each call.
+        #[arg(long, default_value = "100ms", value_parser = duration)]
+        work: Duration,
+        /// Offered load as a multiple of capacity (slots / work).
+        #[arg(long, default_value_t = 3.0)]
+        factor: f64,
+        /// Percent of calls sent HIGH:NORMAL:LOW.
+        #[arg(long, default_value = "20:60:20", value_parser = mix)]
+        mix: [u32; 3],
+        /// The policy's admission queue length per priority.
+        #[arg(long, default_value_t = 4)]
+        queue_length: u32,
+        /// The policy's admission queue timeout.
+        #[arg(long, default_value = "5ms", value_parser = duration)]
+        queue_timeout: Duration,
+        /// Seconds of offered load.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// Runtime worker threads for everything in the process.
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+    },
     /// Starts every path as `run` does and keeps it up until ctrl-c (for profiling).
     Up(RunArgs),
     /// Open-loop load at a fixed rate against one path; prints the result as JSON.
@@ -108,6 +148,12 @@ fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         Command::Up(args) => orchestrate::up_blocking(args),
+        Command::Overload { slots, work, factor, seconds, threads, mix, queue_length, queue_timeout } => {
+            let spec = overload::OverloadSpec { slots, work, factor, seconds, mix, queue_length, queue_timeout };
+            agent_reach::process::runtime(threads)
+                .map_err(|e| format!("runtime: {e}"))
+                .and_then(|rt| rt.block_on(overload::run(spec)))
+        }
         Command::Load { addr, kind, payload, rate, duration, warmup, connections, timeout } => {
             let spec = LoadSpec { addr, kind, payload, rate, duration, warmup, connections, timeout };
             load::run(&spec)

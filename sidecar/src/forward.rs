@@ -765,11 +765,20 @@ async fn send_h2(
     let (response, mut stream) =
         sender.send_request(request, data.is_empty()).map_err(|e| SendError::NotSent(e.to_string()))?;
     let last = data.len().saturating_sub(1);
+    let mut unsent = None;
     for (i, chunk) in data.into_iter().enumerate() {
-        stream.send_data(chunk, i == last).map_err(|e| SendError::Failed(e.to_string()))?;
+        if let Err(e) = stream.send_data(chunk, i == last) {
+            // The peer may answer before reading the request (a shed call's trailers-only
+            // reply, then RST_STREAM(NO_ERROR), RFC 9113 §8.1): its answer still counts.
+            unsent = Some(e.to_string());
+            break;
+        }
     }
     match response.await {
         Ok(resp) => Ok(resp.map(|recv| Body::H2(grpc::H2Body::new(recv)))),
+        Err(e) if unsent.is_some() => {
+            Err(SendError::Failed(format!("{e} (sending the call: {})", unsent.unwrap_or_default())))
+        }
         // REFUSED_STREAM: the peer did not process the stream (RFC 9113 §8.7).
         Err(e) if e.reason() == Some(h2::Reason::REFUSED_STREAM) => Err(SendError::NotSent(e.to_string())),
         Err(e) => Err(SendError::Failed(e.to_string())),

@@ -1,9 +1,11 @@
 //! Per-instance admission with priority shares, in the target's sidecar.
 //!
 //! An instance has `max_concurrency` slots (from its registration; 0 = unlimited, nothing
-//! is limited). HIGH calls may use every slot; NORMAL calls at most `normal_percent` of
-//! them and LOW calls at most `low_percent`; a call is not given a slot while a call of
-//! higher priority waits (LOW uses only what is idle). Calls over their share wait in a
+//! is limited). HIGH calls may use every slot; NORMAL and LOW calls together at most
+//! `normal_percent` of them, and LOW calls alone at most `low_percent` — so the rest
+//! (30 % by default) is always kept for HIGH, however much lower-priority load arrives. A
+//! call is not given a slot while a call of higher priority waits (LOW uses only what is
+//! idle). Calls over their share wait in a
 //! bounded queue per priority for at most the queue timeout — never past their deadline —
 //! and are then refused with AGENT_OVERLOADED, fast, before touching the agent. A freed
 //! slot goes to the highest-priority waiter first.
@@ -108,9 +110,17 @@ impl Gate {
             Priority::Normal => !s.queues[0].is_empty(),
             // LOW only takes what is idle: nothing HIGH waits, and no NORMAL waiter could
             // take the slot.
-            Priority::Low => !s.queues[0].is_empty() || (!s.queues[1].is_empty() && s.in_use[1] < self.caps[1]),
+            Priority::Low => {
+                !s.queues[0].is_empty() || (!s.queues[1].is_empty() && s.in_use[1] + s.in_use[2] < self.caps[1])
+            }
         };
-        total < self.max && s.in_use[i] < self.caps[i] && !waiting_above
+        // The NORMAL share bounds NORMAL and LOW together; the LOW share bounds LOW alone.
+        let used = match p {
+            Priority::High => total,
+            Priority::Normal => s.in_use[1] + s.in_use[2],
+            Priority::Low => s.in_use[2],
+        };
+        total < self.max && used < self.caps[i] && !waiting_above
     }
 
     /// Admits a call of `priority`, waiting in its queue for at most the queue timeout and
@@ -224,8 +234,14 @@ mod tests {
             held.push(g.acquire(Priority::Low, None).await.unwrap());
         }
         assert_eq!(g.acquire(Priority::Low, None).await.unwrap_err(), Refusal::Timeout(Duration::from_millis(100)));
-        for _ in 0..7 {
+        // NORMAL and LOW share 7 slots: 3 LOW leave 4 for NORMAL.
+        for _ in 0..4 {
             held.push(g.acquire(Priority::Normal, None).await.unwrap());
+        }
+        assert_eq!(g.acquire(Priority::Normal, None).await.unwrap_err(), Refusal::Timeout(Duration::from_millis(100)));
+        // The other 3 are HIGH's alone.
+        for _ in 0..3 {
+            held.push(g.acquire(Priority::High, None).await.unwrap());
         }
         assert_eq!(g.in_use(), 10);
         // Full: even HIGH waits now, and gets the first freed slot.
@@ -235,7 +251,7 @@ mod tests {
         let low = tokio::spawn(async move { g3.acquire(Priority::Low, None).await });
         tokio::task::yield_now().await;
         assert_eq!(g.queued(), 2);
-        drop(held.pop()); // a NORMAL slot frees
+        drop(held.remove(5)); // a NORMAL slot frees
         let high = high.await.unwrap().unwrap();
         assert_eq!(g.in_use(), 10);
         // LOW is at its cap (3) anyway, and times out.
@@ -243,6 +259,27 @@ mod tests {
         drop(high);
         drop(held);
         assert_eq!((g.in_use(), g.queued()), (0, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn normal_and_low_flood_leaves_high_its_reserve() {
+        // 10 slots, NORMAL share 70 %: however many NORMAL and LOW calls come, 3 slots stay
+        // free for HIGH, which is admitted at once.
+        let g = gate(10);
+        let mut held = Vec::new();
+        for p in [Priority::Low, Priority::Normal, Priority::Normal, Priority::Low, Priority::Normal] {
+            for _ in 0..3 {
+                if let Ok(permit) = g.acquire(p, Some(Instant::now())).await {
+                    held.push(permit);
+                }
+            }
+        }
+        assert_eq!(g.in_use(), 7);
+        let t0 = Instant::now();
+        for _ in 0..3 {
+            held.push(g.acquire(Priority::High, None).await.unwrap());
+        }
+        assert_eq!((g.in_use(), Instant::now() - t0), (10, Duration::ZERO));
     }
 
     #[tokio::test(start_paused = true)]
