@@ -131,9 +131,14 @@ pub async fn put_policy(store: &Arc<dyn Store>, sidecars: &[&Sidecar], policy: P
     policy.validate().unwrap_or_else(|e| panic!("invalid test policy: {e}"));
     let key = agent_reach_control::keys::policy_key(&policy.tenant, policy.kind, &policy.name);
     store.put(&key, agent_reach_control::registry::encode_policy(&policy), None).await.expect("put policy");
+    wait_for_policy(sidecars, &policy).await;
+}
+
+/// Waits until every one of `sidecars` has exactly `policy` in its routing table.
+pub async fn wait_for_policy(sidecars: &[&Sidecar], policy: &Policy) {
     for sc in sidecars {
         sc.wait_for_table(Duration::from_secs(10), |t| {
-            t.policy(policy.kind, &policy.name).is_some_and(|p| **p == policy)
+            t.policy(policy.kind, &policy.name).is_some_and(|p| **p == *policy)
         })
         .await
         .expect("policy reached the sidecar");

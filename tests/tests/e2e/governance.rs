@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use agent_reach::convert::policy_to_proto;
 use agent_reach::policy::{Admission, CircuitBreaker, Policy, PolicyKind, PolicySpec, RateLimit, VersionSplit};
+use agent_reach::reason::error_info;
 use agent_reach::{Agent, HandlerError, Reply};
 use agent_reach_e2e::{capability_policy, echo_agent, wait_for_instances};
 use agent_reach_sidecar::Sidecar;
@@ -25,7 +27,7 @@ async fn a_rate_limit_refuses_at_once_and_spares_other_callers() {
     let auditor = client.with_caller("auditor", "auditor-1");
     // 1 call per second, burst 3: ten quick calls from one caller, three pass.
     let limit = PolicySpec { rate_limit: Some(RateLimit { per_second: 1.0, burst: 3 }), ..Default::default() };
-    mesh.policy(capability_policy("echo", limit)).await;
+    mesh.policy(capability_policy("echo", limit.clone())).await;
     let mut refused = 0;
     for _ in 0..10 {
         match planner.invoke("echo").text("x").send().await {
@@ -43,6 +45,16 @@ async fn a_rate_limit_refuses_at_once_and_spares_other_callers() {
     }
     assert_eq!(refused, 7);
     assert_eq!(agent.handled(), 3, "refused calls never reached the agent");
+    // An invalid change is refused whole, naming the field; both sidecars keep the old policy.
+    let old = capability_policy("echo", limit);
+    let bad = PolicySpec { rate_limit: Some(RateLimit { per_second: 0.0, burst: 3 }), ..Default::default() };
+    let refusal = mesh.put_policy(policy_to_proto(&capability_policy("echo", bad), 0)).await.expect("refused");
+    assert_eq!(refusal.code(), Code::InvalidArgument);
+    let info = error_info(&refusal).expect("error info");
+    assert_eq!(info.metadata.get("field").map(String::as_str), Some("policy.spec.rate_limit.per_second"));
+    for sc in [&mesh.a, &mesh.b] {
+        assert_eq!(sc.table().policy(PolicyKind::Capability, "echo").map(|p| (**p).clone()), Some(old.clone()));
+    }
     // Another caller has its own bucket.
     auditor.invoke("echo").text("x").send().await.unwrap();
     assert_eq!(agent.handled(), 4);

@@ -5,13 +5,18 @@ use std::time::Duration;
 
 use agent_reach::Client;
 use agent_reach::RunningAgent;
+use agent_reach::convert::policy_to_proto;
 use agent_reach::policy::Policy;
+use agent_reach::proto;
 use agent_reach_control::ControlHandle;
-use agent_reach_e2e::{Backend, TestStore, init_logging, put_policy, sidecar_config, start_control, start_sidecar};
+use agent_reach_e2e::{
+    Backend, TestStore, admin_client, init_logging, sidecar_config, start_control, start_sidecar, wait_for_policy,
+};
 use agent_reach_sidecar::Sidecar;
 
 pub struct Mesh {
-    pub ts: TestStore,
+    /// The store behind control, alive as long as the mesh.
+    _store: TestStore,
     pub control: ControlHandle,
     pub a: Sidecar,
     pub b: Sidecar,
@@ -24,7 +29,7 @@ impl Mesh {
         let control = start_control(ts.store.clone(), Duration::from_secs(15)).await;
         let a = start_sidecar(sidecar_config(&control.endpoint(), "host-a")).await;
         let b = start_sidecar(sidecar_config(&control.endpoint(), "host-b")).await;
-        Mesh { ts, control, a, b }
+        Mesh { _store: ts, control, a, b }
     }
 
     /// A client of sidecar A.
@@ -32,9 +37,18 @@ impl Mesh {
         Client::connect(&self.a.local_addr().to_string()).await.unwrap()
     }
 
-    /// Stores `policy` and waits until both sidecars have it.
+    /// Puts `policy` through control's Admin API, as an operator would, and waits until
+    /// both sidecars have it (no restarts).
     pub async fn policy(&self, policy: Policy) {
-        put_policy(&self.ts.store, &[&self.a, &self.b], policy).await;
+        let status = self.put_policy(policy_to_proto(&policy, 0)).await;
+        assert!(status.is_none(), "Admin refused {}: {status:?}", policy.name);
+        wait_for_policy(&[&self.a, &self.b], &policy).await;
+    }
+
+    /// Puts a policy through the Admin API; the refusal, if any.
+    pub async fn put_policy(&self, policy: proto::Policy) -> Option<tonic::Status> {
+        let mut admin = admin_client(&self.control.endpoint()).await;
+        admin.put_policy(proto::PutPolicyRequest { policy: Some(policy) }).await.err()
     }
 
     pub async fn stop(self, agents: Vec<RunningAgent>) {
