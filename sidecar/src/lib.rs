@@ -15,6 +15,7 @@
 //!
 //! [`Sidecar::start`] takes already-bound listeners, so tests run sidecars on port 0.
 
+pub mod coalesce;
 pub mod config;
 pub mod control;
 pub mod error;
@@ -421,8 +422,9 @@ where
             let fut = handler(req);
             async move { Ok::<_, Infallible>(fut.await) }
         });
-        let conn = builder.serve_connection(TokioIo::new(stream), service);
-        let conn = graceful.watch(conn);
+        let (io, drain) = coalesce::coalesced(stream);
+        let conn = builder.serve_connection(TokioIo::new(io), service);
+        let conn = coalesce::Flushing::new(graceful.watch(conn), drain);
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!("connection ended: {e}");

@@ -19,6 +19,8 @@ use h2::client::SendRequest;
 use http::uri::Authority;
 use tokio::net::TcpStream;
 
+use crate::coalesce;
+
 /// A failed connection attempt.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot connect to {authority}: {cause}")]
@@ -99,16 +101,18 @@ async fn connect(authority: &str) -> Result<Open, ConnectError> {
         .map_err(|_| err(format!("no connection within {CONNECT_TIMEOUT:?}")))?
         .map_err(|e| err(e.to_string()))?;
     tcp.set_nodelay(true).map_err(|e| err(e.to_string()))?;
+    let (io, drain) = coalesce::coalesced(tcp);
     let (sender, mut connection) = h2::client::Builder::new()
         .initial_window_size(1 << 20)
         .initial_connection_window_size(8 << 20)
         .max_concurrent_reset_streams(1024)
-        .handshake::<_, Bytes>(tcp)
+        .handshake::<_, Bytes>(io)
         .await
         .map_err(|e| err(e.to_string()))?;
     let closed = Arc::new(AtomicBool::new(false));
     let ping = connection.ping_pong();
     let (peer, flag) = (authority.to_string(), closed.clone());
+    let mut connection = coalesce::Flushing::new(connection, drain);
     tokio::spawn(async move {
         // Detect peers that vanished without closing the connection: PING when idle.
         let keepalive = async move {
