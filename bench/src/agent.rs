@@ -5,12 +5,12 @@
 //! paths call its `Agent/Handle` on the listen address; the mesh path reaches it through
 //! the sidecar it registered with.
 //!
-//! Workaround, until the SDK sets it itself: the SDK serves with tonic's
-//! `serve_with_incoming_shutdown`, which ignores `Server::tcp_nodelay`, so the agent's
-//! accepted connections keep Nagle's algorithm and replies written in two pieces wait for
-//! the peer's delayed ACK (~40 ms stalls, seen with 1 KiB payloads). Accepted sockets
-//! inherit TCP_NODELAY from the listening socket on Linux, so [`set_listener_nodelay`] sets
-//! it there. Pass `--no-nodelay-workaround` to measure the SDK as it is.
+//! TCP_NODELAY: the SDK now sets it on every connection it accepts. An earlier SDK did
+//! not (tonic's `serve_with_incoming_shutdown` ignores `Server::tcp_nodelay`), and replies
+//! written in two pieces waited for the peer's delayed ACK (~40 ms stalls with 1 KiB
+//! payloads), so this agent also sets it on its listening socket (accepted sockets inherit
+//! it on Linux; [`set_listener_nodelay`]). That is redundant now (measured alike both
+//! ways); `--no-nodelay-workaround` measures the SDK alone.
 
 use std::net::SocketAddr;
 use std::time::Duration;
