@@ -735,6 +735,7 @@ impl Send {
 }
 
 /// Why an `h2` call failed.
+#[derive(Debug)]
 enum SendError {
     /// The request never left (no connection, or the peer refused the stream unprocessed).
     NotSent(String),
@@ -1121,5 +1122,104 @@ mod tests {
         assert!(breaker_failure(&Attempt::NotDelivered(Status::unavailable("refused"))));
         assert!(breaker_failure(&Attempt::Failed(Status::internal("boom"))));
         assert!(!breaker_failure(&Attempt::Failed(Status::invalid_argument("bad"))));
+    }
+    /// A peer written frame by frame, so that an answer and a reset leave in one write:
+    /// it never opens a stream's receive window (no request body can be sent) and ends
+    /// each stream as soon as its HEADERS arrive: the first with a trailers-only answer
+    /// followed by RST_STREAM(NO_ERROR) (how a shed call ends, RFC 9113 §8.1), the second
+    /// with REFUSED_STREAM, the third with INTERNAL_ERROR.
+    /// Returns its address, a signal that the client has applied its settings, and the
+    /// count of DATA frames it received.
+    async fn peer_that_answers_before_reading()
+    -> (String, tokio::sync::oneshot::Receiver<()>, Arc<std::sync::atomic::AtomicUsize>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+            let len = (payload.len() as u32).to_be_bytes();
+            let mut f = vec![len[1], len[2], len[3], kind, flags];
+            f.extend_from_slice(&stream.to_be_bytes());
+            f.extend_from_slice(payload);
+            f
+        }
+        fn literal(name: &str, value: &str) -> Vec<u8> {
+            // HPACK literal without indexing, new name, no Huffman coding.
+            let mut b = vec![0, name.len() as u8];
+            b.extend_from_slice(name.as_bytes());
+            b.push(value.len() as u8);
+            b.extend_from_slice(value.as_bytes());
+            b
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (settled_tx, settled) = tokio::sync::oneshot::channel();
+        let mut settled_tx = Some(settled_tx);
+        let data_frames = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = data_frames.clone();
+        tokio::spawn(async move {
+            let (mut tcp, _) = listener.accept().await.unwrap();
+            let mut preface = [0u8; 24];
+            tcp.read_exact(&mut preface).await.unwrap();
+            // SETTINGS_INITIAL_WINDOW_SIZE = 0.
+            tcp.write_all(&frame(0x4, 0, 0, &[0, 4, 0, 0, 0, 0])).await.unwrap();
+            let mut requests = 0;
+            loop {
+                let mut head = [0u8; 9];
+                if tcp.read_exact(&mut head).await.is_err() {
+                    return;
+                }
+                let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+                let mut payload = vec![0u8; len];
+                tcp.read_exact(&mut payload).await.unwrap();
+                let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+                let out = match head[3] {
+                    0x0 => {
+                        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        continue;
+                    }
+                    0x4 if head[4] & 1 == 0 => frame(0x4, 1, 0, &[]),
+                    0x4 => {
+                        // The client acknowledged the zero window.
+                        if let Some(tx) = settled_tx.take() {
+                            let _ = tx.send(());
+                        }
+                        continue;
+                    }
+                    0x1 => {
+                        requests += 1;
+                        match requests {
+                            1 => {
+                                let mut block = vec![0x88]; // :status 200
+                                block.extend(literal("content-type", "application/grpc"));
+                                block.extend(literal("grpc-status", "8"));
+                                block.extend(literal("grpc-message", "shed"));
+                                let mut both = frame(0x1, 0x1 | 0x4, stream, &block);
+                                both.extend(frame(0x3, 0, stream, &0u32.to_be_bytes()));
+                                both
+                            }
+                            2 => frame(0x3, 0, stream, &7u32.to_be_bytes()),
+                            _ => frame(0x3, 0, stream, &2u32.to_be_bytes()),
+                        }
+                    }
+                    _ => continue,
+                };
+                tcp.write_all(&out).await.unwrap();
+            }
+        });
+        (addr, settled, data_frames)
+    }
+
+    #[tokio::test]
+    async fn an_answer_before_the_body_was_sent_counts_and_resets_say_if_the_call_may_have_run() {
+        let (addr, settled, data_frames) = peer_that_answers_before_reading().await;
+        let pool = crate::pool::Pool::default();
+        let body = || vec![Bytes::from(vec![7u8; 1024])];
+        let conn = pool.get(&addr).await.unwrap();
+        settled.await.unwrap();
+        let resp = send_h2(conn.clone(), "/a", HeaderMap::new(), body()).await.expect("the answer is used");
+        assert_eq!(resp.headers().get("grpc-status").map(|v| v.as_bytes()), Some(&b"8"[..]));
+        let refused = send_h2(conn.clone(), "/b", HeaderMap::new(), body()).await.err();
+        assert!(matches!(refused, Some(SendError::NotSent(_))), "{refused:?}");
+        let reset = send_h2(conn, "/c", HeaderMap::new(), body()).await.err();
+        assert!(matches!(reset, Some(SendError::Failed(_))), "{reset:?}");
+        assert_eq!(data_frames.load(std::sync::atomic::Ordering::Relaxed), 0, "no request body was sent");
     }
 }
