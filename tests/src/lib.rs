@@ -367,7 +367,23 @@ pub enum ProbeAnswer {
     Hang,
 }
 
-struct ProbeService(Arc<Mutex<ProbeAnswer>>);
+/// The agent's health service: `Check` answers the current [`ProbeAnswer`]; `Watch` sends
+/// it, then every change (a `Hang` sends nothing until the answer changes again).
+struct ProbeService(tokio::sync::watch::Receiver<ProbeAnswer>);
+
+fn serving_status(answer: ProbeAnswer) -> Option<tonic_health::pb::HealthCheckResponse> {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let status = match answer {
+        ProbeAnswer::Serving => ServingStatus::Serving,
+        ProbeAnswer::NotServing => ServingStatus::NotServing,
+        ProbeAnswer::Hang => return None,
+    };
+    Some(tonic_health::pb::HealthCheckResponse { status: status as i32 })
+}
+
+type ProbeStream = std::pin::Pin<
+    Box<dyn futures_util::Stream<Item = Result<tonic_health::pb::HealthCheckResponse, tonic::Status>> + Send>,
+>;
 
 #[tonic::async_trait]
 impl tonic_health::pb::health_server::Health for ProbeService {
@@ -375,24 +391,23 @@ impl tonic_health::pb::health_server::Health for ProbeService {
         &self,
         _request: tonic::Request<tonic_health::pb::HealthCheckRequest>,
     ) -> Result<tonic::Response<tonic_health::pb::HealthCheckResponse>, tonic::Status> {
-        use tonic_health::pb::health_check_response::ServingStatus;
-        let answer = *self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let status = match answer {
-            ProbeAnswer::Serving => ServingStatus::Serving,
-            ProbeAnswer::NotServing => ServingStatus::NotServing,
-            ProbeAnswer::Hang => std::future::pending().await,
-        };
-        Ok(tonic::Response::new(tonic_health::pb::HealthCheckResponse { status: status as i32 }))
+        let current = *self.0.borrow();
+        match serving_status(current) {
+            Some(answer) => Ok(tonic::Response::new(answer)),
+            None => std::future::pending().await,
+        }
     }
 
-    type WatchStream = futures_util::stream::Empty<Result<tonic_health::pb::HealthCheckResponse, tonic::Status>>;
+    type WatchStream = ProbeStream;
 
     async fn watch(
         &self,
         _request: tonic::Request<tonic_health::pb::HealthCheckRequest>,
     ) -> Result<tonic::Response<Self::WatchStream>, tonic::Status> {
-        // Allowed by the health protocol: sidecars only use Check.
-        Err(tonic::Status::unimplemented("this test agent answers Check only"))
+        use futures_util::StreamExt;
+        let updates = tokio_stream::wrappers::WatchStream::new(self.0.clone())
+            .filter_map(|answer| std::future::ready(serving_status(answer).map(Ok)));
+        Ok(tonic::Response::new(Box::pin(updates)))
     }
 }
 
@@ -402,7 +417,7 @@ pub struct ManualAgent {
     pub instance_id: String,
     pub endpoint: String,
     sidecar: agent_reach::proto::sidecar_client::SidecarClient<Channel>,
-    answer: Arc<Mutex<ProbeAnswer>>,
+    answer: tokio::sync::watch::Sender<ProbeAnswer>,
     server: tokio::task::JoinHandle<()>,
     heartbeats: Option<tokio::task::JoinHandle<()>>,
 }
@@ -418,8 +433,8 @@ impl ManualAgent {
     ) -> Result<ManualAgent, tonic::Status> {
         let listener = listener().await;
         let endpoint = format!("http://{}", listener.local_addr().expect("agent address"));
-        let answer = Arc::new(Mutex::new(ProbeAnswer::Serving));
-        let service = tonic_health::pb::health_server::HealthServer::new(ProbeService(answer.clone()));
+        let (answer, probe_answers) = tokio::sync::watch::channel(ProbeAnswer::Serving);
+        let service = tonic_health::pb::health_server::HealthServer::new(ProbeService(probe_answers));
         let server = tokio::spawn(async move {
             let incoming = tokio_stream_listener(listener);
             let _ = tonic::transport::Server::builder().add_service(service).serve_with_incoming(incoming).await;
@@ -446,7 +461,7 @@ impl ManualAgent {
     }
 
     pub fn answer_probes(&self, answer: ProbeAnswer) {
-        *self.answer.lock().unwrap_or_else(|e| e.into_inner()) = answer;
+        self.answer.send_replace(answer);
     }
 
     /// One heartbeat reporting `state`.
@@ -518,5 +533,33 @@ pub async fn eventually(timeout: Duration, what: &str, mut condition: impl FnMut
             panic!("{what}: not so within {timeout:?}");
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::StreamExt;
+    use tonic_health::pb::health_server::Health;
+
+    #[tokio::test]
+    async fn the_probe_watch_sends_the_answer_then_each_change_and_nothing_while_hanging() {
+        use tonic_health::pb::health_check_response::ServingStatus;
+        let (answer, answers) = tokio::sync::watch::channel(ProbeAnswer::Serving);
+        let service = ProbeService(answers);
+        let request = || tonic::Request::new(tonic_health::pb::HealthCheckRequest { service: String::new() });
+        let mut updates = service.watch(request()).await.unwrap().into_inner();
+        let status = |item: Option<Result<tonic_health::pb::HealthCheckResponse, tonic::Status>>| {
+            item.expect("an update").expect("not an error").status
+        };
+        assert_eq!(status(updates.next().await), ServingStatus::Serving as i32);
+        answer.send_replace(ProbeAnswer::NotServing);
+        assert_eq!(status(updates.next().await), ServingStatus::NotServing as i32);
+        answer.send_replace(ProbeAnswer::Hang);
+        tokio::task::yield_now().await;
+        assert!(futures_util::FutureExt::now_or_never(updates.next()).is_none(), "a hang sends nothing");
+        answer.send_replace(ProbeAnswer::Serving);
+        assert_eq!(status(updates.next().await), ServingStatus::Serving as i32);
+        assert_eq!(service.check(request()).await.unwrap().into_inner().status, ServingStatus::Serving as i32);
     }
 }
