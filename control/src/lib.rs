@@ -299,22 +299,6 @@ impl ControlReplica {
         Ok(ControlReplica { runtime: Some(runtime), addr, stats })
     }
 
-    /// Like [`ControlHandle::spawn`], also serving the admin HTTP port on `admin` (it stops
-    /// with the handle).
-    pub fn spawn_with_admin(
-        store: Arc<dyn Store>,
-        config: ControlConfig,
-        listener: TcpListener,
-        admin: TcpListener,
-    ) -> std::io::Result<ControlHandle> {
-        let mut handle = ControlHandle::spawn(store.clone(), config, listener)?;
-        let (stop, stopped) = tokio::sync::watch::channel(false);
-        let state = metrics::admin_state(store, handle.stats.clone(), stopped.clone());
-        tokio::spawn(agent_reach_telemetry::serve_admin(admin, Arc::new(state), stopped));
-        handle.admin_stop = Some(stop);
-        Ok(handle)
-    }
-
     pub fn addr(&self) -> std::net::SocketAddr {
         self.addr
     }
@@ -324,6 +308,7 @@ impl ControlReplica {
         format!("http://{}", self.addr)
     }
 
+    /// This replica's counters.
     pub fn stats(&self) -> &Arc<ControlStats> {
         &self.stats
     }
