@@ -334,16 +334,7 @@ impl Admin for AdminService {
                     note: c.note.clone(),
                 })
                 .collect(),
-            skipped: explanation
-                .skipped
-                .into_iter()
-                .map(|s| proto::SkippedInstance {
-                    instance_id: s.instance_id,
-                    agent: s.agent,
-                    reason: s.reason,
-                    detail: s.detail,
-                })
-                .collect(),
+            skipped: explanation.skipped.into_iter().map(proto::SkippedInstance::from).collect(),
             revision: view.revision,
             strategy: explanation.strategy.unwrap_or_default().as_str().to_string(),
         }))

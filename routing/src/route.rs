@@ -46,6 +46,17 @@ pub struct Skip {
     pub detail: String,
 }
 
+impl From<Skip> for agent_reach::proto::SkippedInstance {
+    fn from(s: Skip) -> Self {
+        agent_reach::proto::SkippedInstance {
+            instance_id: s.instance_id,
+            agent: s.agent,
+            reason: s.reason,
+            detail: s.detail,
+        }
+    }
+}
+
 /// What a pick needs to know about the call.
 #[derive(Clone, Copy, Debug)]
 pub struct PickRequest<'a> {

@@ -542,16 +542,7 @@ fn route_rpc(inner: &Inner, r: proto::RouteRequest) -> Result<proto::RouteReply,
                 note: c.note.clone(),
             })
             .collect(),
-        skipped: explanation
-            .skipped
-            .into_iter()
-            .map(|s| proto::SkippedInstance {
-                instance_id: s.instance_id,
-                agent: s.agent,
-                reason: s.reason,
-                detail: s.detail,
-            })
-            .collect(),
+        skipped: explanation.skipped.into_iter().map(proto::SkippedInstance::from).collect(),
         table_revision: table.revision,
         strategy: explanation.strategy.unwrap_or_default().as_str().to_string(),
         table_stale: stale,
