@@ -45,7 +45,7 @@ use opentelemetry::trace::{SpanKind, TraceContextExt, Tracer};
 use prost::Message;
 use tokio::time::Instant;
 use tonic::{Code, Status};
-use tower::{Layer, Service, ServiceExt};
+use tower::{Service, ServiceExt};
 
 use crate::Inner;
 use crate::error::SidecarError;
@@ -111,18 +111,18 @@ impl Stacks {
             tower::ServiceBuilder::new()
                 // Each attempt passes the chosen instance's breaker, which also records
                 // how the attempt ended.
-                .layer(BreakerLayer { inner: inner.clone() })
+                .layer(crate::layer(&inner, Breakered::new))
                 .service(Send { inner: inner.clone(), inbound: inbound.clone() }),
         );
         let outbound = tower::util::BoxCloneSyncService::new(
             tower::ServiceBuilder::new()
                 // The call's span and metrics see every outcome, refusals included.
-                .layer(crate::telemetry::OutboundTelemetryLayer { inner: inner.clone() })
+                .layer(crate::layer(&inner, crate::telemetry::OutboundTelemetry::new))
                 // Rate limits first: a refused call costs nothing further and never
                 // reaches a target.
-                .layer(crate::outbound::RateLimitLayer { inner: inner.clone() })
+                .layer(crate::layer(&inner, crate::outbound::RateLimited::new))
                 // The cache before routing: a hit needs no instance at all.
-                .layer(crate::outbound::CacheLayer { inner: inner.clone() })
+                .layer(crate::layer(&inner, crate::outbound::Cached::new))
                 .service(Router { inner, attempts }),
         );
         Stacks { outbound, inbound }
@@ -565,23 +565,17 @@ pub struct AttemptRequest {
     pub idempotency_key: Option<String>,
 }
 
-/// Layer: the circuit breaker of the chosen instance.
-#[derive(Clone)]
-pub struct BreakerLayer {
-    inner: Arc<Inner>,
-}
-
-impl<S> Layer<S> for BreakerLayer {
-    type Service = Breakered<S>;
-    fn layer(&self, service: S) -> Breakered<S> {
-        Breakered { inner: self.inner.clone(), service }
-    }
-}
-
+/// Service: the circuit breaker of the chosen instance.
 #[derive(Clone)]
 pub struct Breakered<S> {
     inner: Arc<Inner>,
     service: S,
+}
+
+impl<S> Breakered<S> {
+    pub fn new(inner: Arc<Inner>, service: S) -> Breakered<S> {
+        Breakered { inner, service }
+    }
 }
 
 /// Whether an attempt's outcome counts as a failure for the breaker (overload answers do

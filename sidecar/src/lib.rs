@@ -54,6 +54,16 @@ pub use control::WatchStats;
 use grpc::Body;
 use outbound::Shape;
 
+/// The tower layer of each of the sidecar's own services (governance, telemetry): `wrap`
+/// puts the next service and the sidecar's shared state together.
+pub(crate) fn layer<S, W>(
+    inner: &Arc<Inner>,
+    wrap: fn(Arc<Inner>, S) -> W,
+) -> impl tower::Layer<S, Service = W> + Clone + use<S, W> {
+    let inner = inner.clone();
+    tower::layer::layer_fn(move |service| wrap(inner.clone(), service))
+}
+
 /// State shared by every request handler.
 pub struct Inner {
     pub config: SidecarConfig,

@@ -6,7 +6,7 @@
 //! from names in the routing table (an unknown target or caller is `(unknown)`), never
 //! from sessions or payloads, so their cardinality is bounded by the fleet.
 //!
-//! Spans: [`OutboundTelemetryLayer`] opens the caller's-sidecar span of a call (a child of
+//! Spans: [`OutboundTelemetry`] opens the caller's-sidecar span of a call (a child of
 //! the caller's `traceparent`, or a new trace), the router opens one client span per
 //! attempt, and [`InboundTelemetryLayer`] opens the target's-sidecar server span, whose
 //! context reaches the agent; admission queueing is a child span of its own, so time
@@ -33,7 +33,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use tower::{Layer, Service, ServiceExt};
+use tower::{Service, ServiceExt};
 
 use crate::Inner;
 use crate::error::SidecarError;
@@ -273,23 +273,17 @@ pub fn outcome_of(status: &tonic::Status) -> String {
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-/// Layer: the caller's-sidecar span and the call metrics.
-#[derive(Clone)]
-pub struct OutboundTelemetryLayer {
-    pub inner: Arc<Inner>,
-}
-
-impl<S> Layer<S> for OutboundTelemetryLayer {
-    type Service = OutboundTelemetry<S>;
-    fn layer(&self, service: S) -> OutboundTelemetry<S> {
-        OutboundTelemetry { inner: self.inner.clone(), service }
-    }
-}
-
+/// Service: the caller's-sidecar span and the call metrics.
 #[derive(Clone)]
 pub struct OutboundTelemetry<S> {
     inner: Arc<Inner>,
     service: S,
+}
+
+impl<S> OutboundTelemetry<S> {
+    pub fn new(inner: Arc<Inner>, service: S) -> OutboundTelemetry<S> {
+        OutboundTelemetry { inner, service }
+    }
 }
 
 impl<S> Service<OutboundCall> for OutboundTelemetry<S>
@@ -415,23 +409,17 @@ pub struct InboundTrace {
     pub cx: Context,
 }
 
-/// Layer: the target's-sidecar server span and the inbound hop metric.
-#[derive(Clone)]
-pub struct InboundTelemetryLayer {
-    pub inner: Arc<Inner>,
-}
-
-impl<S> Layer<S> for InboundTelemetryLayer {
-    type Service = InboundTelemetry<S>;
-    fn layer(&self, service: S) -> InboundTelemetry<S> {
-        InboundTelemetry { inner: self.inner.clone(), service }
-    }
-}
-
+/// Service: the target's-sidecar server span and the inbound hop metric.
 #[derive(Clone)]
 pub struct InboundTelemetry<S> {
     inner: Arc<Inner>,
     service: S,
+}
+
+impl<S> InboundTelemetry<S> {
+    pub fn new(inner: Arc<Inner>, service: S) -> InboundTelemetry<S> {
+        InboundTelemetry { inner, service }
+    }
 }
 
 impl<S> Service<InboundCall> for InboundTelemetry<S>

@@ -119,24 +119,18 @@ pub struct InboundCall {
 type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 type Attempt = crate::forward::Attempt;
 
-/// Layer: replays answers of calls whose idempotency key was already answered, and makes
-/// in-flight duplicates wait for the first.
-#[derive(Clone)]
-pub struct IdempotencyLayer {
-    pub inner: Arc<crate::Inner>,
-}
-
-impl<S> tower::Layer<S> for IdempotencyLayer {
-    type Service = Idempotent<S>;
-    fn layer(&self, service: S) -> Idempotent<S> {
-        Idempotent { inner: self.inner.clone(), service }
-    }
-}
-
+/// Service: replays answers of calls whose idempotency key was already answered, and
+/// makes in-flight duplicates wait for the first.
 #[derive(Clone)]
 pub struct Idempotent<S> {
     inner: Arc<crate::Inner>,
     service: S,
+}
+
+impl<S> Idempotent<S> {
+    pub fn new(inner: Arc<crate::Inner>, service: S) -> Idempotent<S> {
+        Idempotent { inner, service }
+    }
 }
 
 impl<S> tower::Service<InboundCall> for Idempotent<S>
@@ -215,23 +209,17 @@ where
     }
 }
 
-/// Layer: per-instance admission by priority.
-#[derive(Clone)]
-pub struct AdmissionLayer {
-    pub inner: Arc<crate::Inner>,
-}
-
-impl<S> tower::Layer<S> for AdmissionLayer {
-    type Service = Admitted<S>;
-    fn layer(&self, service: S) -> Admitted<S> {
-        Admitted { inner: self.inner.clone(), service }
-    }
-}
-
+/// Service: per-instance admission by priority.
 #[derive(Clone)]
 pub struct Admitted<S> {
     inner: Arc<crate::Inner>,
     service: S,
+}
+
+impl<S> Admitted<S> {
+    pub fn new(inner: Arc<crate::Inner>, service: S) -> Admitted<S> {
+        Admitted { inner, service }
+    }
 }
 
 impl<S> tower::Service<InboundCall> for Admitted<S>
@@ -338,12 +326,12 @@ pub type InboundService = tower::util::BoxCloneSyncService<InboundCall, Attempt,
 pub fn stack(inner: Arc<crate::Inner>) -> InboundService {
     let service = tower::ServiceBuilder::new()
         // The server span and hop metric cover everything the target's sidecar does.
-        .layer(crate::telemetry::InboundTelemetryLayer { inner: inner.clone() })
+        .layer(crate::layer(&inner, crate::telemetry::InboundTelemetry::new))
         // Duplicates are answered first: a replay needs no slot and never reaches the agent.
-        .layer(IdempotencyLayer { inner: inner.clone() })
+        .layer(crate::layer(&inner, Idempotent::new))
         // Then slots by priority: over its share a call waits briefly, then is refused
         // before the agent sees it.
-        .layer(AdmissionLayer { inner: inner.clone() })
+        .layer(crate::layer(&inner, Admitted::new))
         .service(Deliver { inner });
     tower::util::BoxCloneSyncService::new(service)
 }

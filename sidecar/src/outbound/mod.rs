@@ -29,7 +29,7 @@ use agent_reach_routing::RoutingTable;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response};
 use tokio::time::Instant;
-use tower::{Layer, Service, ServiceExt};
+use tower::{Service, ServiceExt};
 
 use crate::Inner;
 use crate::error::SidecarError;
@@ -142,23 +142,17 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// What the outbound stack answers.
 pub type Outcome = Result<Response<Body>, SidecarError>;
 
-/// Layer: token buckets.
-#[derive(Clone)]
-pub struct RateLimitLayer {
-    pub inner: Arc<Inner>,
-}
-
-impl<S> Layer<S> for RateLimitLayer {
-    type Service = RateLimited<S>;
-    fn layer(&self, service: S) -> RateLimited<S> {
-        RateLimited { inner: self.inner.clone(), service }
-    }
-}
-
+/// Service: token buckets.
 #[derive(Clone)]
 pub struct RateLimited<S> {
     inner: Arc<Inner>,
     service: S,
+}
+
+impl<S> RateLimited<S> {
+    pub fn new(inner: Arc<Inner>, service: S) -> RateLimited<S> {
+        RateLimited { inner, service }
+    }
 }
 
 impl<S> Service<OutboundCall> for RateLimited<S>
@@ -207,23 +201,17 @@ where
     }
 }
 
-/// Layer: the result cache of read-only capabilities.
-#[derive(Clone)]
-pub struct CacheLayer {
-    pub inner: Arc<Inner>,
-}
-
-impl<S> Layer<S> for CacheLayer {
-    type Service = Cached<S>;
-    fn layer(&self, service: S) -> Cached<S> {
-        Cached { inner: self.inner.clone(), service }
-    }
-}
-
+/// Service: the result cache of read-only capabilities.
 #[derive(Clone)]
 pub struct Cached<S> {
     inner: Arc<Inner>,
     service: S,
+}
+
+impl<S> Cached<S> {
+    pub fn new(inner: Arc<Inner>, service: S) -> Cached<S> {
+        Cached { inner, service }
+    }
 }
 
 /// The cache key: target (with tags), content type and payload.
