@@ -97,6 +97,14 @@ pub fn status_retry_after(
 /// Metadata key: milliseconds to wait before trying again.
 pub const META_RETRY_AFTER_MS: &str = "retry_after_ms";
 
+/// NOT_FOUND / AGENT_NOT_FOUND for `target`, with the closest names in the message and in
+/// the `suggestions` metadata (comma-separated).
+pub fn agent_not_found(message: String, target: String, suggestions: &[String]) -> Status {
+    let message =
+        if suggestions.is_empty() { message } else { format!("{message}; did you mean {}?", suggestions.join(", ")) };
+    status(Reason::AgentNotFound, message, &[("target", target), (META_SUGGESTIONS, suggestions.join(","))])
+}
+
 /// An INVALID_ARGUMENT status naming the bad field, with a `BadRequest` violation.
 pub fn invalid_argument(field: &str, why: &str) -> Status {
     let mut details = ErrorDetails::with_error_info(

@@ -42,16 +42,7 @@ impl From<ControlError> for Status {
             ControlError::Store(StoreError::Unavailable(_)) => reason::status(Reason::StoreUnavailable, message, &[]),
             ControlError::Store(_) | ControlError::Corrupt { .. } => reason::status(Reason::Internal, message, &[]),
             ControlError::AgentNotFound { target, suggestions } => {
-                let message = if suggestions.is_empty() {
-                    message
-                } else {
-                    format!("{message}; did you mean {}?", suggestions.join(", "))
-                };
-                reason::status(
-                    Reason::AgentNotFound,
-                    message,
-                    &[("target", target), (reason::META_SUGGESTIONS, suggestions.join(","))],
-                )
+                reason::agent_not_found(message, target, &suggestions)
             }
             ControlError::InstanceNotFound(instance) => {
                 reason::status(Reason::InstanceNotFound, message, &[("instance", instance)])

@@ -63,16 +63,7 @@ impl SidecarError {
                 &[("size", size.to_string()), ("limit", limit.to_string())],
             ),
             SidecarError::AgentNotFound { target, suggestions } => {
-                let message = if suggestions.is_empty() {
-                    message
-                } else {
-                    format!("{message}; did you mean {}?", suggestions.join(", "))
-                };
-                reason::status(
-                    Reason::AgentNotFound,
-                    message,
-                    &[("target", target), (reason::META_SUGGESTIONS, suggestions.join(","))],
-                )
+                reason::agent_not_found(message, target, &suggestions)
             }
             SidecarError::NoHealthyInstance { target, tried, .. } => reason::status(
                 Reason::NoHealthyInstance,
