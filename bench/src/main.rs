@@ -121,9 +121,6 @@ enum Command {
         /// Runtime worker threads (1 = a single-threaded runtime).
         #[arg(long, default_value_t = 1)]
         threads: usize,
-        /// Leave the SDK's sockets without TCP_NODELAY (see the `agent` module).
-        #[arg(long)]
-        no_nodelay_workaround: bool,
     },
     /// agent-reach-sidecar, run from this binary (same flags).
     #[command(hide = true)]
@@ -160,10 +157,10 @@ fn main() -> ExitCode {
                 .and_then(|r| serde_json::to_string(&r).map_err(|e| e.to_string()))
                 .map(|json| println!("{json}"))
         }
-        Command::Agent { sidecar, listen, threads, no_nodelay_workaround } => {
+        Command::Agent { sidecar, listen, threads } => {
             agent_reach::process::runtime(threads).map_err(|e| format!("runtime: {e}")).and_then(|rt| {
                 agent_reach::process::init_logging("text");
-                rt.block_on(agent::run(sidecar, listen, !no_nodelay_workaround))
+                rt.block_on(agent::run(sidecar, listen))
             })
         }
         Command::Sidecar { args } => embedded::sidecar(&args),

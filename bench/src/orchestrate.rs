@@ -104,10 +104,6 @@ pub struct RunArgs {
     /// Runtime threads of the echo agent.
     #[arg(long, default_value_t = 1)]
     pub agent_threads: usize,
-    /// Let the echo agent keep the SDK's sockets as they are (without TCP_NODELAY; see the
-    /// `agent` module).
-    #[arg(long)]
-    pub no_nodelay_workaround: bool,
     /// Run sidecar and control from this binary instead of the release binaries beside it.
     #[arg(long)]
     pub embedded: bool,
@@ -235,7 +231,6 @@ impl Topology {
         dir: &Path,
         nginx_version: (u32, u32, u32),
         agent_threads: usize,
-        nodelay_workaround: bool,
     ) -> Result<Topology, String> {
         let mut procs: Vec<(String, Proc)> = Vec::new();
         let port = procs::free_port;
@@ -265,9 +260,6 @@ impl Topology {
             &agent_threads.to_string(),
         ])
         .env("RUST_LOG", "warn");
-        if !nodelay_workaround {
-            cmd.arg("--no-nodelay-workaround");
-        }
         start(&mut procs, "agent", cmd, dir, agent_port).await?;
 
         let (nginx_b, nginx_a) = (port()?, port()?);
@@ -456,24 +448,14 @@ pub async fn run(mut args: RunArgs) -> Result<Report, String> {
         cpu_budget: "each sidecar one runtime thread (--worker-threads 1); each nginx worker_processes 1; each \
                      Envoy --concurrency 1; echo agent "
             .to_string()
-            + &format!(
-                "{} runtime thread(s){}",
-                args.agent_threads,
-                if args.no_nodelay_workaround {
-                    ", SDK sockets as they are"
-                } else {
-                    ", TCP_NODELAY set on the SDK's listener"
-                }
-            ),
+            + &format!("{} runtime thread(s)", args.agent_threads),
         binaries: binaries.describe(),
         nginx: format!("{}.{}.{}", nginx_version.0, nginx_version.1, nginx_version.2),
         envoy: proxies::envoy_version(&tools.envoy),
         h2load: h2load::version(&tools.h2load),
     };
 
-    let mut topo =
-        Topology::start(&binaries, &tools, &pin, &dir, nginx_version, args.agent_threads, !args.no_nodelay_workaround)
-            .await?;
+    let mut topo = Topology::start(&binaries, &tools, &pin, &dir, nginx_version, args.agent_threads).await?;
     for &path in &args.paths {
         verify::wait_ready(path.kind(), topo.port(path), Duration::from_secs(30))
             .await
@@ -758,16 +740,7 @@ pub fn up_blocking(args: RunArgs) -> Result<(), String> {
         let nginx_version = proxies::nginx_version(&tools.nginx).ok_or("cannot read nginx's version (nginx -v)")?;
         let tmp =
             tempfile::Builder::new().prefix("agent-reach-bench-").tempdir().map_err(|e| format!("temp dir: {e}"))?;
-        let mut topo = Topology::start(
-            &binaries,
-            &tools,
-            &pin,
-            tmp.path(),
-            nginx_version,
-            args.agent_threads,
-            !args.no_nodelay_workaround,
-        )
-        .await?;
+        let mut topo = Topology::start(&binaries, &tools, &pin, tmp.path(), nginx_version, args.agent_threads).await?;
         for &path in &args.paths {
             verify::wait_ready(path.kind(), topo.port(path), Duration::from_secs(30)).await?;
         }
