@@ -4,6 +4,7 @@
 //! - [`model`]: domain types shared by control and sidecar (no protobuf, no etcd).
 //! - [`convert`]: the one place where domain types and protobuf messages meet.
 //! - [`reason`]: machine-readable error reasons and the `tonic::Status` they become.
+//! - [`headers`]: every `ar-*` header and metadata key of the mesh's wire contract.
 //! - [`Agent`] and [`Client`]: the SDK. An agent declares its capabilities and handlers and
 //!   serves; a client invokes capabilities through the local sidecar.
 //!
@@ -13,6 +14,7 @@ pub mod backoff;
 pub mod convert;
 pub mod duration;
 pub mod grpc_timeout;
+pub mod headers;
 pub mod model;
 pub mod policy;
 pub mod process;

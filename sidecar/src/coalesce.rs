@@ -25,9 +25,9 @@ use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 /// A write this large goes to the socket directly when nothing waits in the outbox.
-pub const DIRECT: usize = 16 * 1024;
+pub(crate) const DIRECT: usize = 16 * 1024;
 /// The outbox is written out before it grows past this.
-pub const LIMIT: usize = 256 * 1024;
+pub(crate) const LIMIT: usize = 256 * 1024;
 
 struct Outbox {
     buf: BytesMut,
@@ -76,14 +76,14 @@ impl Shared {
 }
 
 /// The socket as h2 sees it: reads go to the socket, writes to the outbox.
-pub struct CoalescedIo {
+pub(crate) struct CoalescedIo {
     read: OwnedReadHalf,
     outbox: Shared,
 }
 
 /// Splits `stream` into the I/O object to give h2 and the handle that drains its outbox
 /// (pass it to [`Flushing::new`] with the connection's future).
-pub fn coalesced(stream: TcpStream) -> (CoalescedIo, Drain) {
+pub(crate) fn coalesced(stream: TcpStream) -> (CoalescedIo, Drain) {
     let (read, write) = stream.into_split();
     let outbox = Shared(Arc::new(Mutex::new(Outbox {
         buf: BytesMut::with_capacity(16 * 1024),
@@ -95,11 +95,12 @@ pub fn coalesced(stream: TcpStream) -> (CoalescedIo, Drain) {
 }
 
 /// Drains the outbox of one [`CoalescedIo`].
-pub struct Drain(Shared);
+pub(crate) struct Drain(Shared);
 
 impl Drain {
+    #[cfg(test)]
     /// Socket writes made so far.
-    pub fn writes(&self) -> u64 {
+    pub(crate) fn writes(&self) -> u64 {
         self.0.lock().writes
     }
 }
@@ -163,13 +164,13 @@ impl AsyncWrite for CoalescedIo {
 }
 
 /// A connection's future that writes the connection's outbox after each poll.
-pub struct Flushing<F> {
+pub(crate) struct Flushing<F> {
     inner: Pin<Box<F>>,
     drain: Drain,
 }
 
 impl<F: Future> Flushing<F> {
-    pub fn new(inner: F, drain: Drain) -> Flushing<F> {
+    pub(crate) fn new(inner: F, drain: Drain) -> Flushing<F> {
         Flushing { inner: Box::pin(inner), drain }
     }
 }

@@ -203,7 +203,7 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
         if a.admin_listen != "off" && a.admin_listen.parse::<SocketAddr>().is_err() {
             return Err(format!("--admin-listen: {:?} is not host:port or \"off\"", a.admin_listen));
         }
-        let settle = a.heartbeat_interval * 2 + crate::registry::PROBE_TIMEOUT;
+        let settle = a.heartbeat_interval * 2 + crate::probe::PROBE_TIMEOUT;
         if a.dead_after <= settle {
             return Err(format!(
                 "--dead-after must be longer than two heartbeat intervals plus the 2s probe timeout ({settle:?}), got {:?}",

@@ -1,15 +1,17 @@
 //! Every way a sidecar request can fail, and the one place where a failure becomes the
-//! `tonic::Status` (code + `ErrorInfo` reason + details) the caller sees.
+//! `tonic::Status` (code + `ErrorInfo` reason + details) the caller sees: [`SidecarError`]
+//! for a request the sidecar refuses or cannot route, [`DeliveryError`] for one attempt to
+//! deliver a call that did not end in an answer.
 
 use std::time::Duration;
 
 use agent_reach::model::FieldError;
 use agent_reach::reason::{self, Reason};
-use tonic::Status;
+use tonic::{Code, Status};
 
 /// A failed sidecar request.
 #[derive(Debug, thiserror::Error)]
-pub enum SidecarError {
+pub(crate) enum SidecarError {
     #[error("invalid argument: {0}")]
     InvalidArgument(#[from] FieldError),
     #[error("payload of {size} bytes exceeds the limit of {limit} bytes")]
@@ -26,8 +28,6 @@ pub enum SidecarError {
     InstanceUnreachable { instance: String, cause: String },
     #[error("deadline of {deadline:?} exceeded after {attempts} attempt(s) (instances tried: {tried:?})")]
     DeadlineExceeded { deadline: Duration, attempts: u32, tried: Vec<String> },
-    #[error("sidecar is shutting down")]
-    ShuttingDown,
     #[error("rate limited by the {bucket} bucket of policy {policy}; retry in {retry_after:?}")]
     RateLimited { bucket: String, policy: String, retry_after: Duration },
     #[error("internal error: {0}")]
@@ -36,7 +36,7 @@ pub enum SidecarError {
 
 impl SidecarError {
     /// The machine-readable reason the caller will see.
-    pub fn reason(&self) -> Reason {
+    pub(crate) fn reason(&self) -> Reason {
         match self {
             SidecarError::InvalidArgument(_) => Reason::InvalidArgument,
             SidecarError::PayloadTooLarge { .. } => Reason::PayloadTooLarge,
@@ -46,14 +46,13 @@ impl SidecarError {
             SidecarError::InstanceNotFound(_) => Reason::InstanceNotFound,
             SidecarError::InstanceUnreachable { .. } => Reason::InstanceUnreachable,
             SidecarError::DeadlineExceeded { .. } => Reason::DeadlineExceeded,
-            SidecarError::ShuttingDown => Reason::ShuttingDown,
             SidecarError::RateLimited { .. } => Reason::RateLimited,
             SidecarError::Internal(_) => Reason::Internal,
         }
     }
 
     /// The status a caller receives.
-    pub fn into_status(self) -> Status {
+    pub(crate) fn into_status(self) -> Status {
         let message = self.to_string();
         match self {
             SidecarError::InvalidArgument(e) => reason::invalid_argument(&e.field, &e.reason),
@@ -82,7 +81,6 @@ impl SidecarError {
                 message,
                 &[("attempts", attempts.to_string()), ("instances_tried", tried.join(","))],
             ),
-            SidecarError::ShuttingDown => reason::status(Reason::ShuttingDown, message, &[]),
             SidecarError::RateLimited { bucket, policy, retry_after } => reason::status_retry_after(
                 Reason::RateLimited,
                 message,
@@ -110,5 +108,94 @@ impl From<agent_reach_routing::RouteError> for SidecarError {
 impl From<SidecarError> for Status {
     fn from(e: SidecarError) -> Status {
         e.into_status()
+    }
+}
+
+/// Why one attempt to deliver a call ended without an answer (see `call::Attempt`).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DeliveryError {
+    /// The instance or its sidecar could not take the call (gone, paused, refused, no
+    /// connection).
+    #[error("{0}")]
+    Unavailable(String),
+    /// The instance's admission queue refused the call.
+    #[error("instance {instance} is overloaded ({busy} of {max} slots busy, {waiting} waiting): {why}")]
+    Overloaded { instance: String, agent: String, busy: u32, max: u32, waiting: u32, why: String },
+    /// The instance's circuit breaker is open.
+    #[error("the circuit breaker of {instance} is open")]
+    CircuitOpen { instance: String },
+    /// A duplicate of a call whose reply was too large to keep.
+    #[error("a call with this idempotency key already ran; its reply was too large to keep, so it is not run again")]
+    ReplyNotStored,
+    /// The call is malformed for its agent.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The agent did not answer in time.
+    #[error("{0}")]
+    DeadlineExceeded(String),
+    /// The sidecar failed handling the call.
+    #[error("{0}")]
+    Internal(String),
+    /// A failure the caller sees as a [`SidecarError`] (deadline, unreachable instance).
+    #[error(transparent)]
+    Sidecar(#[from] SidecarError),
+    /// A status received from another sidecar, passed on as it came.
+    #[error("{}", .0.message())]
+    Remote(Status),
+}
+
+impl DeliveryError {
+    /// The status the caller sees.
+    pub(crate) fn into_status(self) -> Status {
+        let message = self.to_string();
+        match self {
+            DeliveryError::Unavailable(_) => Status::unavailable(message),
+            DeliveryError::Overloaded { instance, agent, .. } => reason::status_retry_after(
+                Reason::AgentOverloaded,
+                message,
+                &[("mechanism", "admission".into()), ("policy", format!("agent/{agent}")), ("instance", instance)],
+                Duration::from_millis(50),
+            ),
+            DeliveryError::CircuitOpen { instance } => reason::status(
+                Reason::CircuitOpen,
+                message,
+                &[("mechanism", "circuit_breaker".into()), ("instance", instance)],
+            ),
+            DeliveryError::ReplyNotStored => {
+                reason::status(Reason::IdempotentReplyNotStored, message, &[("mechanism", "idempotency".into())])
+            }
+            DeliveryError::InvalidArgument(_) => Status::invalid_argument(message),
+            DeliveryError::DeadlineExceeded(_) => Status::deadline_exceeded(message),
+            DeliveryError::Internal(_) => Status::internal(message),
+            DeliveryError::Sidecar(e) => e.into_status(),
+            DeliveryError::Remote(status) => status,
+        }
+    }
+
+    /// The gRPC code of [`DeliveryError::into_status`].
+    pub(crate) fn code(&self) -> Code {
+        match self {
+            DeliveryError::Unavailable(_) => Code::Unavailable,
+            DeliveryError::Overloaded { .. } => Code::ResourceExhausted,
+            DeliveryError::CircuitOpen { .. } => Reason::CircuitOpen.code(),
+            DeliveryError::ReplyNotStored => Reason::IdempotentReplyNotStored.code(),
+            DeliveryError::InvalidArgument(_) => Code::InvalidArgument,
+            DeliveryError::DeadlineExceeded(_) => Code::DeadlineExceeded,
+            DeliveryError::Internal(_) => Code::Internal,
+            DeliveryError::Sidecar(e) => e.reason().code(),
+            DeliveryError::Remote(status) => status.code(),
+        }
+    }
+
+    /// The machine-readable reason of [`DeliveryError::into_status`], when it has one.
+    pub(crate) fn reason(&self) -> Option<Reason> {
+        match self {
+            DeliveryError::Overloaded { .. } => Some(Reason::AgentOverloaded),
+            DeliveryError::CircuitOpen { .. } => Some(Reason::CircuitOpen),
+            DeliveryError::ReplyNotStored => Some(Reason::IdempotentReplyNotStored),
+            DeliveryError::Sidecar(e) => Some(e.reason()),
+            DeliveryError::Remote(status) => reason::error_info(status).and_then(|i| Reason::parse(&i.reason)),
+            _ => None,
+        }
     }
 }

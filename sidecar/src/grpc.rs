@@ -3,7 +3,9 @@
 //!
 //! The forwarding path never decodes payloads: it reads a unary message as `Bytes`, slices
 //! it, and forwards it with a few appended protobuf fields (protobuf merges concatenated
-//! messages). Streams pass through frame by frame. This module does no routing.
+//! messages). Streams pass through frame by frame. This module does no routing and knows
+//! nothing of the layers above it: what taps an answer's trailers is handed in as a
+//! [`TrailersHook`].
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -15,26 +17,64 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tonic::Status;
 
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Length of the prefix of a gRPC message: compressed flag + u32 big-endian length.
-pub const PREFIX_LEN: usize = 5;
+pub(crate) const PREFIX_LEN: usize = 5;
 /// Messages up to this size are forwarded as one contiguous buffer; larger ones as slices.
 const COALESCE_LIMIT: usize = 16 * 1024;
 
-pub const CONTENT_TYPE_GRPC: HeaderValue = HeaderValue::from_static("application/grpc");
-/// Request header naming the instance a `Mesh` call is for.
-pub const HEADER_INSTANCE: HeaderName = HeaderName::from_static("ar-instance");
-/// Response header set when the call provably never reached the agent (safe to retry).
-pub const HEADER_NOT_DELIVERED: HeaderName = HeaderName::from_static("ar-not-delivered");
-pub const HEADER_GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
-pub const HEADER_GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
-pub const HEADER_TE: HeaderName = HeaderName::from_static("te");
-pub const TRAILERS: HeaderValue = HeaderValue::from_static("trailers");
+pub(crate) const CONTENT_TYPE_GRPC: HeaderValue = HeaderValue::from_static("application/grpc");
+pub(crate) const HEADER_GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+pub(crate) const HEADER_GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+pub(crate) const HEADER_TE: HeaderName = HeaderName::from_static("te");
+pub(crate) const TRAILERS: HeaderValue = HeaderValue::from_static("trailers");
+
+/// Room for the envelope fields around a payload of the maximum size.
+pub(crate) const ENVELOPE_ALLOWANCE: usize = 64 * 1024;
+
+/// The methods the sidecar serves and calls.
+pub(crate) const PATH_INVOKE: &str = "/agentreach.v1.Sidecar/Invoke";
+pub(crate) const PATH_INVOKE_STREAM: &str = "/agentreach.v1.Sidecar/InvokeStream";
+pub(crate) const PATH_DELIVER: &str = "/agentreach.v1.Mesh/Deliver";
+pub(crate) const PATH_DELIVER_STREAM: &str = "/agentreach.v1.Mesh/DeliverStream";
+pub(crate) const PATH_HANDLE: &str = "/agentreach.v1.Agent/Handle";
+pub(crate) const PATH_HANDLE_STREAM: &str = "/agentreach.v1.Agent/HandleStream";
+
+/// The mesh's headers ([`agent_reach::headers`]) as header names.
+pub(crate) mod header {
+    use agent_reach::headers as h;
+    use http::HeaderName;
+
+    pub(crate) const INSTANCE: HeaderName = HeaderName::from_static(h::INSTANCE);
+    pub(crate) const NOT_DELIVERED: HeaderName = HeaderName::from_static(h::NOT_DELIVERED);
+    pub(crate) const ATTEMPTS: HeaderName = HeaderName::from_static(h::ATTEMPTS);
+    pub(crate) const INSTANCES_TRIED: HeaderName = HeaderName::from_static(h::INSTANCES_TRIED);
+    pub(crate) const FALLBACK_FROM: HeaderName = HeaderName::from_static(h::FALLBACK_FROM);
+    pub(crate) const AGENT_VERSION: HeaderName = HeaderName::from_static(h::AGENT_VERSION);
+    pub(crate) const ROUTE: HeaderName = HeaderName::from_static(h::ROUTE);
+    pub(crate) const CACHE: HeaderName = HeaderName::from_static(h::CACHE);
+    pub(crate) const TRACE_ID: HeaderName = HeaderName::from_static(h::TRACE_ID);
+    pub(crate) const TRACE: HeaderName = HeaderName::from_static(h::TRACE);
+    pub(crate) const TENANT: HeaderName = HeaderName::from_static(h::TENANT);
+    pub(crate) const PRIORITY: HeaderName = HeaderName::from_static(h::PRIORITY);
+    pub(crate) const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static(h::IDEMPOTENCY_KEY);
+    pub(crate) const LOAD: HeaderName = HeaderName::from_static(h::LOAD);
+}
+
+/// A hook on an answer's trailers, held until the answer ends: the target's sidecar writes
+/// its instance's load into them, the caller's sidecar reads it. Dropping the hook ends
+/// what it holds (an admission slot, a call counted in flight).
+pub(crate) trait TrailersHook: Send + Sync + 'static {
+    fn on_trailers(&self, trailers: &mut HeaderMap);
+}
+
+/// A boxed [`TrailersHook`].
+pub(crate) type Hook = Box<dyn TrailersHook>;
 
 /// The body of every request and response the sidecar sends.
 #[derive(Default)]
-pub enum Body {
+pub(crate) enum Body {
     /// No data (status-only responses).
     #[default]
     Empty,
@@ -54,14 +94,9 @@ pub enum Body {
 }
 
 impl Body {
-    /// Taps this body: `annotate` adds the local instance's load to the trailers (target
-    /// side); `observe` counts the call until the body ends and reads the reported load
-    /// into the instance's stats (caller side).
-    pub fn tap(
-        self,
-        annotate: Option<crate::inbound::InboundGuard>,
-        observe: Option<(agent_reach_routing::CallGuard, std::sync::Arc<agent_reach_routing::InstanceStats>)>,
-    ) -> Body {
+    /// Taps this body: `annotate` sees the trailers first (target side), then `observe`
+    /// (caller side); both are held until the body ends.
+    pub(crate) fn tap(self, annotate: Option<Hook>, observe: Option<Hook>) -> Body {
         let inner = match self {
             Body::Incoming(b) => Source::Incoming(b),
             Body::H2(b) => Source::H2(b),
@@ -69,19 +104,14 @@ impl Body {
             Body::Channel(c) => Source::Channel(c),
             Body::Tapped(mut t) => {
                 t.annotate = t.annotate.or(annotate);
-                if let Some((guard, stats)) = observe {
-                    t.observe = Some(guard);
-                    t.stats = Some(stats);
+                if observe.is_some() {
+                    t.observe = observe;
                 }
                 return Body::Tapped(t);
             }
             other => return other,
         };
-        let (observe, stats) = match observe {
-            Some((g, s)) => (Some(g), Some(s)),
-            None => (None, None),
-        };
-        Body::Tapped(Tapped { inner, annotate, observe, stats })
+        Body::Tapped(Tapped { inner, annotate, observe })
     }
 }
 
@@ -127,7 +157,7 @@ impl HttpBody for Body {
 }
 
 /// Frames sent by a task through a bounded channel (the bound is the back-pressure).
-pub struct ChannelBody {
+pub(crate) struct ChannelBody {
     rx: tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, BoxError>>,
 }
 
@@ -145,7 +175,7 @@ impl ChannelBody {
 
 /// The body of an answer received with `h2`: data (returning flow-control capacity as it
 /// is read, so the peer keeps sending only as fast as we pass it on), then trailers.
-pub struct H2Body {
+pub(crate) struct H2Body {
     recv: h2::RecvStream,
     data_done: bool,
     done: bool,
@@ -226,11 +256,10 @@ impl Source {
 }
 
 /// See [`Body::tap`].
-pub struct Tapped {
+pub(crate) struct Tapped {
     inner: Source,
-    annotate: Option<crate::inbound::InboundGuard>,
-    observe: Option<agent_reach_routing::CallGuard>,
-    stats: Option<std::sync::Arc<agent_reach_routing::InstanceStats>>,
+    annotate: Option<Hook>,
+    observe: Option<Hook>,
 }
 
 impl Tapped {
@@ -244,11 +273,8 @@ impl Tapped {
         match polled {
             Poll::Ready(Some(Ok(frame))) if frame.is_trailers() => {
                 let mut trailers = frame.into_trailers().unwrap_or_default();
-                if let Some(guard) = &self.annotate {
-                    guard.annotate(&mut trailers);
-                }
-                if let (Some(stats), Some(load)) = (&self.stats, crate::inbound::parse_load(&trailers)) {
-                    stats.report_load(load, agent_reach_routing::clock());
+                for hook in [&self.annotate, &self.observe].into_iter().flatten() {
+                    hook.on_trailers(&mut trailers);
                 }
                 // The call is over once its trailers pass.
                 self.annotate = None;
@@ -267,7 +293,7 @@ impl Tapped {
 
 /// A short sequence of data buffers followed by optional trailers.
 #[derive(Default)]
-pub struct Frames {
+pub(crate) struct Frames {
     parts: [Option<Bytes>; 3],
     next: usize,
     trailers: Option<HeaderMap>,
@@ -330,7 +356,7 @@ impl Frames {
 
 /// A complete unary answer kept in memory (idempotency replays, the result cache).
 #[derive(Debug, Clone)]
-pub struct StoredResponse {
+pub(crate) struct StoredResponse {
     pub headers: HeaderMap,
     pub data: Bytes,
     pub trailers: Option<HeaderMap>,
@@ -371,7 +397,7 @@ impl StoredResponse {
 
 /// Why a unary message could not be read.
 #[derive(Debug)]
-pub enum ReadError {
+pub(crate) enum ReadError {
     /// The declared message length is over the limit.
     TooLarge(usize),
     /// The message is compressed; the sidecar forwards only uncompressed messages.
@@ -384,7 +410,7 @@ pub enum ReadError {
 
 /// Reads the single message of a unary request body, without copying when it arrives in
 /// one DATA frame. Fails as soon as the length prefix announces more than `limit` bytes.
-pub async fn read_message(body: &mut Incoming, limit: usize) -> Result<Bytes, ReadError> {
+pub(crate) async fn read_message(body: &mut Incoming, limit: usize) -> Result<Bytes, ReadError> {
     let mut buf = BytesMut::new();
     let mut first: Option<Bytes> = None;
     let mut expected: Option<usize> = None;
@@ -449,7 +475,7 @@ async fn more_data(body: &mut Incoming) -> bool {
 }
 
 /// Takes the data buffers of `frames` (for sending them on an `h2` stream).
-pub fn frames_data(mut frames: Frames) -> Vec<Bytes> {
+pub(crate) fn frames_data(mut frames: Frames) -> Vec<Bytes> {
     let mut out = Vec::with_capacity(3);
     while let Some(f) = frames.next_frame() {
         if let Ok(d) = f.into_data() {
@@ -461,7 +487,7 @@ pub fn frames_data(mut frames: Frames) -> Vec<Bytes> {
 
 /// Splits one collected response body into its message (without prefix). `None` when the
 /// body is not exactly one uncompressed message.
-pub fn single_message(data: &Bytes) -> Option<Bytes> {
+pub(crate) fn single_message(data: &Bytes) -> Option<Bytes> {
     if data.len() < PREFIX_LEN || data[0] != 0 {
         return None;
     }
@@ -470,25 +496,45 @@ pub fn single_message(data: &Bytes) -> Option<Bytes> {
 }
 
 /// A trailers-only gRPC response carrying `status`.
-pub fn status_response(status: Status) -> http::Response<Body> {
+pub(crate) fn status_response(status: Status) -> http::Response<Body> {
     status.into_http()
 }
 
 /// A trailers-only response telling the caller's sidecar that the call never reached the
 /// agent, so it may retry on another instance.
-pub fn not_delivered_response(status: Status) -> http::Response<Body> {
+pub(crate) fn not_delivered_response(status: Status) -> http::Response<Body> {
     let mut resp = status.into_http::<Body>();
-    resp.headers_mut().insert(HEADER_NOT_DELIVERED, HeaderValue::from_static("1"));
+    resp.headers_mut().insert(header::NOT_DELIVERED, HeaderValue::from_static("1"));
     resp
 }
 
 /// Whether a request header should travel on to the next hop: custom metadata and trace
 /// context do; HTTP/2 and gRPC framing headers and the mesh's own `ar-*` headers do not.
-pub fn forwardable_header(name: &HeaderName) -> bool {
+pub(crate) fn forwardable_header(name: &HeaderName) -> bool {
     let n = name.as_str();
     !(n.starts_with("grpc-")
-        || n.starts_with("ar-")
+        || n.starts_with(agent_reach::headers::PREFIX)
         || matches!(n, "content-type" | "te" | "user-agent" | "content-length" | "host" | "connection"))
+}
+
+/// Copies the headers that travel on to the next hop ([`forwardable_header`]).
+pub(crate) fn copy_forwardable(from: &HeaderMap, to: &mut HeaderMap) {
+    for (name, value) in from {
+        if forwardable_header(name) {
+            to.append(name.clone(), value.clone());
+        }
+    }
+}
+
+/// Writes the remaining deadline as `grpc-timeout`, in whole milliseconds (rounded down, so
+/// the next hop never believes it has more time than the caller), as a never-indexed
+/// header: a value that changes with every call would only churn the HPACK table.
+pub(crate) fn set_timeout(headers: &mut HeaderMap, remaining: std::time::Duration) {
+    let ms = remaining.as_millis().max(1);
+    if let Ok(mut v) = HeaderValue::from_str(&format!("{}m", ms.min(99_999_999))) {
+        v.set_sensitive(true);
+        headers.insert(HEADER_GRPC_TIMEOUT, v);
+    }
 }
 
 #[cfg(test)]

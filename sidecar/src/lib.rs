@@ -6,29 +6,38 @@
 //! - the mesh API (`agentreach.v1.Mesh`, default :7701): other sidecars deliver calls for
 //!   the agents on this host.
 //!
-//! It keeps a routing table fed by the control service's watch stream ([`control`]),
-//! routes each call from it without asking control ([`route`]), and forwards calls without
-//! decoding payloads ([`forward`]). It keeps serving from its last table when control is
-//! unreachable. Calls pass an outbound stack in the caller's sidecar (rate limits, cache,
-//! routing with retries and fallbacks, circuit breakers) and an inbound stack in the
-//! target's sidecar (idempotency, admission by priority), each a chain of tower layers.
+//! It keeps a routing table fed by the control service's watch stream ([`control`]), routes
+//! each call from it without asking control, and forwards calls without decoding payloads.
+//! It keeps serving from its last table when control is unreachable.
+//!
+//! A call's path, and the folders that hold it:
+//! - `outbound/` in the caller's sidecar: the `Invoke` entry, then rate limits, cache,
+//!   routing with retries and fallbacks, and per attempt a circuit breaker and the dispatch
+//!   to the instance's sidecar;
+//! - `inbound/` in the target's sidecar: the `Mesh/Deliver` entry, then idempotency,
+//!   admission by priority, and delivery to the local agent (gRPC or HTTP/JSON).
+//!
+//! Each is a chain of tower layers, each layer holding its own state. Beneath them: the
+//! call types every layer passes along (`call`), the gRPC framing (`grpc`), connections
+//! (`pool`), errors and their one mapping to statuses (`error`), telemetry, the registry
+//! of local agents, and the watch of control. Nothing beneath imports what is above it.
 //!
 //! [`Sidecar::start`] takes already-bound listeners, so tests run sidecars on port 0.
 
-pub mod coalesce;
+mod call;
+mod coalesce;
 pub mod config;
 pub mod control;
-pub mod error;
-pub mod forward;
-pub mod grpc;
-pub mod http_agent;
-pub mod inbound;
-pub mod outbound;
-pub mod persist;
-pub mod pool;
-pub mod probe;
-pub mod registry;
-pub mod telemetry;
+mod error;
+mod grpc;
+mod http_client;
+mod inbound;
+mod outbound;
+mod persist;
+mod pool;
+mod probe;
+mod registry;
+mod telemetry;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -51,87 +60,26 @@ use tonic::{Code, Status};
 pub use agent_reach_routing::{RoutingTable, TableHandle};
 pub use config::{SidecarArgs, SidecarConfig};
 pub use control::WatchStats;
+pub use registry::{Registry, RegistryStats};
+
+use call::Shape;
 use grpc::Body;
-use outbound::Shape;
+use inbound::deliver::MeshEntry;
+use outbound::invoke::InvokeEntry;
+use telemetry::{Calls, Rejections, SidecarMetrics};
 
-/// The tower layer of each of the sidecar's own services (governance, telemetry): `wrap`
-/// puts the next service and the sidecar's shared state together.
-pub(crate) fn layer<S, W>(
-    inner: &Arc<Inner>,
-    wrap: fn(Arc<Inner>, S) -> W,
-) -> impl tower::Layer<S, Service = W> + Clone + use<S, W> {
-    let inner = inner.clone();
-    tower::layer::layer_fn(move |service| wrap(inner.clone(), service))
-}
-
-/// State shared by every request handler.
-pub struct Inner {
-    pub config: SidecarConfig,
-    pub table: TableHandle,
-    pub registry: Arc<registry::Registry>,
-    pub pool: pool::Pool,
-    pub watch_stats: Arc<WatchStats>,
-    /// Admission gates of local instances (their load is reported to callers).
-    pub inbound: inbound::Inbound,
-    /// Token buckets of outbound calls.
-    pub rate_limits: outbound::ratelimit::RateLimits,
-    /// Answers of read-only capabilities.
-    pub cache: outbound::cache::ResultCache,
-    /// Idempotency keys seen by local instances.
-    pub idempotency: Arc<inbound::idempotency::Store>,
-    /// Refusals and shortcuts by mechanism.
-    pub rejections: outbound::Rejections,
+/// What the sidecar's handlers and background tasks share; each layer of the call path
+/// holds its own state instead.
+struct Inner {
+    config: SidecarConfig,
+    table: TableHandle,
+    registry: Arc<registry::Registry>,
+    watch_stats: Arc<WatchStats>,
     /// Span export and the recent-span buffer.
-    pub tracing: agent_reach_telemetry::Tracing,
-    /// Prometheus metrics.
-    pub metrics: telemetry::SidecarMetrics,
+    tracing: agent_reach_telemetry::Tracing,
     /// Calls in flight through this sidecar (both directions), for draining.
-    pub calls: Calls,
+    calls: Arc<Calls>,
     health: tonic_health::pb::health_server::HealthServer<tonic_health::server::HealthService>,
-}
-
-/// Calls in flight through the sidecar, with a notification when the count drops, so
-/// shutdown can wait for them.
-#[derive(Default)]
-pub struct Calls {
-    count: std::sync::atomic::AtomicU64,
-    idle: tokio::sync::Notify,
-}
-
-impl Calls {
-    /// Counts a call until the guard drops.
-    pub fn begin(&self) -> CallCount<'_> {
-        self.count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        CallCount { calls: self }
-    }
-
-    pub fn in_flight(&self) -> u64 {
-        self.count.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Completes when no call is in flight.
-    pub async fn idle(&self) {
-        loop {
-            let notified = self.idle.notified();
-            if self.in_flight() == 0 {
-                return;
-            }
-            notified.await;
-        }
-    }
-}
-
-/// One call counted in [`Calls`].
-pub struct CallCount<'a> {
-    calls: &'a Calls,
-}
-
-impl Drop for CallCount<'_> {
-    fn drop(&mut self) {
-        if self.calls.count.fetch_sub(1, std::sync::atomic::Ordering::Relaxed) == 1 {
-            self.calls.idle.notify_waiters();
-        }
-    }
 }
 
 /// Why a sidecar could not start.
@@ -216,25 +164,14 @@ impl Sidecar {
             recent_spans: config.recent_spans,
         })
         .map_err(StartError::Config)?;
-        let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| Inner {
+        let calls = Arc::new(Calls::default());
+        let inner = Arc::new(Inner {
             tracing,
-            metrics: telemetry::SidecarMetrics::new()
-                .with_collector(telemetry::ScrapeCollector::from_weak(weak.clone())),
             config: config.clone(),
             table: table.clone(),
             registry: registry.clone(),
-            pool: pool::Pool::default(),
             watch_stats: watch_stats.clone(),
-            inbound: inbound::Inbound::default(),
-            rate_limits: outbound::ratelimit::RateLimits::default(),
-            cache: outbound::cache::ResultCache::new(config.cache_max_entries, config.cache_max_bytes),
-            idempotency: inbound::idempotency::Store::new(
-                config.idempotency_window,
-                config.idempotency_max_reply_bytes,
-                config.idempotency_max_keys,
-            ),
-            rejections: outbound::Rejections::default(),
-            calls: Calls::default(),
+            calls: calls.clone(),
             health,
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
@@ -254,12 +191,13 @@ impl Sidecar {
         tasks.spawn(control::run_watch(control, watch_request, table, revision_tx, watch_stats, shutdown_rx.clone()));
         tasks.spawn(registry.clone().run_renewals(shutdown_rx.clone()));
         tasks.spawn(registry.run_probes(shutdown_rx.clone()));
+        let (invoke, mesh_entry, metrics) = entries(&inner);
         let admin_addr = match admin {
             Some(listener) => {
                 let addr = listener.local_addr()?;
-                let (m, r) = (inner.clone(), inner.clone());
+                let r = inner.clone();
                 let state = agent_reach_telemetry::AdminState {
-                    metrics: Box::new(move || m.metrics.encode()),
+                    metrics: Box::new(move || metrics.encode()),
                     ready: Box::new(move || readiness(&r)),
                     spans: Some(inner.tracing.recent().clone()),
                 };
@@ -268,13 +206,12 @@ impl Sidecar {
             }
             None => None,
         };
-        let stacks = forward::Stacks::new(inner.clone());
-        let (local_inner, local_stacks) = (inner.clone(), stacks.clone());
+        let local_inner = inner.clone();
         tasks.spawn(serve_http2(local, shutdown_rx.clone(), move |req| {
-            local_api(local_inner.clone(), local_stacks.clone(), req)
+            local_api(local_inner.clone(), invoke.clone(), req)
         }));
         let mesh_inner = inner.clone();
-        tasks.spawn(serve_http2(mesh, shutdown_rx, move |req| mesh_api(mesh_inner.clone(), stacks.clone(), req)));
+        tasks.spawn(serve_http2(mesh, shutdown_rx, move |req| mesh_api(mesh_inner.clone(), mesh_entry.clone(), req)));
         tracing::info!(
             sidecar = %config.sidecar_id, tenant = %config.tenant, local = %local_addr, mesh = %mesh_addr,
             advertise = ?config.advertise, control = ?config.control, "sidecar started"
@@ -294,10 +231,6 @@ impl Sidecar {
     pub fn admin_addr(&self) -> Option<SocketAddr> {
         self.admin_addr
     }
-    /// The Prometheus text of the sidecar's metrics.
-    pub fn metrics_text(&self) -> String {
-        self.inner.metrics.encode()
-    }
     /// Span export and the recent-span buffer.
     pub fn tracing(&self) -> &agent_reach_telemetry::Tracing {
         &self.inner.tracing
@@ -316,8 +249,9 @@ impl Sidecar {
     pub fn local_instances(&self) -> usize {
         self.inner.registry.len()
     }
+
     /// The registry of local agents (their health, lease and counters).
-    pub fn registry(&self) -> &Arc<registry::Registry> {
+    pub fn registry(&self) -> &Arc<Registry> {
         &self.inner.registry
     }
 
@@ -375,6 +309,65 @@ impl Sidecar {
         signal.await;
         self.shutdown().await;
     }
+}
+
+/// Builds the call path: the inbound stack, the outbound stack (whose attempts reach local
+/// instances through the inbound one) and the two entries serving them; and the metrics
+/// they record into.
+fn entries(inner: &Inner) -> (InvokeEntry, MeshEntry, Arc<SidecarMetrics>) {
+    let config = &inner.config;
+    let limit = config.max_payload_bytes + grpc::ENVELOPE_ALLOWANCE;
+    let rejections = Arc::new(Rejections::default());
+    let pool = Arc::new(pool::Pool::default());
+    let gates = Arc::new(inbound::admission::Gates::default());
+    let in_flight = gates.clone();
+    let metrics = Arc::new(SidecarMetrics::new().with_collector(telemetry::ScrapeCollector {
+        rejections: rejections.clone(),
+        calls: inner.calls.clone(),
+        watch_stats: inner.watch_stats.clone(),
+        table: inner.table.clone(),
+        inbound_in_flight: Box::new(move || in_flight.total_in_flight()),
+    }));
+    let inbound = inbound::stack(inbound::Parts {
+        table: inner.table.clone(),
+        pool: pool.clone(),
+        gates,
+        idempotency: inbound::idempotency::Store::new(
+            config.idempotency_window,
+            config.idempotency_max_reply_bytes,
+            config.idempotency_max_keys,
+        ),
+        rejections: rejections.clone(),
+        metrics: metrics.clone(),
+        tracing: inner.tracing.clone(),
+        limit,
+    });
+    let outbound = outbound::stack(outbound::Parts {
+        rate_limits: Arc::new(outbound::ratelimit::RateLimits::default()),
+        cache: Arc::new(outbound::cache::ResultCache::new(config.cache_max_entries, config.cache_max_bytes)),
+        router: outbound::router::RouterParts {
+            tenant: config.tenant.as_str().into(),
+            deadline_reserve: config.deadline_reserve,
+            limit,
+            tracing: inner.tracing.clone(),
+            metrics: metrics.clone(),
+            rejections: rejections.clone(),
+        },
+        dispatch: outbound::attempt::Dispatch::new(
+            &config.sidecar_id,
+            &config.tenant,
+            inner.registry.clone(),
+            inbound.clone(),
+            pool,
+            limit,
+        ),
+        rejections,
+        metrics: metrics.clone(),
+    });
+    let invoke = InvokeEntry::new(inner.table.clone(), config.max_payload_bytes, config.default_timeout, outbound);
+    let mesh =
+        MeshEntry::new(inner.registry.clone(), &config.tenant, &config.sidecar_id, config.deadline_reserve, inbound);
+    (invoke, mesh, metrics)
 }
 
 /// `/readyz`: a routing table, and control reachable or the table fresh enough.
@@ -447,11 +440,17 @@ where
     }
 }
 
-fn local_api(inner: Arc<Inner>, stacks: forward::Stacks, req: Request<Incoming>) -> HandlerFuture {
+fn local_api(inner: Arc<Inner>, invoke: InvokeEntry, req: Request<Incoming>) -> HandlerFuture {
     Box::pin(async move {
         match req.uri().path() {
-            forward::PATH_INVOKE => forward::invoke(inner, stacks, req, Shape::Unary).await,
-            forward::PATH_INVOKE_STREAM => forward::invoke(inner, stacks, req, Shape::Stream).await,
+            grpc::PATH_INVOKE => {
+                let _call = inner.calls.begin();
+                invoke.invoke(req, Shape::Unary).await
+            }
+            grpc::PATH_INVOKE_STREAM => {
+                let _call = inner.calls.begin();
+                invoke.invoke(req, Shape::Stream).await
+            }
             "/agentreach.v1.Sidecar/Register" => {
                 unary(req, move |r: tonic::Request<proto::RegisterRequest>| {
                     let inner = inner.clone();
@@ -502,11 +501,17 @@ fn local_api(inner: Arc<Inner>, stacks: forward::Stacks, req: Request<Incoming>)
     })
 }
 
-fn mesh_api(inner: Arc<Inner>, stacks: forward::Stacks, req: Request<Incoming>) -> HandlerFuture {
+fn mesh_api(inner: Arc<Inner>, mesh: MeshEntry, req: Request<Incoming>) -> HandlerFuture {
     Box::pin(async move {
         match req.uri().path() {
-            forward::PATH_DELIVER => forward::deliver(inner, stacks, req, Shape::Unary).await,
-            forward::PATH_DELIVER_STREAM => forward::deliver(inner, stacks, req, Shape::Stream).await,
+            grpc::PATH_DELIVER => {
+                let _call = inner.calls.begin();
+                mesh.deliver(req, Shape::Unary).await
+            }
+            grpc::PATH_DELIVER_STREAM => {
+                let _call = inner.calls.begin();
+                mesh.deliver(req, Shape::Stream).await
+            }
             p if p.starts_with("/grpc.health.v1.Health/") => health(&inner, req).await,
             p => unknown_method(p),
         }

@@ -36,7 +36,7 @@ struct SavedTable {
 }
 
 /// Writes `table` to `path` atomically.
-pub fn save(path: &Path, tenant: &str, table: &RoutingTable) -> std::io::Result<()> {
+pub(crate) fn save(path: &Path, tenant: &str, table: &RoutingTable) -> std::io::Result<()> {
     let saved = SavedTable {
         format: FORMAT,
         tenant: tenant.to_string(),
@@ -60,7 +60,7 @@ pub fn save(path: &Path, tenant: &str, table: &RoutingTable) -> std::io::Result<
 
 /// Reads a saved table of `tenant`: the table and when it was saved (Unix ms). `None`
 /// when there is no file; an error when it is unreadable or of another tenant.
-pub fn load(path: &Path, tenant: &str) -> Result<Option<(RoutingTable, u64)>, String> {
+pub(crate) fn load(path: &Path, tenant: &str) -> Result<Option<(RoutingTable, u64)>, String> {
     let bytes = match std::fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -83,7 +83,7 @@ pub fn load(path: &Path, tenant: &str) -> Result<Option<(RoutingTable, u64)>, St
 }
 
 /// Saves the table after every change (at most once a second) until shutdown.
-pub async fn run_saver(
+pub(crate) async fn run_saver(
     path: PathBuf,
     tenant: String,
     table: TableHandle,

@@ -17,21 +17,23 @@ use arc_swap::ArcSwapOption;
 use bytes::Bytes;
 use h2::client::SendRequest;
 use http::uri::Authority;
+use http::{HeaderMap, Request, Response, Uri};
 use tokio::net::TcpStream;
 
 use crate::coalesce;
+use crate::grpc::{self, Body};
 
 /// A failed connection attempt.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot connect to {authority}: {cause}")]
-pub struct ConnectError {
+pub(crate) struct ConnectError {
     pub authority: String,
     pub cause: String,
 }
 
 /// An open connection to a peer.
 #[derive(Clone)]
-pub struct Conn {
+pub(crate) struct Conn {
     pub sender: SendRequest<Bytes>,
     /// The peer's `host:port`, parsed once.
     pub authority: Authority,
@@ -44,7 +46,7 @@ struct Open {
 
 /// HTTP/2 connections keyed by `host:port`.
 #[derive(Default)]
-pub struct Pool {
+pub(crate) struct Pool {
     slots: Mutex<HashMap<String, Arc<Slot>>>,
 }
 
@@ -61,7 +63,7 @@ const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Pool {
     /// An open connection to `authority`, connecting if there is none.
-    pub async fn get(&self, authority: &str) -> Result<Conn, ConnectError> {
+    pub(crate) async fn get(&self, authority: &str) -> Result<Conn, ConnectError> {
         let slot = {
             // Held only for the map lookup, never across an await.
             let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
@@ -81,11 +83,6 @@ impl Pool {
         let conn = opened.conn.clone();
         slot.open.store(Some(Arc::new(opened)));
         Ok(conn)
-    }
-
-    /// Forgets the connection to `authority` (e.g. after the peer left).
-    pub fn remove(&self, authority: &str) {
-        self.slots.lock().unwrap_or_else(|e| e.into_inner()).remove(authority);
     }
 }
 
@@ -136,4 +133,186 @@ async fn connect(authority: &str) -> Result<Open, ConnectError> {
         flag.store(true, Ordering::Relaxed);
     });
     Ok(Open { conn: Conn { sender, authority: parsed }, closed })
+}
+
+/// Why an `h2` call failed.
+#[derive(Debug)]
+pub(crate) enum SendError {
+    /// The request never left (no connection, or the peer refused the stream unprocessed).
+    NotSent(String),
+    /// The request may have been processed.
+    Failed(String),
+}
+
+/// Sends a gRPC call with a unary request on `conn`: HEADERS and DATA are queued from this
+/// task together, so they leave in one write. The answer streams back as [`Body::H2`].
+pub(crate) async fn send_h2(
+    conn: Conn,
+    path: &'static str,
+    mut headers: HeaderMap,
+    data: Vec<Bytes>,
+) -> Result<Response<Body>, SendError> {
+    let mut sender = conn.sender.ready().await.map_err(|e| SendError::NotSent(e.to_string()))?;
+    let mut parts = http::uri::Parts::default();
+    parts.scheme = Some(http::uri::Scheme::HTTP);
+    parts.authority = Some(conn.authority);
+    parts.path_and_query = Some(http::uri::PathAndQuery::from_static(path));
+    let uri = Uri::from_parts(parts).map_err(|e| SendError::NotSent(e.to_string()))?;
+    headers.insert(http::header::CONTENT_TYPE, grpc::CONTENT_TYPE_GRPC);
+    headers.insert(grpc::HEADER_TE, grpc::TRAILERS);
+    let mut request = Request::new(());
+    *request.method_mut() = http::Method::POST;
+    *request.uri_mut() = uri;
+    *request.headers_mut() = headers;
+    let (response, mut stream) =
+        sender.send_request(request, data.is_empty()).map_err(|e| SendError::NotSent(e.to_string()))?;
+    let last = data.len().saturating_sub(1);
+    let mut unsent = None;
+    for (i, chunk) in data.into_iter().enumerate() {
+        if let Err(e) = stream.send_data(chunk, i == last) {
+            // The peer may answer before reading the request (a shed call's trailers-only
+            // reply, then RST_STREAM(NO_ERROR), RFC 9113 §8.1): its answer still counts.
+            unsent = Some(e.to_string());
+            break;
+        }
+    }
+    match response.await {
+        Ok(resp) => Ok(resp.map(|recv| Body::H2(grpc::H2Body::new(recv)))),
+        Err(e) if unsent.is_some() => {
+            Err(SendError::Failed(format!("{e} (sending the call: {})", unsent.unwrap_or_default())))
+        }
+        // REFUSED_STREAM: the peer did not process the stream (RFC 9113 §8.7).
+        Err(e) if e.reason() == Some(h2::Reason::REFUSED_STREAM) => Err(SendError::NotSent(e.to_string())),
+        Err(e) => Err(SendError::Failed(e.to_string())),
+    }
+}
+
+/// The data chunks of a (unary request) body, up to `limit` bytes, without copying.
+pub(crate) async fn collect_chunks(mut body: Body, limit: usize) -> Result<Vec<Bytes>, String> {
+    use http_body_util::BodyExt;
+    let mut out = Vec::with_capacity(2);
+    let mut total = 0;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| format!("reading the call: {e}"))?;
+        if let Ok(data) = frame.into_data() {
+            total += data.len();
+            if total > limit {
+                return Err(format!("the call is larger than {limit} bytes"));
+            }
+            if !data.is_empty() {
+                out.push(data);
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use http::HeaderMap;
+
+    use super::*;
+
+    /// A peer written frame by frame, so that an answer and a reset leave in one write:
+    /// it never opens a stream's receive window (no request body can be sent) and ends
+    /// each stream as soon as its HEADERS arrive: the first with a trailers-only answer
+    /// followed by RST_STREAM(NO_ERROR) (how a shed call ends, RFC 9113 §8.1), the second
+    /// with REFUSED_STREAM, the third with INTERNAL_ERROR.
+    /// Returns its address, a signal that the client has applied its settings, and the
+    /// count of DATA frames it received.
+    async fn peer_that_answers_before_reading()
+    -> (String, tokio::sync::oneshot::Receiver<()>, Arc<std::sync::atomic::AtomicUsize>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+            let len = (payload.len() as u32).to_be_bytes();
+            let mut f = vec![len[1], len[2], len[3], kind, flags];
+            f.extend_from_slice(&stream.to_be_bytes());
+            f.extend_from_slice(payload);
+            f
+        }
+        fn literal(name: &str, value: &str) -> Vec<u8> {
+            // HPACK literal without indexing, new name, no Huffman coding.
+            let mut b = vec![0, name.len() as u8];
+            b.extend_from_slice(name.as_bytes());
+            b.push(value.len() as u8);
+            b.extend_from_slice(value.as_bytes());
+            b
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (settled_tx, settled) = tokio::sync::oneshot::channel();
+        let mut settled_tx = Some(settled_tx);
+        let data_frames = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = data_frames.clone();
+        tokio::spawn(async move {
+            let (mut tcp, _) = listener.accept().await.unwrap();
+            let mut preface = [0u8; 24];
+            tcp.read_exact(&mut preface).await.unwrap();
+            // SETTINGS_INITIAL_WINDOW_SIZE = 0.
+            tcp.write_all(&frame(0x4, 0, 0, &[0, 4, 0, 0, 0, 0])).await.unwrap();
+            let mut requests = 0;
+            loop {
+                let mut head = [0u8; 9];
+                if tcp.read_exact(&mut head).await.is_err() {
+                    return;
+                }
+                let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+                let mut payload = vec![0u8; len];
+                tcp.read_exact(&mut payload).await.unwrap();
+                let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+                let out = match head[3] {
+                    0x0 => {
+                        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        continue;
+                    }
+                    0x4 if head[4] & 1 == 0 => frame(0x4, 1, 0, &[]),
+                    0x4 => {
+                        // The client acknowledged the zero window.
+                        if let Some(tx) = settled_tx.take() {
+                            let _ = tx.send(());
+                        }
+                        continue;
+                    }
+                    0x1 => {
+                        requests += 1;
+                        match requests {
+                            1 => {
+                                let mut block = vec![0x88]; // :status 200
+                                block.extend(literal("content-type", "application/grpc"));
+                                block.extend(literal("grpc-status", "8"));
+                                block.extend(literal("grpc-message", "shed"));
+                                let mut both = frame(0x1, 0x1 | 0x4, stream, &block);
+                                both.extend(frame(0x3, 0, stream, &0u32.to_be_bytes()));
+                                both
+                            }
+                            2 => frame(0x3, 0, stream, &7u32.to_be_bytes()),
+                            _ => frame(0x3, 0, stream, &2u32.to_be_bytes()),
+                        }
+                    }
+                    _ => continue,
+                };
+                tcp.write_all(&out).await.unwrap();
+            }
+        });
+        (addr, settled, data_frames)
+    }
+
+    #[tokio::test]
+    async fn an_answer_before_the_body_was_sent_counts_and_resets_say_if_the_call_may_have_run() {
+        let (addr, settled, data_frames) = peer_that_answers_before_reading().await;
+        let pool = Pool::default();
+        let body = || vec![Bytes::from(vec![7u8; 1024])];
+        let conn = pool.get(&addr).await.unwrap();
+        settled.await.unwrap();
+        let resp = send_h2(conn.clone(), "/a", HeaderMap::new(), body()).await.expect("the answer is used");
+        assert_eq!(resp.headers().get("grpc-status").map(|v| v.as_bytes()), Some(&b"8"[..]));
+        let refused = send_h2(conn.clone(), "/b", HeaderMap::new(), body()).await.err();
+        assert!(matches!(refused, Some(SendError::NotSent(_))), "{refused:?}");
+        let reset = send_h2(conn, "/c", HeaderMap::new(), body()).await.err();
+        assert!(matches!(reset, Some(SendError::Failed(_))), "{reset:?}");
+        assert_eq!(data_frames.load(std::sync::atomic::Ordering::Relaxed), 0, "no request body was sent");
+    }
 }

@@ -8,13 +8,23 @@ use std::time::Duration;
 use agent_reach::model::Transport;
 use tonic_health::pb::health_check_response::ServingStatus;
 
-use crate::registry::LocalInstance;
+use agent_reach::model::Registration;
+use tonic::transport::Channel;
+use tonic_health::pb::health_client::HealthClient;
+
+/// How long a probe may take.
+pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Whether the agent answered its probe in time.
-pub async fn healthy(inst: &LocalInstance, timeout: Duration) -> bool {
-    match inst.registration.transport {
+pub(crate) async fn healthy(
+    registration: &Registration,
+    authority: &str,
+    health: &HealthClient<Channel>,
+    timeout: Duration,
+) -> bool {
+    match registration.transport {
         Transport::Grpc => {
-            let mut health = inst.health.clone();
+            let mut health = health.clone();
             let request = tonic_health::pb::HealthCheckRequest { service: String::new() };
             matches!(
                 tokio::time::timeout(timeout, health.check(request)).await,
@@ -22,13 +32,13 @@ pub async fn healthy(inst: &LocalInstance, timeout: Duration) -> bool {
             )
         }
         Transport::Http => {
-            let path = inst.registration.metadata.get("health_path").map(String::as_str).unwrap_or("/healthz");
+            let path = registration.metadata.get("health_path").map(String::as_str).unwrap_or("/healthz");
             let url = format!(
                 "http://{}{}",
-                inst.authority,
+                authority,
                 if path.starts_with('/') { path.to_string() } else { format!("/{path}") }
             );
-            matches!(tokio::time::timeout(timeout, crate::http_agent::get(&url)).await, Ok(Ok(status)) if status.is_success())
+            matches!(tokio::time::timeout(timeout, crate::http_client::get(&url)).await, Ok(Ok(status)) if status.is_success())
         }
     }
 }

@@ -31,14 +31,12 @@ use tonic::Status;
 use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::health_client::HealthClient;
 
-pub use health::{Health, Timers};
+pub(crate) use health::{Health, Timers};
 
 use crate::config::SidecarConfig;
 use crate::control::ControlClients;
 use crate::error::SidecarError;
-
-/// Timeout of one health probe.
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+use crate::probe::PROBE_TIMEOUT;
 
 impl From<&SidecarConfig> for Timers {
     fn from(c: &SidecarConfig) -> Timers {
@@ -57,7 +55,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// One agent instance registered through this sidecar.
-pub struct LocalInstance {
+pub(crate) struct LocalInstance {
     pub instance_id: String,
     pub registration: Registration,
     /// `host:port` of the agent's endpoint.
@@ -76,7 +74,7 @@ pub struct LocalInstance {
 impl LocalInstance {
     /// The state routing should see, now, as this sidecar judges it (operator holds are
     /// applied by control, not here).
-    pub fn effective_state(&self) -> HealthState {
+    pub(crate) fn effective_state(&self) -> HealthState {
         self.state_at(&lock(&self.judged), Instant::now())
     }
 
@@ -140,7 +138,7 @@ pub struct Registry {
 }
 
 impl Registry {
-    pub fn new(
+    pub(crate) fn new(
         tenant: String,
         identity: proto::SidecarIdentity,
         control: Arc<ControlClients>,
@@ -162,27 +160,24 @@ impl Registry {
     }
 
     /// A local instance by id (lock-free; used on the delivery path).
-    pub fn get(&self, instance_id: &str) -> Option<Arc<LocalInstance>> {
+    pub(crate) fn get(&self, instance_id: &str) -> Option<Arc<LocalInstance>> {
         self.instances.load().get(instance_id).cloned()
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.instances.load().len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.instances.load().is_empty()
     }
 
-    pub fn timers(&self) -> &Timers {
-        &self.timers
-    }
-
+    /// The sidecar's lease (0 while it has none).
+    /// Counters of registrations, probes and removals.
     pub fn stats(&self) -> &RegistryStats {
         &self.stats
     }
 
-    /// The sidecar's lease (0 while it has none).
     pub fn lease(&self) -> i64 {
         self.lease.load(Ordering::Relaxed)
     }
@@ -212,7 +207,7 @@ impl Registry {
 
     /// Registers an agent instance with control and starts tracking it. `instance_id`
     /// empty: a new id. `state` None: UP.
-    pub async fn register(
+    pub(crate) async fn register(
         &self,
         registration: Registration,
         instance_id: String,
@@ -336,7 +331,7 @@ impl Registry {
 
     /// Records an agent's heartbeat. Unknown instance ids get INSTANCE_NOT_FOUND, which
     /// tells the agent to register again.
-    pub fn heartbeat(
+    pub(crate) fn heartbeat(
         self: &Arc<Self>,
         instance_id: &str,
         state: Option<HealthState>,
@@ -361,7 +356,7 @@ impl Registry {
     /// Shutdown, step 1: every local instance is PAUSED from now on, whatever its agent
     /// reports, and control is told at once, so callers stop sending new calls (calls in
     /// flight finish).
-    pub async fn pause_all(&self) {
+    pub(crate) async fn pause_all(&self) {
         let all: Vec<Arc<LocalInstance>> = self.instances.load().values().cloned().collect();
         for inst in &all {
             inst.draining.store(true, Ordering::Relaxed);
@@ -370,7 +365,7 @@ impl Registry {
     }
 
     /// Shutdown, last step: removes every local instance here and at control.
-    pub async fn deregister_all(&self) {
+    pub(crate) async fn deregister_all(&self) {
         let ids: Vec<String> = self.instances.load().keys().cloned().collect();
         for id in ids {
             let _ = self.deregister(&id).await;
@@ -378,7 +373,7 @@ impl Registry {
     }
 
     /// Removes an instance here and at control.
-    pub async fn deregister(&self, instance_id: &str) -> Result<(), SidecarError> {
+    pub(crate) async fn deregister(&self, instance_id: &str) -> Result<(), SidecarError> {
         let inst = self.get(instance_id).ok_or_else(|| SidecarError::InstanceNotFound(instance_id.to_string()))?;
         if self.remove(&inst) {
             self.remove_at_control(inst).await;
@@ -505,7 +500,7 @@ impl Registry {
 
     /// Until `shutdown`: reports every instance once per quarter of the lease TTL (which
     /// renews the lease), reports state changes at once, and removes dead instances.
-    pub async fn run_renewals(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+    pub(crate) async fn run_renewals(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let tick = (self.timers.heartbeat_interval / 4).clamp(Duration::from_millis(10), Duration::from_millis(500));
         let mut ticker = tokio::time::interval(tick);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -546,7 +541,7 @@ impl Registry {
     }
 
     /// Until `shutdown`: probes every instance whose heartbeats went silent.
-    pub async fn run_probes(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+    pub(crate) async fn run_probes(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let tick = (self.timers.heartbeat_interval / 4).clamp(Duration::from_millis(10), Duration::from_millis(500));
         let mut ticker = tokio::time::interval(tick);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -574,7 +569,8 @@ impl Registry {
 
     async fn probe(self: Arc<Self>, inst: Arc<LocalInstance>, started: Instant) {
         self.stats.probes.fetch_add(1, Ordering::Relaxed);
-        let serving = crate::probe::healthy(&inst, self.timers.probe_timeout).await;
+        let serving =
+            crate::probe::healthy(&inst.registration, &inst.authority, &inst.health, self.timers.probe_timeout).await;
         if !serving {
             self.stats.probe_failures.fetch_add(1, Ordering::Relaxed);
         }

@@ -8,14 +8,14 @@
 //!
 //! Spans: [`OutboundTelemetry`] opens the caller's-sidecar span of a call (a child of
 //! the caller's `traceparent`, or a new trace), the router opens one client span per
-//! attempt, and [`InboundTelemetryLayer`] opens the target's-sidecar server span, whose
+//! attempt, and [`InboundTelemetry`] opens the target's-sidecar server span, whose
 //! context reaches the agent; admission queueing is a child span of its own, so time
 //! waiting for a slot shows apart from time in the agent.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
@@ -35,14 +35,16 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tower::{Service, ServiceExt};
 
-use crate::Inner;
-use crate::error::SidecarError;
-use crate::grpc::Body;
-use crate::inbound::InboundCall;
-use crate::outbound::OutboundCall;
+use agent_reach_routing::TableHandle;
+use agent_reach_telemetry::Tracing;
+
+use crate::call::{Attempt, InboundCall, OutboundCall};
+use crate::control::WatchStats;
+use crate::error::{DeliveryError, SidecarError};
+use crate::grpc::{Body, header};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CallLabels {
+pub(crate) struct CallLabels {
     pub caller: String,
     pub target: String,
     pub instance: String,
@@ -50,26 +52,26 @@ pub struct CallLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TargetOutcome {
+pub(crate) struct TargetOutcome {
     pub target: String,
     pub outcome: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct HopLabels {
+pub(crate) struct HopLabels {
     /// "outbound" (one attempt from the caller's sidecar) or "inbound" (delivery to the agent).
     pub hop: &'static str,
 }
 
 /// A family of latency histograms.
-pub type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+pub(crate) type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
     Histogram::new(latency_buckets())
 }
 
 /// The metric families and scrape-time collector of one sidecar.
-pub struct SidecarMetrics {
+pub(crate) struct SidecarMetrics {
     registry: Registry,
     pub calls: Family<CallLabels, Counter>,
     pub call_duration: HistogramFamily<TargetOutcome>,
@@ -85,7 +87,7 @@ fn latency_buckets() -> impl Iterator<Item = f64> {
 impl SidecarMetrics {
     /// Families registered; the collector of scrape-time values is added by
     /// [`SidecarMetrics::with_collector`].
-    pub fn new() -> SidecarMetrics {
+    pub(crate) fn new() -> SidecarMetrics {
         let mut registry = Registry::with_prefix("agent_reach");
         let calls = Family::<CallLabels, Counter>::default();
         registry.register("calls", "Calls by caller, target, serving instance and outcome", calls.clone());
@@ -113,13 +115,13 @@ impl SidecarMetrics {
     }
 
     /// Adds the collector that reads the sidecar's counters at each scrape.
-    pub fn with_collector(mut self, collector: ScrapeCollector) -> SidecarMetrics {
+    pub(crate) fn with_collector(mut self, collector: ScrapeCollector) -> SidecarMetrics {
         self.registry.register_collector(Box::new(collector));
         self
     }
 
     /// The Prometheus text exposition.
-    pub fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
             out.clear();
@@ -134,15 +136,84 @@ impl Default for SidecarMetrics {
     }
 }
 
-/// Reads counters kept elsewhere in the sidecar at each scrape.
-#[derive(Debug)]
-pub struct ScrapeCollector {
-    inner: std::sync::Weak<Inner>,
+/// Refusals and shortcuts by mechanism, counted by the layers that make them and read at
+/// each scrape.
+#[derive(Debug, Default)]
+pub(crate) struct Rejections {
+    pub rate_limited: AtomicU64,
+    pub breaker_open: AtomicU64,
+    pub overloaded: AtomicU64,
+    pub idempotency_replays: AtomicU64,
+    pub idempotency_refused: AtomicU64,
+    pub cache_hits: AtomicU64,
+    pub retries: AtomicU64,
+    pub retry_budget_exhausted: AtomicU64,
+    pub fallbacks: AtomicU64,
 }
 
-impl ScrapeCollector {
-    pub fn from_weak(inner: std::sync::Weak<Inner>) -> ScrapeCollector {
-        ScrapeCollector { inner }
+impl Rejections {
+    pub(crate) fn count(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Calls in flight through the sidecar, with a notification when the count drops, so
+/// shutdown can wait for them.
+#[derive(Default)]
+pub(crate) struct Calls {
+    count: AtomicU64,
+    idle: tokio::sync::Notify,
+}
+
+impl Calls {
+    /// Counts a call until the guard drops.
+    pub(crate) fn begin(&self) -> CallCount<'_> {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        CallCount { calls: self }
+    }
+
+    pub(crate) fn in_flight(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// Completes when no call is in flight.
+    pub(crate) async fn idle(&self) {
+        loop {
+            let notified = self.idle.notified();
+            if self.in_flight() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// One call counted in [`Calls`].
+pub(crate) struct CallCount<'a> {
+    calls: &'a Calls,
+}
+
+impl Drop for CallCount<'_> {
+    fn drop(&mut self) {
+        if self.calls.count.fetch_sub(1, Ordering::Relaxed) == 1 {
+            self.calls.idle.notify_waiters();
+        }
+    }
+}
+
+/// Reads counters kept elsewhere in the sidecar at each scrape.
+pub(crate) struct ScrapeCollector {
+    pub rejections: Arc<Rejections>,
+    pub calls: Arc<Calls>,
+    pub watch_stats: Arc<WatchStats>,
+    pub table: TableHandle,
+    /// Calls delivered to local agents and not yet answered.
+    pub inbound_in_flight: Box<dyn Fn() -> u32 + Send + Sync>,
+}
+
+impl std::fmt::Debug for ScrapeCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScrapeCollector").finish_non_exhaustive()
     }
 }
 
@@ -160,9 +231,8 @@ fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: i64) ->
 
 impl Collector for ScrapeCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let Some(inner) = self.inner.upgrade() else { return Ok(()) };
-        let r = &inner.rejections;
-        let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        let r = &self.rejections;
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let mut rejections = encoder.encode_descriptor(
             "rejections",
             "Calls refused, by the mechanism that refused them",
@@ -196,22 +266,22 @@ impl Collector for ScrapeCollector {
             &mut encoder,
             "in_flight_outbound",
             "Calls in flight through this sidecar",
-            inner.calls.in_flight() as i64,
+            self.calls.in_flight() as i64,
         )?;
         gauge(
             &mut encoder,
             "in_flight_inbound",
             "Calls delivered to local agents and not yet answered",
-            i64::from(inner.inbound.total_in_flight()),
+            i64::from((self.inbound_in_flight)()),
         )?;
-        let w = &inner.watch_stats;
+        let w = &self.watch_stats;
         gauge(
             &mut encoder,
             "watch_connected",
             "1 while a watch stream to control is up",
             i64::from(w.connected.load(Ordering::Relaxed)),
         )?;
-        let table = inner.table.load();
+        let table = self.table.load();
         gauge(&mut encoder, "watch_revision", "Store revision of the routing table", table.revision)?;
         counter(&mut encoder, "watch_snapshots", "Snapshots applied", load(&w.snapshots))?;
         counter(&mut encoder, "watch_resyncs", "Snapshots that replaced a table after compaction", load(&w.resyncs))?;
@@ -250,7 +320,7 @@ impl Collector for ScrapeCollector {
 
 /// What a call ended with, attached to its response by the router.
 #[derive(Clone, Debug, Default)]
-pub struct CallOutcome {
+pub(crate) struct CallOutcome {
     /// "OK", a reason such as "AGENT_NOT_FOUND", or "CODE_<grpc code>" for agents' errors.
     pub outcome: String,
     pub instance: String,
@@ -261,7 +331,7 @@ pub struct CallOutcome {
 }
 
 /// The outcome label of a status.
-pub fn outcome_of(status: &tonic::Status) -> String {
+pub(crate) fn outcome_of(status: &tonic::Status) -> String {
     if status.code() == tonic::Code::Ok {
         return "OK".into();
     }
@@ -271,19 +341,38 @@ pub fn outcome_of(status: &tonic::Status) -> String {
     }
 }
 
+/// The outcome label of a failed delivery.
+pub(crate) fn delivery_outcome(e: &DeliveryError) -> String {
+    match (e, e.reason()) {
+        (DeliveryError::Remote(status), _) => outcome_of(status),
+        (_, Some(reason)) => reason.as_str().to_string(),
+        (_, None) => format!("CODE_{:?}", e.code()).to_uppercase(),
+    }
+}
+
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// Service: the caller's-sidecar span and the call metrics.
 #[derive(Clone)]
-pub struct OutboundTelemetry<S> {
-    inner: Arc<Inner>,
-    service: S,
+pub(crate) struct OutboundTelemetry<S> {
+    tracing: Tracing,
+    metrics: Arc<SidecarMetrics>,
+    tenant: Arc<str>,
+    inner: S,
 }
 
-impl<S> OutboundTelemetry<S> {
-    pub fn new(inner: Arc<Inner>, service: S) -> OutboundTelemetry<S> {
-        OutboundTelemetry { inner, service }
-    }
+/// The layer of [`OutboundTelemetry`].
+pub(crate) fn outbound_layer<S>(
+    tracing: Tracing,
+    metrics: Arc<SidecarMetrics>,
+    tenant: Arc<str>,
+) -> impl tower::Layer<S, Service = OutboundTelemetry<S>> + Clone {
+    tower::layer::layer_fn(move |inner| OutboundTelemetry {
+        tracing: tracing.clone(),
+        metrics: metrics.clone(),
+        tenant: tenant.clone(),
+        inner,
+    })
 }
 
 impl<S> Service<OutboundCall> for OutboundTelemetry<S>
@@ -296,12 +385,11 @@ where
     type Future = BoxFuture<Result<Response<Body>, SidecarError>>;
 
     fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), SidecarError>> {
-        self.service.poll_ready(cx)
+        self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, mut call: OutboundCall) -> Self::Future {
-        let inner = self.inner.clone();
-        let tracer = inner.tracing.tracer();
+        let tracer = self.tracing.tracer();
         let parent = extract(&call.headers);
         let caller = {
             let name = call.caller_agent();
@@ -314,9 +402,12 @@ where
             }
         };
         let target = call.target.to_string();
-        let forced = call.headers.get("ar-trace").is_some_and(|v| v.as_bytes() == b"force");
+        let forced = call
+            .headers
+            .get(header::TRACE)
+            .is_some_and(|v| v.as_bytes() == agent_reach::headers::TRACE_FORCE.as_bytes());
         let mut attrs = vec![
-            KeyValue::new("agent_reach.tenant", inner.config.tenant.clone()),
+            KeyValue::new("agent_reach.tenant", self.tenant.to_string()),
             KeyValue::new("agent_reach.caller", caller.clone()),
             KeyValue::new("agent_reach.target", target.clone()),
             KeyValue::new("agent_reach.priority", call.priority.as_str()),
@@ -336,7 +427,7 @@ where
             TargetKind::Capability(c) => call.table.by_capability.contains_key(c),
             TargetKind::Agent(a) => call.table.by_agent.contains_key(a),
         };
-        let service = self.service.clone();
+        let (service, metrics) = (self.inner.clone(), self.metrics.clone());
         Box::pin(async move {
             let result = service.oneshot(call).await;
             let (outcome, detail) = match &result {
@@ -356,7 +447,7 @@ where
             let instance =
                 detail.as_ref().map(|d| d.instance.clone()).filter(|i| !i.is_empty()).unwrap_or("(none)".into());
             let target_label = if known_target { target.clone() } else { "(unknown)".into() };
-            let m = &inner.metrics;
+            let m = &metrics;
             m.calls
                 .get_or_create(&CallLabels {
                     caller,
@@ -395,52 +486,44 @@ where
                 && let Ok(v) = http::HeaderValue::from_str(&sc.trace_id().to_string())
             {
                 // A traced call names its trace, for `agent-reach trace <id>`.
-                resp.headers_mut().insert("ar-trace-id", v);
+                resp.headers_mut().insert(header::TRACE_ID, v);
             }
             result
         })
     }
 }
 
-/// The inbound trace context of a call and what the admission layer measured.
-#[derive(Clone, Debug)]
-pub struct InboundTrace {
-    /// The target's-sidecar server span.
-    pub cx: Context,
-}
-
 /// Service: the target's-sidecar server span and the inbound hop metric.
 #[derive(Clone)]
-pub struct InboundTelemetry<S> {
-    inner: Arc<Inner>,
-    service: S,
+pub(crate) struct InboundTelemetry<S> {
+    tracing: Tracing,
+    metrics: Arc<SidecarMetrics>,
+    inner: S,
 }
 
-impl<S> InboundTelemetry<S> {
-    pub fn new(inner: Arc<Inner>, service: S) -> InboundTelemetry<S> {
-        InboundTelemetry { inner, service }
-    }
+/// The layer of [`InboundTelemetry`].
+pub(crate) fn inbound_layer<S>(
+    tracing: Tracing,
+    metrics: Arc<SidecarMetrics>,
+) -> impl tower::Layer<S, Service = InboundTelemetry<S>> + Clone {
+    tower::layer::layer_fn(move |inner| InboundTelemetry { tracing: tracing.clone(), metrics: metrics.clone(), inner })
 }
 
 impl<S> Service<InboundCall> for InboundTelemetry<S>
 where
-    S: Service<InboundCall, Response = crate::forward::Attempt, Error = std::convert::Infallible>
-        + Clone
-        + Send
-        + 'static,
+    S: Service<InboundCall, Response = Attempt, Error = std::convert::Infallible> + Clone + Send + 'static,
     S::Future: Send,
 {
-    type Response = crate::forward::Attempt;
+    type Response = Attempt;
     type Error = std::convert::Infallible;
-    type Future = BoxFuture<Result<crate::forward::Attempt, std::convert::Infallible>>;
+    type Future = BoxFuture<Result<Attempt, std::convert::Infallible>>;
 
     fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
-        self.service.poll_ready(cx)
+        self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, mut call: InboundCall) -> Self::Future {
-        let inner = self.inner.clone();
-        let tracer = inner.tracing.tracer();
+        let tracer = self.tracing.tracer();
         let reg = &call.local.registration;
         let span = tracer
             .span_builder(format!("deliver {}", reg.agent))
@@ -455,17 +538,17 @@ where
             .start_with_context(tracer, &call.trace);
         let cx = call.trace.with_span(span);
         call.trace = cx.clone();
-        let service = self.service.clone();
+        let (service, metrics) = (self.inner.clone(), self.metrics.clone());
         Box::pin(async move {
             let started = clock();
             let attempt = service.oneshot(call).await?;
             let elapsed = Duration::from_nanos(clock().saturating_sub(started));
-            inner.metrics.hop_duration.get_or_create(&HopLabels { hop: "inbound" }).observe(elapsed.as_secs_f64());
+            metrics.hop_duration.get_or_create(&HopLabels { hop: "inbound" }).observe(elapsed.as_secs_f64());
             let outcome = match &attempt {
-                crate::forward::Attempt::Answered(resp, _) => tonic::Status::from_header_map(resp.headers())
+                Attempt::Answered(resp, _) => tonic::Status::from_header_map(resp.headers())
                     .map(|s| outcome_of(&s))
                     .unwrap_or_else(|| "OK".into()),
-                crate::forward::Attempt::NotDelivered(s) | crate::forward::Attempt::Failed(s) => outcome_of(s),
+                Attempt::NotDelivered(e) | Attempt::Failed(e) => delivery_outcome(e),
             };
             let span = cx.span();
             span.set_attribute(KeyValue::new("agent_reach.outcome", outcome.clone()));
@@ -480,8 +563,8 @@ where
 
 /// Records the time a call waited for an admission slot as a span (a child of the server
 /// span) from `since` to now.
-pub fn record_queue_span(inner: &Inner, parent: &Context, since: std::time::SystemTime, admitted: bool) {
-    let tracer = inner.tracing.tracer();
+pub(crate) fn record_queue_span(tracing: &Tracing, parent: &Context, since: std::time::SystemTime, admitted: bool) {
+    let tracer = tracing.tracer();
     let mut span = tracer
         .span_builder("admission queue")
         .with_kind(SpanKind::Internal)

@@ -14,6 +14,7 @@ use bytes::Bytes;
 use futures_util::Stream;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::headers;
 use crate::model::{Priority, Target};
 use crate::proto;
 use crate::proto::sidecar_client::SidecarClient;
@@ -173,7 +174,7 @@ impl InvokeBuilder {
     }
     /// Traces this call and everything it leads to, whatever the sidecars' sampling ratio.
     pub fn force_trace(mut self) -> Self {
-        self.headers.push(("ar-trace", "force".to_string()));
+        self.headers.push((headers::TRACE, headers::TRACE_FORCE.to_string()));
         self
     }
 
@@ -196,7 +197,7 @@ impl InvokeBuilder {
         let reply = sidecar.invoke(request).await?;
         let header =
             |name: &str| reply.metadata().get(name).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
-        let (route, trace_id) = (header("ar-route"), header("ar-trace-id"));
+        let (route, trace_id) = (header(headers::ROUTE), header(headers::TRACE_ID));
         Ok(InvokeReply { inner: reply.into_inner(), route, trace_id })
     }
 
@@ -205,7 +206,7 @@ impl InvokeBuilder {
         let (mut sidecar, request) = self.into_request();
         let response = sidecar.invoke_stream(request).await?;
         let instance =
-            response.metadata().get("ar-instance").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+            response.metadata().get(headers::INSTANCE).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
         Ok(ChunkStream { inner: response.into_inner(), instance })
     }
 }

@@ -13,15 +13,27 @@
 //! One short `std::sync::Mutex` per instance guards the counters and queues; it is never
 //! held across an await (waiters park on a oneshot channel).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::convert::Infallible;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use agent_reach::model::Priority;
 use agent_reach::policy::Admission as Settings;
+use agent_reach_routing::TableHandle;
+use agent_reach_telemetry::Tracing;
+use arc_swap::ArcSwap;
+use http::{HeaderMap, HeaderValue};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
+use tower::{Service, ServiceExt};
+
+use crate::call::{Attempt, InboundCall};
+use crate::error::DeliveryError;
+use crate::grpc::{HEADER_GRPC_STATUS, TrailersHook, header};
+use crate::telemetry::{Rejections, SidecarMetrics};
 
 fn index(p: Priority) -> usize {
     match p {
@@ -42,7 +54,7 @@ struct State {
 
 /// Why a call was not admitted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// The queue of its priority is full.
     QueueFull,
     /// It waited the queue timeout (or until its deadline) without a slot.
@@ -51,7 +63,7 @@ pub enum Refusal {
 
 /// The admission gate of one instance.
 #[derive(Debug)]
-pub struct Gate {
+pub(crate) struct Gate {
     max: u32,
     caps: [u32; 3],
     queue_length: usize,
@@ -64,7 +76,7 @@ pub struct Gate {
 
 impl Gate {
     /// A gate for `max` slots (0 = unlimited) with `settings`' shares.
-    pub fn new(max: u32, settings: Settings) -> Gate {
+    pub(crate) fn new(max: u32, settings: Settings) -> Gate {
         let share = |percent: u32| ((u64::from(max) * u64::from(percent)).div_ceil(100) as u32).max(1).min(max.max(1));
         Gate {
             max,
@@ -77,23 +89,18 @@ impl Gate {
         }
     }
 
-    pub fn max(&self) -> u32 {
+    pub(crate) fn max(&self) -> u32 {
         self.max
     }
 
     /// Calls admitted and running.
-    pub fn in_use(&self) -> u32 {
+    pub(crate) fn in_use(&self) -> u32 {
         self.in_use.load(Ordering::Relaxed)
     }
 
     /// Calls waiting for a slot.
-    pub fn queued(&self) -> u32 {
+    pub(crate) fn queued(&self) -> u32 {
         self.queued.load(Ordering::Relaxed)
-    }
-
-    /// Load ratio: (running + waiting) / slots; 0 when unlimited.
-    pub fn load_ratio(&self) -> f64 {
-        if self.max == 0 { 0.0 } else { f64::from(self.in_use() + self.queued()) / f64::from(self.max) }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -125,7 +132,11 @@ impl Gate {
 
     /// Admits a call of `priority`, waiting in its queue for at most the queue timeout and
     /// never past `deadline`.
-    pub async fn acquire(self: &Arc<Self>, priority: Priority, deadline: Option<Instant>) -> Result<Permit, Refusal> {
+    pub(crate) async fn acquire(
+        self: &Arc<Self>,
+        priority: Priority,
+        deadline: Option<Instant>,
+    ) -> Result<Permit, Refusal> {
         if self.max == 0 {
             self.in_use.fetch_add(1, Ordering::Relaxed);
             return Ok(Permit { gate: self.clone(), priority: None });
@@ -192,14 +203,14 @@ impl Gate {
 
 /// A slot held until dropped.
 #[derive(Debug)]
-pub struct Permit {
+pub(crate) struct Permit {
     gate: Arc<Gate>,
     /// `None` for unlimited gates (only counted).
     priority: Option<Priority>,
 }
 
 impl Permit {
-    pub fn gate(&self) -> &Arc<Gate> {
+    pub(crate) fn gate(&self) -> &Arc<Gate> {
         &self.gate
     }
 }
@@ -212,6 +223,183 @@ impl Drop for Permit {
                 self.gate.in_use.fetch_sub(1, Ordering::Relaxed);
             }
         }
+    }
+}
+
+/// The load ratio in an `ar-load` value (written by [`Permit::annotate`]).
+pub(crate) fn parse_load(headers: &HeaderMap) -> Option<f64> {
+    headers.get(header::LOAD)?.to_str().ok()?.parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0)
+}
+
+impl Permit {
+    /// Writes the instance's load into `headers` as `ar-load`, not counting this call.
+    pub(crate) fn annotate(&self, headers: &mut HeaderMap) {
+        let gate = self.gate();
+        let ratio = if gate.max() == 0 {
+            0.0
+        } else {
+            f64::from((gate.in_use() + gate.queued()).saturating_sub(1)) / f64::from(gate.max())
+        };
+        if let Ok(v) = HeaderValue::from_str(&format!("{ratio:.3}")) {
+            headers.insert(header::LOAD, v);
+        }
+    }
+}
+
+impl TrailersHook for Permit {
+    fn on_trailers(&self, trailers: &mut HeaderMap) {
+        self.annotate(trailers);
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    gate: Arc<Gate>,
+    max: u32,
+    settings: Settings,
+}
+
+/// The gates of every local instance.
+#[derive(Default)]
+pub(crate) struct Gates {
+    gates: ArcSwap<HashMap<String, Arc<Entry>>>,
+}
+
+impl Gates {
+    /// The gate of `instance_id` for `max` slots and `settings`, made anew when either
+    /// changed (calls holding the old gate finish under it).
+    pub(crate) fn gate(&self, instance_id: &str, max: u32, settings: Settings) -> Arc<Gate> {
+        if let Some(e) = self.gates.load().get(instance_id)
+            && e.max == max
+            && e.settings == settings
+        {
+            return e.gate.clone();
+        }
+        let fresh = Arc::new(Entry { gate: Arc::new(Gate::new(max, settings)), max, settings });
+        let mut out = fresh.gate.clone();
+        self.gates.rcu(|m| {
+            let mut m = HashMap::clone(m);
+            let e = m.entry(instance_id.to_string()).or_insert_with(|| fresh.clone());
+            if e.max != max || e.settings != settings {
+                *e = fresh.clone();
+            }
+            out = e.gate.clone();
+            m
+        });
+        out
+    }
+
+    /// Calls delivered to any local instance and not yet answered.
+    pub(crate) fn total_in_flight(&self) -> u32 {
+        self.gates.load().values().map(|e| e.gate.in_use()).sum()
+    }
+
+    #[cfg(test)]
+    /// Forgets instances that left.
+    pub(crate) fn retain(&self, keep: impl Fn(&str) -> bool) {
+        self.gates.rcu(|m| {
+            m.iter().filter(|(id, _)| keep(id)).map(|(k, v)| (k.clone(), v.clone())).collect::<HashMap<_, _>>()
+        });
+    }
+}
+
+type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+/// Service: per-instance admission by priority.
+#[derive(Clone)]
+pub(crate) struct Admitted<S> {
+    gates: Arc<Gates>,
+    table: TableHandle,
+    rejections: Arc<Rejections>,
+    metrics: Arc<SidecarMetrics>,
+    tracing: Tracing,
+    inner: S,
+}
+
+/// The layer of [`Admitted`]: the gates of local instances, the routing table (for
+/// policies), and where refusals and queueing are recorded.
+pub(crate) fn layer<S>(
+    gates: Arc<Gates>,
+    table: TableHandle,
+    rejections: Arc<Rejections>,
+    metrics: Arc<SidecarMetrics>,
+    tracing: Tracing,
+) -> impl tower::Layer<S, Service = Admitted<S>> + Clone {
+    tower::layer::layer_fn(move |inner| Admitted {
+        gates: gates.clone(),
+        table: table.clone(),
+        rejections: rejections.clone(),
+        metrics: metrics.clone(),
+        tracing: tracing.clone(),
+        inner,
+    })
+}
+
+impl<S> Service<InboundCall> for Admitted<S>
+where
+    S: Service<InboundCall, Response = Attempt, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    type Response = Attempt;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Attempt, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: InboundCall) -> Self::Future {
+        let table = self.table.load();
+        let agent = &call.local.registration.agent;
+        let settings = table
+            .policy(agent_reach::policy::PolicyKind::Agent, agent)
+            .and_then(|p| p.spec.admission)
+            .unwrap_or_default();
+        let gate = self.gates.gate(&call.local.instance_id, call.local.registration.max_concurrency, settings);
+        let service = self.inner.clone();
+        let (rejections, metrics, tracing) = (self.rejections.clone(), self.metrics.clone(), self.tracing.clone());
+        Box::pin(async move {
+            let deadline = call.remaining.map(|r| tokio::time::Instant::now() + r);
+            let queued_since = std::time::SystemTime::now();
+            let started = agent_reach_routing::clock();
+            let admitted = gate.acquire(call.priority, deadline).await;
+            let waited = std::time::Duration::from_nanos(agent_reach_routing::clock().saturating_sub(started));
+            metrics.queue_duration.observe(waited.as_secs_f64());
+            if waited >= std::time::Duration::from_micros(100) {
+                // Time spent waiting for a slot shows as its own span, apart from the agent's.
+                crate::telemetry::record_queue_span(&tracing, &call.trace, queued_since, admitted.is_ok());
+            }
+            let permit = match admitted {
+                Ok(p) => p,
+                Err(refusal) => {
+                    Rejections::count(&rejections.overloaded);
+                    let why = match refusal {
+                        Refusal::QueueFull => "its queue is full".to_string(),
+                        Refusal::Timeout(w) => format!("no slot within {w:?}"),
+                    };
+                    let error = DeliveryError::Overloaded {
+                        instance: call.local.instance_id.clone(),
+                        agent: call.local.registration.agent.clone(),
+                        busy: gate.in_use(),
+                        max: gate.max(),
+                        waiting: gate.queued(),
+                        why,
+                    };
+                    // Refused before the agent saw it: the caller may try elsewhere.
+                    return Ok(Attempt::NotDelivered(error));
+                }
+            };
+            let attempt = service.oneshot(call).await?;
+            Ok(match attempt {
+                Attempt::Answered(mut resp, _) => {
+                    if resp.headers().contains_key(HEADER_GRPC_STATUS) {
+                        permit.annotate(resp.headers_mut());
+                    }
+                    Attempt::Answered(resp, Some(Box::new(permit)))
+                }
+                other => other,
+            })
+        })
     }
 }
 

@@ -20,11 +20,19 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use std::convert::Infallible;
+use std::task::{Context, Poll};
+
+use tower::{Service, ServiceExt};
+
+use crate::call::{Attempt, InboundCall, Shape};
+use crate::error::DeliveryError;
 use crate::grpc::StoredResponse;
+use crate::telemetry::Rejections;
 
 /// What the first call left for its duplicates.
 #[derive(Debug, Clone)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// The answer (successful and stored, or an error handed to the waiters only).
     Answer(Arc<StoredResponse>),
     /// The answer was too large to keep.
@@ -40,7 +48,7 @@ enum Entry {
 }
 
 /// The result of claiming a key.
-pub enum Claim {
+pub(crate) enum Claim {
     /// This call runs; report its answer through the guard.
     First(Completion),
     /// Another call with the key is running: wait for its outcome.
@@ -50,7 +58,7 @@ pub enum Claim {
 }
 
 /// See the module documentation.
-pub struct Store {
+pub(crate) struct Store {
     entries: Mutex<HashMap<(String, String), Entry>>,
     order: Mutex<VecDeque<(Instant, (String, String))>>,
     window: Duration,
@@ -59,7 +67,7 @@ pub struct Store {
 }
 
 impl Store {
-    pub fn new(window: Duration, max_reply_bytes: usize, max_entries: usize) -> Arc<Store> {
+    pub(crate) fn new(window: Duration, max_reply_bytes: usize, max_entries: usize) -> Arc<Store> {
         Arc::new(Store {
             entries: Mutex::new(HashMap::new()),
             order: Mutex::new(VecDeque::new()),
@@ -75,7 +83,7 @@ impl Store {
     }
 
     /// Claims `key` of `tenant`.
-    pub fn claim(self: &Arc<Self>, tenant: &str, key: &str) -> Claim {
+    pub(crate) fn claim(self: &Arc<Self>, tenant: &str, key: &str) -> Claim {
         let now = Instant::now();
         self.expire(now);
         let id = (tenant.to_string(), key.to_string());
@@ -109,19 +117,10 @@ impl Store {
             order.pop_front();
         }
     }
-
-    /// Keys currently held (running or answered).
-    pub fn len(&self) -> usize {
-        self.entries().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// The first call of a key; dropping it unanswered marks the key abandoned.
-pub struct Completion {
+pub(crate) struct Completion {
     store: Arc<Store>,
     id: Option<(String, String)>,
     tx: watch::Sender<Option<Outcome>>,
@@ -129,7 +128,7 @@ pub struct Completion {
 
 impl Completion {
     /// Records the first call's answer and wakes its duplicates.
-    pub fn finish(mut self, answer: StoredResponse) -> Outcome {
+    pub(crate) fn finish(mut self, answer: StoredResponse) -> Outcome {
         let ok = answer.status_code() == Some(tonic::Code::Ok);
         let too_large = answer.size() > self.store.max_reply_bytes;
         let answer = Arc::new(answer);
@@ -167,10 +166,109 @@ impl Drop for Completion {
 }
 
 /// Waits for the first call's outcome.
-pub async fn wait(mut rx: watch::Receiver<Option<Outcome>>) -> Outcome {
+pub(crate) async fn wait(mut rx: watch::Receiver<Option<Outcome>>) -> Outcome {
     match rx.wait_for(Option::is_some).await {
         Ok(v) => v.clone().unwrap_or(Outcome::Abandoned),
         Err(_) => Outcome::Abandoned,
+    }
+}
+
+type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+/// Service: replays answers of calls whose idempotency key was already answered, and
+/// makes in-flight duplicates wait for the first.
+#[derive(Clone)]
+pub(crate) struct Idempotent<S> {
+    store: Arc<Store>,
+    rejections: Arc<Rejections>,
+    /// The largest answer read.
+    limit: usize,
+    inner: S,
+}
+
+/// The layer of [`Idempotent`]: the store of keys seen, where replays and refusals are
+/// counted, and the largest answer read.
+pub(crate) fn layer<S>(
+    store: Arc<Store>,
+    rejections: Arc<Rejections>,
+    limit: usize,
+) -> impl tower::Layer<S, Service = Idempotent<S>> + Clone {
+    tower::layer::layer_fn(move |inner| Idempotent {
+        store: store.clone(),
+        rejections: rejections.clone(),
+        limit,
+        inner,
+    })
+}
+
+impl<S> Service<InboundCall> for Idempotent<S>
+where
+    S: Service<InboundCall, Response = Attempt, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    type Response = Attempt;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Attempt, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: InboundCall) -> Self::Future {
+        let key = match (&call.idempotency_key, call.shape) {
+            (Some(k), Shape::Unary) if !k.is_empty() => k.clone(),
+            _ => return Box::pin(self.inner.clone().oneshot(call)),
+        };
+        let (store, rejections, limit, service) =
+            (self.store.clone(), self.rejections.clone(), self.limit, self.inner.clone());
+        Box::pin(async move {
+            let replay = |outcome: Outcome| match outcome {
+                Outcome::Answer(a) => {
+                    Rejections::count(&rejections.idempotency_replays);
+                    Some(Ok(Attempt::Answered(a.to_response(), None)))
+                }
+                Outcome::TooLarge => {
+                    Rejections::count(&rejections.idempotency_refused);
+                    Some(Ok(Attempt::Failed(DeliveryError::ReplyNotStored)))
+                }
+                Outcome::Abandoned => None,
+            };
+            let mut call = Some(call);
+            loop {
+                match store.claim(&call.as_ref().map(|c| c.tenant.clone()).unwrap_or_default(), &key) {
+                    Claim::Done(outcome) => {
+                        if let Some(r) = replay(outcome) {
+                            return r;
+                        }
+                    }
+                    Claim::Wait(rx) => {
+                        if let Some(r) = replay(wait(rx).await) {
+                            return r;
+                        }
+                    }
+                    Claim::First(done) => {
+                        let Some(call) = call.take() else { continue };
+                        return match service.oneshot(call).await {
+                            Ok(Attempt::Answered(resp, permit)) => {
+                                let stored = StoredResponse::collect(resp, limit).await;
+                                drop(permit);
+                                match stored {
+                                    Ok(stored) => {
+                                        let resp = stored.to_response();
+                                        done.finish(stored);
+                                        Ok(Attempt::Answered(resp, None))
+                                    }
+                                    Err(e) => Ok(Attempt::Failed(DeliveryError::Unavailable(format!(
+                                        "reading the agent's answer failed: {e}"
+                                    )))),
+                                }
+                            }
+                            other => other,
+                        };
+                    }
+                }
+            }
+        })
     }
 }
 

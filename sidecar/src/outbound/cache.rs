@@ -10,10 +10,20 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::grpc::StoredResponse;
+use std::task::{Context, Poll};
+
+use http::{HeaderValue, Response};
+use tower::{Service, ServiceExt};
+
+use crate::call::{OutboundCall, Shape};
+use crate::error::SidecarError;
+use crate::grpc::{Body, StoredResponse, header};
+use crate::telemetry::Rejections;
+
+type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 
 /// See the module documentation.
-pub struct ResultCache {
+pub(crate) struct ResultCache {
     inner: Mutex<Inner>,
     max_entries: usize,
     max_bytes: usize,
@@ -27,7 +37,7 @@ struct Inner {
 }
 
 impl ResultCache {
-    pub fn new(max_entries: usize, max_bytes: usize) -> ResultCache {
+    pub(crate) fn new(max_entries: usize, max_bytes: usize) -> ResultCache {
         ResultCache { inner: Mutex::new(Inner::default()), max_entries, max_bytes }
     }
 
@@ -37,13 +47,13 @@ impl ResultCache {
     }
 
     /// The cached answer for `key`, if fresh.
-    pub fn get(&self, key: u64, now: Instant) -> Option<Arc<StoredResponse>> {
+    pub(crate) fn get(&self, key: u64, now: Instant) -> Option<Arc<StoredResponse>> {
         let inner = self.lock();
         inner.entries.get(&key).filter(|(expires, _)| *expires > now).map(|(_, r)| r.clone())
     }
 
     /// Keeps `answer` for `ttl`.
-    pub fn put(&self, key: u64, answer: StoredResponse, ttl: Duration, now: Instant) {
+    pub(crate) fn put(&self, key: u64, answer: StoredResponse, ttl: Duration, now: Instant) {
         if answer.size() > self.max_bytes {
             return;
         }
@@ -62,12 +72,78 @@ impl ResultCache {
         }
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.lock().entries.len()
     }
+}
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+/// Service: the result cache of read-only capabilities.
+#[derive(Clone)]
+pub(crate) struct Cached<S> {
+    cache: Arc<ResultCache>,
+    rejections: Arc<Rejections>,
+    /// The largest answer stored.
+    limit: usize,
+    inner: S,
+}
+
+/// The layer of [`Cached`].
+pub(crate) fn layer<S>(
+    cache: Arc<ResultCache>,
+    rejections: Arc<Rejections>,
+    limit: usize,
+) -> impl tower::Layer<S, Service = Cached<S>> + Clone {
+    tower::layer::layer_fn(move |inner| Cached { cache: cache.clone(), rejections: rejections.clone(), limit, inner })
+}
+
+/// The cache key: target (with tags), content type and payload.
+fn cache_key(call: &OutboundCall) -> u64 {
+    let mut bytes = Vec::with_capacity(call.head.payload.len() + 64);
+    bytes.extend_from_slice(call.target.to_string().as_bytes());
+    bytes.push(0);
+    bytes.extend_from_slice(call.head.content_type.as_bytes());
+    bytes.push(0);
+    bytes.extend_from_slice(&call.head.payload);
+    agent_reach_routing::ring::hash64(&bytes)
+}
+
+impl<S> Service<OutboundCall> for Cached<S>
+where
+    S: Service<OutboundCall, Response = Response<Body>, Error = SidecarError> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    type Response = Response<Body>;
+    type Error = SidecarError;
+    type Future = BoxFuture<Result<Response<Body>, SidecarError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), SidecarError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: OutboundCall) -> Self::Future {
+        let ttl = match call.spec() {
+            Some(s) if s.read_only && s.cache_ttl_ms > 0 && call.shape == Shape::Unary => {
+                Duration::from_millis(u64::from(s.cache_ttl_ms))
+            }
+            _ => return Box::pin(self.inner.clone().oneshot(call)),
+        };
+        let key = cache_key(&call);
+        if let Some(hit) = self.cache.get(key, Instant::now()) {
+            Rejections::count(&self.rejections.cache_hits);
+            let mut resp = hit.to_response();
+            resp.headers_mut().insert(header::CACHE, HeaderValue::from_static("hit"));
+            return Box::pin(std::future::ready(Ok(resp)));
+        }
+        let (cache, limit, service) = (self.cache.clone(), self.limit, self.inner.clone());
+        Box::pin(async move {
+            let resp = service.oneshot(call).await?;
+            let stored = StoredResponse::collect(resp, limit).await.map_err(SidecarError::Internal)?;
+            if stored.status_code() == Some(tonic::Code::Ok) {
+                cache.put(key, stored.clone(), ttl, Instant::now());
+            }
+            Ok(stored.to_response())
+        })
     }
 }
 

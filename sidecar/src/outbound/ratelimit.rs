@@ -11,24 +11,36 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
 use agent_reach::policy::RateLimit;
+use http::Response;
 use tokio::time::Instant;
+use tower::{Service, ServiceExt};
+
+use crate::call::{OutboundCall, policy_name};
+use crate::error::SidecarError;
+use crate::grpc::Body;
+use crate::telemetry::Rejections;
+
+type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 
 /// A token bucket: `burst` tokens, refilled at `per_second`.
 #[derive(Debug, Clone)]
-pub struct TokenBucket {
+pub(crate) struct TokenBucket {
     limit: RateLimit,
     tokens: f64,
     last: Instant,
 }
 
 impl TokenBucket {
-    pub fn new(limit: RateLimit, now: Instant) -> TokenBucket {
+    pub(crate) fn new(limit: RateLimit, now: Instant) -> TokenBucket {
         TokenBucket { limit, tokens: f64::from(limit.burst), last: now }
     }
 
     /// Takes a token, or says how long until one is available.
-    pub fn try_take(&mut self, now: Instant) -> Result<(), Duration> {
+    pub(crate) fn try_take(&mut self, now: Instant) -> Result<(), Duration> {
         let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
         self.last = now;
         self.tokens = (self.tokens + elapsed * self.limit.per_second).min(f64::from(self.limit.burst));
@@ -43,7 +55,7 @@ impl TokenBucket {
 
 /// Which bucket refused a call.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Limited {
+pub(crate) struct Limited {
     /// "caller→target" or "tenant".
     pub bucket: String,
     /// The policy that set the limit, e.g. "capability/text.summarize".
@@ -53,7 +65,7 @@ pub struct Limited {
 
 /// Every bucket of one sidecar.
 #[derive(Default)]
-pub struct RateLimits {
+pub(crate) struct RateLimits {
     pairs: Mutex<HashMap<(String, String), TokenBucket>>,
     tenant: Mutex<Option<TokenBucket>>,
 }
@@ -61,7 +73,7 @@ pub struct RateLimits {
 impl RateLimits {
     /// Checks the tenant bucket (`tenant` = the tenant policy's limit and the number of
     /// sidecars sharing it) and the caller → target bucket.
-    pub fn check(
+    pub(crate) fn check(
         &self,
         now: Instant,
         tenant: Option<(RateLimit, u32)>,
@@ -97,6 +109,67 @@ impl RateLimits {
             })?;
         }
         Ok(())
+    }
+}
+
+/// Service: token buckets.
+#[derive(Clone)]
+pub(crate) struct RateLimited<S> {
+    limits: Arc<RateLimits>,
+    rejections: Arc<Rejections>,
+    inner: S,
+}
+
+/// The layer of [`RateLimited`].
+pub(crate) fn layer<S>(
+    limits: Arc<RateLimits>,
+    rejections: Arc<Rejections>,
+) -> impl tower::Layer<S, Service = RateLimited<S>> + Clone {
+    tower::layer::layer_fn(move |inner| RateLimited { limits: limits.clone(), rejections: rejections.clone(), inner })
+}
+
+impl<S> Service<OutboundCall> for RateLimited<S>
+where
+    S: Service<OutboundCall, Response = Response<Body>, Error = SidecarError> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    type Response = Response<Body>;
+    type Error = SidecarError;
+    type Future = BoxFuture<Result<Response<Body>, SidecarError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), SidecarError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: OutboundCall) -> Self::Future {
+        let tenant = call.table.tenant_policy().and_then(|p| p.spec.rate_limit).map(|limit| {
+            let sidecars = call
+                .table
+                .instances
+                .values()
+                .map(|m| m.instance.record.sidecar_id.as_str())
+                .collect::<std::collections::HashSet<_>>()
+                .len()
+                .max(1);
+            (limit, sidecars as u32)
+        });
+        let target = call.target.to_string();
+        let policy = policy_name(&call.target);
+        let pair = call
+            .spec()
+            .and_then(|s| s.rate_limit)
+            .map(|limit| (limit, call.caller_agent(), target.as_str(), policy.as_str()));
+        if (tenant.is_some() || pair.is_some())
+            && let Err(limited) = self.limits.check(Instant::now(), tenant, pair)
+        {
+            Rejections::count(&self.rejections.rate_limited);
+            return Box::pin(std::future::ready(Err(SidecarError::RateLimited {
+                bucket: limited.bucket,
+                policy: limited.policy,
+                retry_after: limited.retry_after,
+            })));
+        }
+        Box::pin(self.inner.clone().oneshot(call))
     }
 }
 

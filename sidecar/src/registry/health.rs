@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 /// The timers of the health model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Timers {
+pub(crate) struct Timers {
     /// How often agents heartbeat; two missed intervals make an instance UNKNOWN.
     pub heartbeat_interval: Duration,
     /// How often a silent instance is probed.
@@ -32,14 +32,14 @@ pub struct Timers {
 
 impl Timers {
     /// Heartbeats older than this make an instance UNKNOWN.
-    pub fn stale_after(&self) -> Duration {
+    pub(crate) fn stale_after(&self) -> Duration {
         self.heartbeat_interval * 2
     }
 }
 
 /// The health of one instance.
 #[derive(Clone, Debug)]
-pub struct Health {
+pub(crate) struct Health {
     reported: HealthState,
     load: Load,
     last_heartbeat: Instant,
@@ -53,7 +53,7 @@ pub struct Health {
 
 impl Health {
     /// A just-registered instance in `initial` state.
-    pub fn new(initial: HealthState, now: Instant) -> Health {
+    pub(crate) fn new(initial: HealthState, now: Instant) -> Health {
         Health {
             reported: initial,
             load: Load::default(),
@@ -66,7 +66,7 @@ impl Health {
     }
 
     /// A heartbeat: the agent's report (when it sent one) rules again.
-    pub fn heartbeat(&mut self, state: Option<HealthState>, load: Option<Load>, now: Instant) {
+    pub(crate) fn heartbeat(&mut self, state: Option<HealthState>, load: Option<Load>, now: Instant) {
         if let Some(s) = state.filter(|s| *s != HealthState::Unknown) {
             self.reported = s;
         }
@@ -78,21 +78,17 @@ impl Health {
         self.probed = None;
     }
 
-    pub fn load(&self) -> Load {
+    pub(crate) fn load(&self) -> Load {
         self.load
     }
 
-    pub fn reported(&self) -> HealthState {
-        self.reported
-    }
-
     /// Whether the last heartbeat is more than two intervals old.
-    pub fn stale(&self, now: Instant, timers: &Timers) -> bool {
+    pub(crate) fn stale(&self, now: Instant, timers: &Timers) -> bool {
         now.saturating_duration_since(self.last_heartbeat) > timers.stale_after()
     }
 
     /// The state routing should see.
-    pub fn state(&self, now: Instant, timers: &Timers) -> HealthState {
+    pub(crate) fn state(&self, now: Instant, timers: &Timers) -> HealthState {
         if !self.stale(now, timers) {
             return self.reported;
         }
@@ -104,19 +100,19 @@ impl Health {
     }
 
     /// Whether a probe should start now.
-    pub fn probe_due(&self, now: Instant, timers: &Timers) -> bool {
+    pub(crate) fn probe_due(&self, now: Instant, timers: &Timers) -> bool {
         self.stale(now, timers)
             && !self.probing
             && self.probe_started.is_none_or(|at| now.saturating_duration_since(at) >= timers.probe_interval)
     }
 
-    pub fn probe_started(&mut self, now: Instant) {
+    pub(crate) fn probe_started(&mut self, now: Instant) {
         self.probing = true;
         self.probe_started = Some(now);
     }
 
     /// A probe's outcome. One that a heartbeat overtook changes nothing but the timer.
-    pub fn probe_finished(&mut self, serving: bool, started: Instant, now: Instant) {
+    pub(crate) fn probe_finished(&mut self, serving: bool, started: Instant, now: Instant) {
         self.probing = false;
         if started < self.last_heartbeat {
             return;
@@ -128,7 +124,7 @@ impl Health {
     }
 
     /// Whether the instance has shown no sign of life for `dead_after`.
-    pub fn dead(&self, now: Instant, timers: &Timers) -> bool {
+    pub(crate) fn dead(&self, now: Instant, timers: &Timers) -> bool {
         now.saturating_duration_since(self.last_alive) >= timers.dead_after
     }
 }

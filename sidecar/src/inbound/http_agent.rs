@@ -23,7 +23,6 @@
 //! Health: `GET` of the agent's `health_path` (registration metadata, default `/healthz`).
 
 use std::collections::HashMap;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use agent_reach::proto;
@@ -31,37 +30,18 @@ use base64::Engine as _;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use prost::Message;
 use serde::{Deserialize, Serialize};
 use tonic::{Code, Status};
 
-use crate::forward::Attempt;
+use crate::call::{Attempt, Shape};
+use crate::error::DeliveryError;
 use crate::grpc::{self, Body, ChannelBody, Frames};
-use crate::outbound::Shape;
+use crate::http_client::client;
 use crate::registry::LocalInstance;
 
 /// Largest JSON answer accepted from an HTTP agent.
 const MAX_ANSWER_BYTES: usize = 8 * 1024 * 1024;
-
-fn client() -> &'static Client<HttpConnector, Full<Bytes>> {
-    static CLIENT: OnceLock<Client<HttpConnector, Full<Bytes>>> = OnceLock::new();
-    CLIENT.get_or_init(|| {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(2)));
-        Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector)
-    })
-}
-
-/// GETs `url` and returns the status (health probes).
-pub async fn get(url: &str) -> Result<StatusCode, String> {
-    let req = Request::get(url).body(Full::new(Bytes::new())).map_err(|e| e.to_string())?;
-    let resp = client().request(req).await.map_err(|e| e.to_string())?;
-    Ok(resp.status())
-}
 
 #[derive(Serialize)]
 struct JsonCall<'a> {
@@ -163,14 +143,14 @@ pub(crate) async fn deliver(
 ) -> Attempt {
     let collected = match Limited::new(body, MAX_ANSWER_BYTES).collect().await {
         Ok(c) => c.to_bytes(),
-        Err(e) => return Attempt::Failed(Status::internal(format!("reading the call: {e}"))),
+        Err(e) => return Attempt::Failed(DeliveryError::Internal(format!("reading the call: {e}"))),
     };
     let Some(message) = grpc::single_message(&collected) else {
-        return Attempt::Failed(Status::invalid_argument("the call is not a single uncompressed message"));
+        return Attempt::Failed(DeliveryError::InvalidArgument("the call is not a single uncompressed message".into()));
     };
     let call = match proto::HandleRequest::decode(message) {
         Ok(c) => c,
-        Err(e) => return Attempt::Failed(Status::invalid_argument(format!("not a HandleRequest: {e}"))),
+        Err(e) => return Attempt::Failed(DeliveryError::InvalidArgument(format!("not a HandleRequest: {e}"))),
     };
     let target = call.target.as_ref().map(|t| JsonTarget {
         agent: match &t.kind {
@@ -203,12 +183,12 @@ pub(crate) async fn deliver(
     };
     let body = match serde_json::to_vec(&json) {
         Ok(b) => b,
-        Err(e) => return Attempt::Failed(Status::internal(format!("encoding the call as JSON: {e}"))),
+        Err(e) => return Attempt::Failed(DeliveryError::Internal(format!("encoding the call as JSON: {e}"))),
     };
     let url = format!("http://{}{}", local.authority, agent_reach::model::endpoint_path(&local.registration.endpoint));
     let mut req = match Request::post(&url).body(Full::new(Bytes::from(body))) {
         Ok(r) => r,
-        Err(e) => return Attempt::NotDelivered(Status::unavailable(format!("bad agent endpoint {url:?}: {e}"))),
+        Err(e) => return Attempt::NotDelivered(DeliveryError::Unavailable(format!("bad agent endpoint {url:?}: {e}"))),
     };
     let h = req.headers_mut();
     h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -228,7 +208,9 @@ pub(crate) async fn deliver(
         Some(r) => match tokio::time::timeout(r, sent).await {
             Ok(r) => r,
             Err(_) => {
-                return Attempt::Failed(Status::deadline_exceeded(format!("HTTP agent did not answer within {r:?}")));
+                return Attempt::Failed(DeliveryError::DeadlineExceeded(format!(
+                    "HTTP agent did not answer within {r:?}"
+                )));
             }
         },
         None => sent.await,
@@ -236,9 +218,9 @@ pub(crate) async fn deliver(
     let resp = match resp {
         Ok(r) => r,
         Err(e) if e.is_connect() => {
-            return Attempt::NotDelivered(Status::unavailable(format!("HTTP agent {url}: {e}")));
+            return Attempt::NotDelivered(DeliveryError::Unavailable(format!("HTTP agent {url}: {e}")));
         }
-        Err(e) => return Attempt::Failed(Status::unavailable(format!("HTTP agent {url}: {e}"))),
+        Err(e) => return Attempt::Failed(DeliveryError::Unavailable(format!("HTTP agent {url}: {e}"))),
     };
     let status = resp.status();
     if !status.is_success() {
@@ -255,7 +237,7 @@ pub(crate) async fn deliver(
     }
     let bytes = match Limited::new(resp.into_body(), MAX_ANSWER_BYTES).collect().await {
         Ok(c) => c.to_bytes(),
-        Err(e) => return Attempt::Failed(Status::unavailable(format!("reading the HTTP agent's answer: {e}"))),
+        Err(e) => return Attempt::Failed(DeliveryError::Unavailable(format!("reading the HTTP agent's answer: {e}"))),
     };
     let answer = serde_json::from_slice::<JsonAnswer>(&bytes)
         .map_err(|e| Status::internal(format!("HTTP agent answered invalid JSON: {e}")))

@@ -1,0 +1,150 @@
+//! The call types every layer passes along: a call on its way out of the caller's sidecar
+//! ([`OutboundCall`]), one attempt of it ([`AttemptRequest`]), a call for a local instance
+//! ([`InboundCall`]) and how an attempt ended ([`Attempt`]).
+//!
+//! Plain data: this module depends only on the framing ([`crate::grpc`]), the registry's
+//! [`LocalInstance`] and the error types, never on the layers that handle the calls.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_reach::model::{Priority, Target, TargetKind};
+use agent_reach::policy::{CircuitBreaker, PolicyKind, PolicySpec};
+use agent_reach::proto;
+use agent_reach_routing::{Member, RoutingTable};
+use bytes::Bytes;
+use http::{HeaderMap, Response};
+use tokio::time::Instant;
+
+use crate::error::DeliveryError;
+use crate::grpc::{Body, Hook};
+use crate::registry::LocalInstance;
+
+/// Unary or server-streaming.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Shape {
+    Unary,
+    Stream,
+}
+
+/// The fields of an `InvokeRequest` the caller's sidecar needs. Same field numbers as
+/// `InvokeRequest`; metadata is skipped unread (decoded only when a policy needs it).
+#[derive(Clone, PartialEq, prost::Message)]
+pub(crate) struct InvokeHead {
+    #[prost(message, optional, tag = "1")]
+    pub target: Option<proto::Target>,
+    #[prost(bytes = "bytes", tag = "2")]
+    pub payload: Bytes,
+    #[prost(string, tag = "3")]
+    pub content_type: String,
+    #[prost(string, tag = "4")]
+    pub session_id: String,
+    #[prost(int32, tag = "5")]
+    pub priority: i32,
+    #[prost(string, tag = "6")]
+    pub idempotency_key: String,
+    #[prost(string, tag = "8")]
+    pub message_id: String,
+    #[prost(message, optional, tag = "9")]
+    pub caller: Option<proto::Caller>,
+}
+
+/// The metadata of an `InvokeRequest`, decoded only when a policy needs it.
+#[derive(Clone, PartialEq, prost::Message)]
+pub(crate) struct InvokeMetadata {
+    #[prost(map = "string, string", tag = "7")]
+    pub metadata: HashMap<String, String>,
+}
+
+/// A call read from the caller, on its way through the outbound stack.
+pub(crate) struct OutboundCall {
+    /// The caller's `InvokeRequest`, forwarded as is.
+    pub message: Bytes,
+    pub head: InvokeHead,
+    pub target: Target,
+    pub priority: Priority,
+    pub headers: Arc<HeaderMap>,
+    pub shape: Shape,
+    pub started: Instant,
+    pub timeout: Duration,
+    pub deadline: Instant,
+    /// The routing table the call is routed with (one table for the whole call).
+    pub table: Arc<RoutingTable>,
+    /// The caller's-sidecar span of the call (set by the telemetry layer).
+    pub trace: opentelemetry::Context,
+}
+
+impl OutboundCall {
+    /// The policy of the group the target names.
+    pub(crate) fn spec(&self) -> Option<&PolicySpec> {
+        policy_of(&self.table, &self.target)
+    }
+
+    /// The calling agent, as the caller said ("" when it did not).
+    pub(crate) fn caller_agent(&self) -> &str {
+        self.head.caller.as_ref().map(|c| c.agent.as_str()).unwrap_or_default()
+    }
+}
+
+/// The policy of the group a target names.
+pub(crate) fn policy_of<'t>(table: &'t RoutingTable, target: &Target) -> Option<&'t PolicySpec> {
+    let (kind, name) = match &target.kind {
+        TargetKind::Capability(c) => (PolicyKind::Capability, c),
+        TargetKind::Agent(a) => (PolicyKind::Agent, a),
+    };
+    table.policy(kind, name).map(|p| &p.spec)
+}
+
+/// "capability/x" or "agent/y": how errors name the policy behind them.
+pub(crate) fn policy_name(target: &Target) -> String {
+    match &target.kind {
+        TargetKind::Capability(c) => format!("capability/{c}"),
+        TargetKind::Agent(a) => format!("agent/{a}"),
+    }
+}
+
+/// One attempt, as the attempt stack sees it.
+pub(crate) struct AttemptRequest {
+    /// The attempt's client span.
+    pub trace: opentelemetry::Context,
+    pub member: Member,
+    /// The breaker settings of the group the call was routed by.
+    pub breaker: CircuitBreaker,
+    pub body: Body,
+    pub remaining: Duration,
+    pub headers: Arc<HeaderMap>,
+    pub shape: Shape,
+    pub priority: Priority,
+    pub idempotency_key: Option<String>,
+}
+
+/// A call for a local instance, on its way through the inbound stack.
+pub(crate) struct InboundCall {
+    pub local: Arc<LocalInstance>,
+    pub body: Body,
+    /// Time left of the caller's deadline (already shrunk by the reserve), if any.
+    pub remaining: Option<Duration>,
+    pub headers: Arc<HeaderMap>,
+    pub shape: Shape,
+    pub priority: Priority,
+    pub idempotency_key: Option<String>,
+    pub tenant: String,
+    /// The trace context: the caller's attempt span on arrival, the server span once the
+    /// telemetry layer opened it.
+    pub trace: opentelemetry::Context,
+}
+
+/// How one forwarding attempt ended.
+// Short-lived and moved once per attempt; boxing the large variant would allocate per call.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Attempt {
+    /// The target's sidecar (or agent) answered; the call may have run. When the agent is
+    /// local, the hook holds its admission slot until the answer ends (and writes the
+    /// instance's load into the trailers).
+    Answered(Response<Body>, Option<Hook>),
+    /// The call provably never reached an agent.
+    NotDelivered(DeliveryError),
+    /// The call failed after it may have reached an agent.
+    Failed(DeliveryError),
+}

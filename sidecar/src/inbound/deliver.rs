@@ -1,0 +1,210 @@
+//! Both ends of a delivery in the target's sidecar: the mesh entry ([`MeshEntry`], serving
+//! `Mesh/Deliver` and `Mesh/DeliverStream`), which reads the call's headers and sends it
+//! through the inbound stack, and the end of that stack ([`Deliver`]), which hands the call
+//! to the local agent: over gRPC (body undecoded) or through the HTTP/JSON adapter.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use agent_reach::grpc_timeout;
+use agent_reach::model::{FieldError, HealthState, Priority, Transport};
+use agent_reach::reason::{self, Reason};
+use agent_reach_routing::TableHandle;
+use http::{HeaderMap, Request, Response};
+use hyper::body::Incoming;
+use tower::{Service, ServiceExt};
+
+use super::InboundService;
+use crate::call::{Attempt, InboundCall, Shape};
+use crate::error::{DeliveryError, SidecarError};
+use crate::grpc::{self, Body, PATH_HANDLE, PATH_HANDLE_STREAM, header};
+use crate::pool::{Pool, SendError, collect_chunks, send_h2};
+use crate::registry::Registry;
+
+/// Serves `Mesh/Deliver` and `Mesh/DeliverStream`.
+#[derive(Clone)]
+pub(crate) struct MeshEntry {
+    registry: Arc<Registry>,
+    tenant: Arc<str>,
+    sidecar_id: Arc<str>,
+    /// Taken off the caller's remaining time at this hop.
+    deadline_reserve: Duration,
+    stack: InboundService,
+}
+
+impl MeshEntry {
+    pub(crate) fn new(
+        registry: Arc<Registry>,
+        tenant: &str,
+        sidecar_id: &str,
+        deadline_reserve: Duration,
+        stack: InboundService,
+    ) -> MeshEntry {
+        MeshEntry { registry, tenant: tenant.into(), sidecar_id: sidecar_id.into(), deadline_reserve, stack }
+    }
+
+    /// Sends the call for the local instance named by the `ar-instance` header through the
+    /// inbound stack, body undecoded.
+    pub(crate) async fn deliver(&self, req: Request<Incoming>, shape: Shape) -> Response<Body> {
+        let (parts, body) = req.into_parts();
+        let Some(instance_id) = parts.headers.get(header::INSTANCE).and_then(|v| v.to_str().ok()) else {
+            return grpc::status_response(
+                SidecarError::from(FieldError::new(
+                    agent_reach::headers::INSTANCE,
+                    "header naming the instance is required",
+                ))
+                .into_status(),
+            );
+        };
+        // A sidecar serves one tenant; a call from another tenant's sidecar is refused
+        // without saying whether the instance exists.
+        let tenant = parts.headers.get(header::TENANT).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+        if *tenant != *self.tenant {
+            return grpc::status_response(reason::status(
+                Reason::PermissionDenied,
+                format!("this sidecar does not serve tenant {tenant:?}"),
+                &[],
+            ));
+        }
+        let Some(local) = self.registry.get(instance_id) else {
+            return grpc::not_delivered_response(
+                DeliveryError::Unavailable(format!(
+                    "instance {instance_id} is not registered at sidecar {}",
+                    self.sidecar_id
+                ))
+                .into_status(),
+            );
+        };
+        let timeout = parts.headers.get(grpc::HEADER_GRPC_TIMEOUT).and_then(|v| grpc_timeout::parse(v.as_bytes()));
+        let priority = match parts.headers.get(header::PRIORITY).map(|v| v.as_bytes()) {
+            Some(b"HIGH") => Priority::High,
+            Some(b"LOW") => Priority::Low,
+            _ => Priority::Normal,
+        };
+        let idempotency_key =
+            parts.headers.get(header::IDEMPOTENCY_KEY).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let trace = agent_reach_telemetry::trace::extract(&parts.headers);
+        let call = InboundCall {
+            local,
+            body: Body::Incoming(body),
+            remaining: timeout.map(|t| t.saturating_sub(self.deadline_reserve)),
+            headers: Arc::new(parts.headers),
+            shape,
+            priority,
+            idempotency_key,
+            tenant,
+            trace,
+        };
+        let attempt = match self.stack.clone().oneshot(call).await {
+            Ok(a) => a,
+            Err(never) => match never {},
+        };
+        match attempt {
+            Attempt::Answered(resp, permit) => {
+                let (mut parts, body) = resp.into_parts();
+                parts.headers.remove(http::header::CONTENT_LENGTH);
+                Response::from_parts(parts, body.tap(permit, None))
+            }
+            Attempt::NotDelivered(e) => grpc::not_delivered_response(e.into_status()),
+            Attempt::Failed(e) => grpc::status_response(e.into_status()),
+        }
+    }
+}
+
+/// The end of the inbound stack: hands the call to the local agent.
+#[derive(Clone)]
+pub(crate) struct Deliver {
+    /// For operators' holds (PAUSED at control).
+    table: TableHandle,
+    pool: Arc<Pool>,
+    /// The largest call read.
+    limit: usize,
+}
+
+impl Deliver {
+    pub(crate) fn new(table: TableHandle, pool: Arc<Pool>, limit: usize) -> Deliver {
+        Deliver { table, pool, limit }
+    }
+}
+
+type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+impl Service<InboundCall> for Deliver {
+    type Response = Attempt;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Attempt, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, call: InboundCall) -> Self::Future {
+        let me = self.clone();
+        Box::pin(async move { Ok(me.deliver(call).await) })
+    }
+}
+
+impl Deliver {
+    async fn deliver(&self, call: InboundCall) -> Attempt {
+        let instance_id = call.local.instance_id.as_str();
+        let state = call.local.effective_state();
+        if !state.routable() {
+            return Attempt::NotDelivered(DeliveryError::Unavailable(format!("instance {instance_id} is {state}")));
+        }
+        // An operator's hold (PAUSED at control) counts even while the agent reports UP.
+        if let Some(m) = self.table.load().instances.get(instance_id)
+            && m.instance.record.state == HealthState::Paused
+        {
+            let state = m.instance.record.state;
+            return Attempt::NotDelivered(DeliveryError::Unavailable(format!(
+                "instance {instance_id} is {state} at control"
+            )));
+        }
+        if call.remaining.is_some_and(|r| r.is_zero()) {
+            return Attempt::Failed(
+                SidecarError::DeadlineExceeded { deadline: Duration::ZERO, attempts: 0, tried: Vec::new() }.into(),
+            );
+        }
+        if call.local.registration.transport == Transport::Http {
+            let mut trace = HeaderMap::new();
+            agent_reach_telemetry::trace::inject(&call.trace, &mut trace);
+            return super::http_agent::deliver(&call.local, call.body, call.remaining, &trace, call.shape).await;
+        }
+        let conn = match self.pool.get(&call.local.authority).await {
+            Ok(c) => c,
+            Err(e) => return Attempt::NotDelivered(DeliveryError::Unavailable(format!("instance {instance_id}: {e}"))),
+        };
+        let path = match call.shape {
+            Shape::Unary => PATH_HANDLE,
+            Shape::Stream => PATH_HANDLE_STREAM,
+        };
+        let mut headers = HeaderMap::with_capacity(call.headers.len() + 4);
+        grpc::copy_forwardable(&call.headers, &mut headers);
+        if let Some(r) = call.remaining {
+            grpc::set_timeout(&mut headers, r);
+        }
+        // The agent sees the target sidecar's server span as its parent.
+        agent_reach_telemetry::trace::inject(&call.trace, &mut headers);
+        // The request is one message: read it whole, so HEADERS and DATA leave together.
+        let data = match call.body {
+            Body::Frames(f) => grpc::frames_data(f),
+            other => match collect_chunks(other, self.limit).await {
+                Ok(d) => d,
+                Err(e) => return Attempt::Failed(DeliveryError::Internal(e)),
+            },
+        };
+        // No timer here: the caller's sidecar enforces the deadline (its cancellation
+        // reaches the agent), and the agent sees the remaining time in grpc-timeout.
+        match send_h2(conn, path, headers, data).await {
+            Ok(resp) => Attempt::Answered(resp, None),
+            Err(SendError::NotSent(e)) => {
+                Attempt::NotDelivered(DeliveryError::Unavailable(format!("instance {instance_id}: {e}")))
+            }
+            Err(SendError::Failed(e)) => Attempt::Failed(
+                SidecarError::InstanceUnreachable { instance: instance_id.to_string(), cause: e }.into(),
+            ),
+        }
+    }
+}

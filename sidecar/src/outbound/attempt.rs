@@ -1,0 +1,231 @@
+//! One attempt of a call on the instance the router chose: the instance's circuit breaker
+//! ([`Breakered`]), then [`Dispatch`], which sends the attempt to the instance's sidecar
+//! over `Mesh`, or through the inbound stack when the instance is local.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use agent_reach::model::Priority;
+use agent_reach_routing::clock;
+use http::{HeaderMap, HeaderValue};
+use tonic::{Code, Status};
+use tower::{Service, ServiceExt};
+
+use crate::call::{Attempt, AttemptRequest, InboundCall, Shape};
+use crate::error::{DeliveryError, SidecarError};
+use crate::grpc::{self, Body, PATH_DELIVER, PATH_DELIVER_STREAM, header};
+use crate::inbound::InboundService;
+use crate::pool::{Pool, SendError, collect_chunks, send_h2};
+use crate::registry::Registry;
+use crate::telemetry::Rejections;
+
+type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+/// The attempt stack.
+pub(crate) type AttemptService = tower::util::BoxCloneSyncService<AttemptRequest, Attempt, Infallible>;
+
+/// Service: the circuit breaker of the chosen instance, which also records how the
+/// attempt ended.
+#[derive(Clone)]
+pub(crate) struct Breakered<S> {
+    rejections: Arc<Rejections>,
+    inner: S,
+}
+
+/// The layer of [`Breakered`].
+pub(crate) fn breaker_layer<S>(rejections: Arc<Rejections>) -> impl tower::Layer<S, Service = Breakered<S>> + Clone {
+    tower::layer::layer_fn(move |inner| Breakered { rejections: rejections.clone(), inner })
+}
+
+/// Whether an attempt's outcome counts as a failure for the breaker (overload answers do
+/// not: the balancer penalises them instead).
+pub(crate) fn breaker_failure(attempt: &Attempt) -> bool {
+    let failing = |code: Code| {
+        matches!(code, Code::Unavailable | Code::DeadlineExceeded | Code::Internal | Code::Unknown | Code::DataLoss)
+    };
+    match attempt {
+        Attempt::Answered(resp, _) => Status::from_header_map(resp.headers()).is_some_and(|s| failing(s.code())),
+        Attempt::NotDelivered(e) | Attempt::Failed(e) => e.code() != Code::ResourceExhausted && failing(e.code()),
+    }
+}
+
+impl<S> Service<AttemptRequest> for Breakered<S>
+where
+    S: Service<AttemptRequest, Response = Attempt, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    type Response = Attempt;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Attempt, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: AttemptRequest) -> Self::Future {
+        let stats = req.member.stats.clone();
+        let settings = req.breaker;
+        if !stats.breaker.acquire(clock(), &settings) {
+            Rejections::count(&self.rejections.breaker_open);
+            let error = DeliveryError::CircuitOpen { instance: req.member.id().to_string() };
+            return Box::pin(std::future::ready(Ok(Attempt::NotDelivered(error))));
+        }
+        let service = self.inner.clone();
+        Box::pin(async move {
+            let attempt = service.oneshot(req).await?;
+            stats.breaker.record(clock(), breaker_failure(&attempt), &settings);
+            Ok(attempt)
+        })
+    }
+}
+
+/// The end of the attempt stack: sends the attempt to the local agent (through the inbound
+/// stack) or to the instance's sidecar.
+#[derive(Clone)]
+pub(crate) struct Dispatch {
+    sidecar_id: Arc<str>,
+    tenant: Arc<str>,
+    /// Local instances, reached through `inbound` without a network hop.
+    registry: Arc<Registry>,
+    inbound: InboundService,
+    pool: Arc<Pool>,
+    /// The largest call read whole.
+    limit: usize,
+}
+
+impl Dispatch {
+    pub(crate) fn new(
+        sidecar_id: &str,
+        tenant: &str,
+        registry: Arc<Registry>,
+        inbound: InboundService,
+        pool: Arc<Pool>,
+        limit: usize,
+    ) -> Dispatch {
+        Dispatch { sidecar_id: sidecar_id.into(), tenant: tenant.into(), registry, inbound, pool, limit }
+    }
+}
+
+impl Service<AttemptRequest> for Dispatch {
+    type Response = Attempt;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Attempt, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: AttemptRequest) -> Self::Future {
+        let me = self.clone();
+        Box::pin(async move {
+            let rec = &req.member.instance.record;
+            if *rec.sidecar_id == *me.sidecar_id {
+                return Ok(me.local(req).await);
+            }
+            Ok(me.remote(req).await)
+        })
+    }
+}
+
+impl Dispatch {
+    /// Through the inbound stack, to an instance of this sidecar.
+    async fn local(&self, req: AttemptRequest) -> Attempt {
+        let rec = &req.member.instance.record;
+        let Some(local) = self.registry.get(&rec.instance_id) else {
+            return Attempt::NotDelivered(DeliveryError::Unavailable(format!(
+                "instance {} is not registered here any more",
+                rec.instance_id
+            )));
+        };
+        let call = InboundCall {
+            local,
+            body: req.body,
+            remaining: Some(req.remaining),
+            headers: req.headers,
+            shape: req.shape,
+            priority: req.priority,
+            idempotency_key: req.idempotency_key,
+            tenant: self.tenant.to_string(),
+            trace: req.trace,
+        };
+        match self.inbound.clone().oneshot(call).await {
+            Ok(a) => a,
+            Err(never) => match never {},
+        }
+    }
+
+    /// Over `Mesh`, to the instance's sidecar.
+    async fn remote(&self, req: AttemptRequest) -> Attempt {
+        let rec = &req.member.instance.record;
+        let conn = match self.pool.get(&rec.sidecar_address).await {
+            Ok(c) => c,
+            Err(e) => return Attempt::NotDelivered(DeliveryError::Unavailable(e.to_string())),
+        };
+        let path = match req.shape {
+            Shape::Unary => PATH_DELIVER,
+            Shape::Stream => PATH_DELIVER_STREAM,
+        };
+        let mut headers = HeaderMap::with_capacity(req.headers.len() + 8);
+        grpc::copy_forwardable(&req.headers, &mut headers);
+        grpc::set_timeout(&mut headers, req.remaining);
+        agent_reach_telemetry::trace::inject(&req.trace, &mut headers);
+        if let Ok(v) = HeaderValue::from_str(&rec.instance_id) {
+            headers.insert(header::INSTANCE, v);
+        }
+        if let Ok(v) = HeaderValue::from_str(&self.tenant) {
+            headers.insert(header::TENANT, v);
+        }
+        if req.priority != Priority::Normal {
+            headers.insert(header::PRIORITY, HeaderValue::from_static(req.priority.as_str()));
+        }
+        if let Some(k) = &req.idempotency_key
+            && let Ok(v) = HeaderValue::from_str(k)
+        {
+            headers.insert(header::IDEMPOTENCY_KEY, v);
+        }
+        let data = match req.body {
+            Body::Frames(f) => grpc::frames_data(f),
+            other => match collect_chunks(other, self.limit).await {
+                Ok(d) => d,
+                Err(e) => return Attempt::Failed(DeliveryError::Internal(e)),
+            },
+        };
+        match send_h2(conn, path, headers, data).await {
+            Ok(resp) if resp.headers().contains_key(header::NOT_DELIVERED) => {
+                Attempt::NotDelivered(match Status::from_header_map(resp.headers()) {
+                    Some(status) => DeliveryError::Remote(status),
+                    None => DeliveryError::Unavailable("refused by the remote sidecar".into()),
+                })
+            }
+            Ok(resp) => Attempt::Answered(resp, None),
+            Err(SendError::NotSent(e)) => {
+                Attempt::NotDelivered(DeliveryError::Unavailable(format!("sidecar {}: {e}", rec.sidecar_address)))
+            }
+            Err(SendError::Failed(e)) => Attempt::Failed(
+                SidecarError::InstanceUnreachable {
+                    instance: rec.instance_id.clone(),
+                    cause: format!("connection to sidecar {} failed mid-call: {e}", rec.sidecar_address),
+                }
+                .into(),
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use agent_reach::reason::{self, Reason};
+
+    use super::*;
+
+    #[test]
+    fn overload_is_not_a_breaker_failure() {
+        let overloaded =
+            Attempt::NotDelivered(DeliveryError::Remote(reason::status(Reason::AgentOverloaded, "busy", &[])));
+        assert!(!breaker_failure(&overloaded));
+        assert!(breaker_failure(&Attempt::NotDelivered(DeliveryError::Remote(Status::unavailable("refused")))));
+        assert!(breaker_failure(&Attempt::Failed(DeliveryError::Remote(Status::internal("boom")))));
+        assert!(!breaker_failure(&Attempt::Failed(DeliveryError::Remote(Status::invalid_argument("bad")))));
+    }
+}

@@ -1,0 +1,137 @@
+//! The entry of the outbound stack: `Sidecar/Invoke` and `Sidecar/InvokeStream` from local
+//! agents. Reads the caller's message, decodes only the routing fields, and sends the call
+//! through the outbound stack.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_reach::convert::{priority_from_i32, target_from_proto};
+use agent_reach::grpc_timeout;
+use agent_reach::model::FieldError;
+use agent_reach_routing::TableHandle;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use prost::Message;
+use tokio::time::Instant;
+use tower::ServiceExt;
+
+use super::OutboundService;
+use crate::call::{InvokeHead, OutboundCall, Shape, policy_of};
+use crate::error::SidecarError;
+use crate::grpc::{self, Body, ENVELOPE_ALLOWANCE, ReadError};
+
+/// Serves `Sidecar/Invoke` and `Sidecar/InvokeStream`.
+#[derive(Clone)]
+pub(crate) struct InvokeEntry {
+    table: TableHandle,
+    max_payload_bytes: usize,
+    /// For calls without a deadline whose policy names none.
+    default_timeout: Duration,
+    stack: OutboundService,
+}
+
+impl InvokeEntry {
+    pub(crate) fn new(
+        table: TableHandle,
+        max_payload_bytes: usize,
+        default_timeout: Duration,
+        stack: OutboundService,
+    ) -> InvokeEntry {
+        InvokeEntry { table, max_payload_bytes, default_timeout, stack }
+    }
+
+    /// Reads the call and sends it through the outbound stack.
+    pub(crate) async fn invoke(&self, req: Request<Incoming>, shape: Shape) -> Response<Body> {
+        let call = match self.read_call(req, shape).await {
+            Ok(c) => c,
+            Err(e) => return grpc::status_response(e.into_status()),
+        };
+        match self.stack.clone().oneshot(call).await {
+            Ok(resp) => resp,
+            Err(e) => grpc::status_response(e.into_status()),
+        }
+    }
+
+    /// Reads and checks the caller's message.
+    async fn read_call(&self, req: Request<Incoming>, shape: Shape) -> Result<OutboundCall, SidecarError> {
+        let started = Instant::now();
+        let (parts, mut body) = req.into_parts();
+        let limit = self.max_payload_bytes;
+        let message = match grpc::read_message(&mut body, limit + ENVELOPE_ALLOWANCE).await {
+            Ok(m) => m,
+            Err(ReadError::TooLarge(size)) => return Err(SidecarError::PayloadTooLarge { size, limit }),
+            Err(ReadError::Compressed) => {
+                return Err(
+                    FieldError::new("grpc-encoding", "compressed requests are not supported; use identity").into()
+                );
+            }
+            Err(ReadError::Malformed(why)) => return Err(FieldError::new("request", why).into()),
+            Err(ReadError::Body(e)) => return Err(SidecarError::Internal(format!("reading the request: {e}"))),
+        };
+        let head = InvokeHead::decode(message.clone())
+            .map_err(|e| FieldError::new("request", format!("not a valid InvokeRequest: {e}")))?;
+        if head.payload.len() > limit {
+            return Err(SidecarError::PayloadTooLarge { size: head.payload.len(), limit });
+        }
+        let target = target_from_proto(head.target.clone())?;
+        let priority = priority_from_i32(head.priority);
+        let table = self.table.load_full();
+        let timeout = parts
+            .headers
+            .get(grpc::HEADER_GRPC_TIMEOUT)
+            .and_then(|v| grpc_timeout::parse(v.as_bytes()))
+            .or_else(|| {
+                policy_of(&table, &target)
+                    .and_then(|s| s.default_timeout_ms)
+                    .map(|ms| Duration::from_millis(u64::from(ms)))
+            })
+            .unwrap_or(self.default_timeout);
+        Ok(OutboundCall {
+            message,
+            head,
+            target,
+            priority,
+            headers: Arc::new(parts.headers),
+            shape,
+            started,
+            timeout,
+            deadline: started + timeout,
+            table,
+            trace: opentelemetry::Context::new(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use agent_reach::proto;
+    use bytes::Bytes;
+
+    use crate::call::InvokeMetadata;
+
+    use super::*;
+
+    #[test]
+    fn invoke_head_reads_the_routing_fields_of_an_invoke_request() {
+        let req = proto::InvokeRequest {
+            target: Some(agent_reach::model::Target::capability("c").into()),
+            payload: Bytes::from_static(b"payload"),
+            content_type: "x".into(),
+            session_id: "s".into(),
+            priority: proto::Priority::Low as i32,
+            idempotency_key: "k".into(),
+            metadata: [("k".to_string(), "v".to_string())].into(),
+            message_id: "m".into(),
+            caller: Some(proto::Caller { agent: "a".into(), instance_id: "a-1".into() }),
+        };
+        let wire = Bytes::from(req.encode_to_vec());
+        let head = InvokeHead::decode(wire.clone()).unwrap();
+        assert_eq!(head.target, req.target);
+        assert_eq!(head.payload, req.payload);
+        assert_eq!((head.content_type.as_str(), head.session_id.as_str()), ("x", "s"));
+        assert_eq!((head.priority, head.idempotency_key.as_str()), (3, "k"));
+        assert_eq!(head.message_id, "m");
+        assert_eq!(head.caller, req.caller);
+        assert_eq!(InvokeMetadata::decode(wire).unwrap().metadata, req.metadata);
+    }
+}

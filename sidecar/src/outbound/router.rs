@@ -1,0 +1,457 @@
+//! The innermost outbound service: resolves the target, picks an instance with the
+//! target's strategy, and sends the caller's bytes (plus a few appended fields) one attempt
+//! at a time through the attempt stack ([`super::attempt`]), trying again as
+//! [`super::retry`] decides. When no instance can take the call, the target's policy may
+//! name a fallback capability or agent; the reply then says so. Deadlines shrink by the
+//! configured reserve at each hop. Payloads are never decoded or copied (beyond coalescing
+//! small messages).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use agent_reach::model::{Target, TargetKind};
+use agent_reach::policy::{CircuitBreaker, Fallback, RetryPolicy, Strategy};
+use agent_reach::proto;
+use agent_reach_routing::{self as route, CallGuard, GroupState, Member, PickRequest, RouteError, clock};
+use agent_reach_telemetry::Tracing;
+use http::Response;
+use opentelemetry::KeyValue;
+use opentelemetry::trace::{SpanKind, TraceContextExt, Tracer};
+use prost::Message;
+use tokio::time::Instant;
+use tonic::{Code, Status};
+use tower::{Service, ServiceExt};
+
+use super::attempt::AttemptService;
+use super::reply::{Finished, Served, deadline_exceeded, finish, with_attempts};
+use super::retry::{self, Ended, MAX_ATTEMPTS, Rules};
+use crate::call::{Attempt, AttemptRequest, InvokeMetadata, OutboundCall, policy_of};
+use crate::error::SidecarError;
+use crate::grpc::{self, Body, Frames};
+use crate::telemetry::{HopLabels, Rejections, SidecarMetrics, delivery_outcome, outcome_of};
+
+type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+const HOP_OUTBOUND: HopLabels = HopLabels { hop: "outbound" };
+
+/// The innermost outbound service: routes, retries and falls back.
+#[derive(Clone)]
+pub(crate) struct Router {
+    tenant: Arc<str>,
+    /// Taken off the caller's remaining time at this hop.
+    deadline_reserve: Duration,
+    /// The largest reply read whole.
+    limit: usize,
+    tracing: Tracing,
+    metrics: Arc<SidecarMetrics>,
+    rejections: Arc<Rejections>,
+    attempts: AttemptService,
+}
+
+/// What the router needs besides the attempt stack.
+pub(crate) struct RouterParts {
+    pub tenant: Arc<str>,
+    pub deadline_reserve: Duration,
+    pub limit: usize,
+    pub tracing: Tracing,
+    pub metrics: Arc<SidecarMetrics>,
+    pub rejections: Arc<Rejections>,
+}
+
+impl Router {
+    pub(crate) fn new(p: RouterParts, attempts: AttemptService) -> Router {
+        let RouterParts { tenant, deadline_reserve, limit, tracing, metrics, rejections } = p;
+        Router { tenant, deadline_reserve, limit, tracing, metrics, rejections, attempts }
+    }
+}
+
+impl Service<OutboundCall> for Router {
+    type Response = Response<Body>;
+    type Error = SidecarError;
+    type Future = BoxFuture<Result<Response<Body>, SidecarError>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), SidecarError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, call: OutboundCall) -> Self::Future {
+        let router = self.clone();
+        Box::pin(async move { router.route(call).await })
+    }
+}
+
+/// Every instance that could take the call failed or refused it.
+struct Exhausted {
+    error: SidecarError,
+    attempts: u32,
+    tried: Vec<String>,
+}
+
+impl From<SidecarError> for Exhausted {
+    fn from(error: SidecarError) -> Self {
+        Exhausted { error, attempts: 0, tried: Vec::new() }
+    }
+}
+
+/// Routing a call to one target, worked out once before the first attempt.
+struct Plan<'c> {
+    target: &'c Target,
+    fallback_from: Option<&'c Target>,
+    retry: RetryPolicy,
+    rules: Rules,
+    breaker: CircuitBreaker,
+    /// The call's idempotency key ("" when none).
+    key: &'c str,
+    hash_key: Option<&'c str>,
+    version: Option<&'c str>,
+    capability: String,
+    /// Filled in when the caller left the message id empty.
+    message_id: String,
+}
+
+/// The attempts so far on one target.
+#[derive(Default)]
+struct Tries {
+    attempt: u32,
+    tried: Vec<String>,
+    last_failure: String,
+    /// A failed answer that stands if no other instance does better.
+    last_answer: Option<Response<Body>>,
+    /// Why the last instance refused the call.
+    last_refusal: Option<Status>,
+}
+
+/// What the retry loop does after an attempt.
+// Moved once per attempt; boxing the answer would allocate per call.
+#[allow(clippy::large_enum_variant)]
+enum Step {
+    Answer(Response<Body>),
+    Retry,
+    Stop,
+}
+
+/// The fields of the call's metadata the target's policy routes on, decoded only then.
+fn metadata_for(call: &OutboundCall, target: &Target) -> HashMap<String, String> {
+    let needs = policy_of(&call.table, target).is_some_and(|s| {
+        (s.strategy == Some(Strategy::ConsistentHash) && !s.hash_key.is_empty())
+            || s.split.as_ref().is_some_and(|v| !v.match_key.is_empty())
+    });
+    if needs { InvokeMetadata::decode(call.message.clone()).unwrap_or_default().metadata } else { HashMap::new() }
+}
+
+impl<'c> Plan<'c> {
+    fn new(
+        call: &'c OutboundCall,
+        target: &'c Target,
+        fallback_from: Option<&'c Target>,
+        metadata: &'c HashMap<String, String>,
+    ) -> Result<Plan<'c>, SidecarError> {
+        let group = route::resolve(&call.table, target)?;
+        let spec = policy_of(&call.table, target);
+        let retry = spec.and_then(|s| s.retry).unwrap_or_default();
+        let key = call.head.idempotency_key.as_str();
+        let session = (!call.head.session_id.is_empty()).then_some(call.head.session_id.as_str());
+        let hash_key: Option<&str> = match spec {
+            // Duplicates of an idempotency key meet at one instance (and its sidecar's store).
+            _ if !key.is_empty() => Some(key),
+            Some(s) if s.strategy == Some(Strategy::ConsistentHash) && !s.hash_key.is_empty() => {
+                metadata.get(&s.hash_key).map(String::as_str)
+            }
+            _ => session,
+        };
+        let version = spec.and_then(|s| s.split.as_ref()).and_then(|split| {
+            let matched =
+                (!split.match_key.is_empty()).then(|| metadata.get(&split.match_key).map(String::as_str)).flatten();
+            route::choose_version(split, session, matched)
+        });
+        group.state.retry_budget.record_call(clock());
+        Ok(Plan {
+            target,
+            fallback_from,
+            rules: Rules::new(&retry, key, call.head.payload.len()),
+            retry,
+            breaker: route::breaker_settings(group),
+            key,
+            hash_key,
+            version,
+            capability: match &target.kind {
+                TargetKind::Capability(c) => c.clone(),
+                TargetKind::Agent(_) => String::new(),
+            },
+            message_id: if call.head.message_id.is_empty() {
+                format!("{:032x}", rand::random::<u128>())
+            } else {
+                String::new()
+            },
+        })
+    }
+}
+
+impl Tries {
+    /// No instance is left to try: the last answer stands, or the last overload (with when
+    /// to come back), or no instance could take the call (so a fallback may).
+    fn give_up(mut self, target: &Target, attempts: u32, why: String) -> Result<Response<Body>, Exhausted> {
+        if let Some(resp) = self.last_answer.take() {
+            return Ok(resp);
+        }
+        if let Some(status) = self.last_refusal.take().filter(|s| s.code() == Code::ResourceExhausted) {
+            return Ok(with_attempts(grpc::status_response(status), attempts, &self.tried));
+        }
+        Err(Exhausted {
+            error: SidecarError::NoHealthyInstance { target: target.to_string(), why, tried: self.tried.clone() },
+            attempts,
+            tried: self.tried,
+        })
+    }
+}
+
+impl Router {
+    async fn route(&self, call: OutboundCall) -> Result<Response<Body>, SidecarError> {
+        let primary = call.target.clone();
+        let (error, attempts, tried) = match self.route_and_send(&call, &primary, None).await {
+            Ok(resp) => return Ok(resp),
+            Err(Exhausted { error, attempts, tried }) => (error, attempts, tried),
+        };
+        // The policy's fallback takes calls no instance of the target could take.
+        let Some(fallback) = call.spec().and_then(|s| s.fallback.clone()) else { return Err(error) };
+        let fallback_target = Target {
+            kind: match fallback {
+                Fallback::Capability(c) => TargetKind::Capability(c),
+                Fallback::Agent(a) => TargetKind::Agent(a),
+            },
+            tags: Vec::new(),
+        };
+        tracing::debug!(target = %primary, fallback = %fallback_target, "using the fallback: {error}");
+        Rejections::count(&self.rejections.fallbacks);
+        self.route_and_send(&call, &fallback_target, Some(&primary)).await.map_err(|e| match e.error {
+            SidecarError::AgentNotFound { target, .. } | SidecarError::NoHealthyInstance { target, .. } => {
+                SidecarError::NoHealthyInstance {
+                    target: primary.to_string(),
+                    why: format!(
+                        "{error} (after {attempts} attempt(s)); the fallback {target} could not take it either"
+                    ),
+                    tried: tried.into_iter().chain(e.tried).collect(),
+                }
+            }
+            other => other,
+        })
+    }
+
+    /// Routes the call to `target` and sends it, retrying as [`retry::again`] decides.
+    /// `Err` only when no instance could take it (so a fallback may); errors from agents
+    /// come back as `Ok` responses carrying the agent's status.
+    async fn route_and_send(
+        &self,
+        call: &OutboundCall,
+        target: &Target,
+        fallback_from: Option<&Target>,
+    ) -> Result<Response<Body>, Exhausted> {
+        let metadata = metadata_for(call, target);
+        let plan = Plan::new(call, target, fallback_from, &metadata)?;
+        let mut tries = Tries::default();
+        while tries.attempt < MAX_ATTEMPTS {
+            tries.attempt += 1;
+            let request = PickRequest {
+                target,
+                priority: call.priority,
+                hash_key: plan.hash_key,
+                exclude: &tries.tried,
+                version: plan.version,
+                now: clock(),
+            };
+            let (member, group) = match route::pick(&call.table, &request) {
+                Ok(p) => p,
+                Err(e) if tries.attempt > 1 => {
+                    let why = match e {
+                        RouteError::NoHealthyInstance { why, .. } => why,
+                        RouteError::NotFound { .. } => "the target left the routing table".into(),
+                    };
+                    let why = format!("{}; no other instance: {why}", tries.last_failure);
+                    let attempts = tries.attempt - 1;
+                    return tries.give_up(target, attempts, why);
+                }
+                Err(e) => return Err(SidecarError::from(e).into()),
+            };
+            let remaining =
+                call.deadline.saturating_duration_since(Instant::now()).saturating_sub(self.deadline_reserve);
+            if remaining.is_zero() {
+                return Ok(deadline_exceeded(call, tries.attempt - 1, tries.tried));
+            }
+            match self.try_once(call, &plan, member, &group, remaining, &mut tries).await {
+                Step::Answer(resp) => return Ok(resp),
+                Step::Retry => continue,
+                Step::Stop => break,
+            }
+        }
+        let why = format!("{} (gave up after {} attempts)", tries.last_failure, tries.attempt);
+        let attempts = tries.attempt;
+        tries.give_up(target, attempts, why)
+    }
+
+    /// One attempt on `member`, and what to do after it.
+    async fn try_once(
+        &self,
+        call: &OutboundCall,
+        plan: &Plan<'_>,
+        member: Member,
+        group: &Arc<GroupState>,
+        remaining: Duration,
+        tries: &mut Tries,
+    ) -> Step {
+        let attempt = tries.attempt;
+        let guard = CallGuard::begin(&member, group);
+        let id = member.id().to_string();
+        let extension = proto::HandleRequest {
+            message_id: plan.message_id.clone(),
+            instance_id: id.clone(),
+            attempt,
+            capability: plan.capability.clone(),
+            tenant: self.tenant.to_string(),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let trace = self.attempt_span(call, plan.target, &member, attempt);
+        let request = AttemptRequest {
+            trace: trace.clone(),
+            member: member.clone(),
+            breaker: plan.breaker,
+            body: Body::Frames(Frames::message(call.message.clone(), &extension)),
+            remaining,
+            headers: call.headers.clone(),
+            shape: call.shape,
+            priority: call.priority,
+            idempotency_key: (!plan.key.is_empty()).then(|| plan.key.to_string()),
+        };
+        let sent_at = clock();
+        // Stop waiting a reserve before the caller does, so the answer (or the
+        // DEADLINE_EXCEEDED) still reaches it in time.
+        let answer_by = call.deadline.checked_sub(self.deadline_reserve).unwrap_or(call.deadline);
+        let outcome = tokio::time::timeout_at(answer_by, self.attempts.clone().oneshot(request)).await;
+        let hop = Duration::from_nanos(clock().saturating_sub(sent_at));
+        self.metrics.hop_duration.get_or_create(&HOP_OUTBOUND).observe(hop.as_secs_f64());
+        let outcome = match outcome {
+            Ok(Ok(attempt)) => Some(attempt),
+            Ok(Err(never)) => match never {},
+            Err(_) => None,
+        };
+        end_attempt_span(&trace, outcome.as_ref());
+        tries.tried.push(id.clone());
+        if attempt > 1 {
+            Rejections::count(&self.rejections.retries);
+        }
+        let budget = || self.budget(group, &plan.retry);
+        let (resp, hold) = match outcome {
+            None => return Step::Answer(deadline_exceeded(call, attempt, std::mem::take(&mut tries.tried))),
+            Some(Attempt::NotDelivered(e)) => {
+                tracing::debug!(instance = %id, attempt, "not delivered: {e}");
+                // Avoid it for a while, until its sidecar's probes or its lease settle it.
+                member.stats.mark_overloaded(clock());
+                tries.last_failure = format!("{id} not delivered: {e}");
+                tries.last_refusal = Some(e.into_status());
+                return if retry::again(Ended::NotDelivered, attempt, &plan.rules, budget) {
+                    Step::Retry
+                } else {
+                    Step::Stop
+                };
+            }
+            Some(Attempt::Failed(e)) => {
+                tries.last_failure = format!("{id}: {e}");
+                let status = e.into_status();
+                let again = retry::again(Ended::Failed(&status), attempt, &plan.rules, budget);
+                if again {
+                    tries.last_answer = Some(grpc::status_response(status));
+                    return Step::Retry;
+                }
+                return Step::Answer(with_attempts(grpc::status_response(status), attempt, &tries.tried));
+            }
+            Some(Attempt::Answered(resp, hold)) => (resp, hold),
+        };
+        let now = clock();
+        let served =
+            Served { call, member: &member, attempts: attempt, tried: &tries.tried, fallback_from: plan.fallback_from };
+        match finish(resp, hold, guard, &served, self.limit).await {
+            Finished::Done(resp) => {
+                member.stats.observe(Duration::from_nanos(now.saturating_sub(sent_at)), now);
+                Step::Answer(resp)
+            }
+            Finished::Failed { status, .. }
+                if status.code() == Code::Cancelled && Instant::now() + self.deadline_reserve * 2 >= call.deadline =>
+            {
+                // The agent's server gave up at the deadline it was handed (tonic says
+                // CANCELLED "Timeout expired"): to the caller that is its deadline.
+                Step::Answer(deadline_exceeded(call, attempt, std::mem::take(&mut tries.tried)))
+            }
+            Finished::Failed { status, resp } => {
+                member.stats.observe(Duration::from_nanos(clock().saturating_sub(sent_at)), clock());
+                if status.code() == Code::ResourceExhausted {
+                    // An overloaded instance is avoided for a while instead of being
+                    // treated as broken.
+                    member.stats.mark_overloaded(clock());
+                }
+                tries.last_failure = format!("{id}: {:?} {}", status.code(), status.message());
+                if retry::again(Ended::Failed(&status), attempt, &plan.rules, budget) {
+                    tries.last_answer = Some(resp);
+                    return Step::Retry;
+                }
+                Step::Answer(resp)
+            }
+        }
+    }
+
+    /// Opens the client span of one attempt.
+    fn attempt_span(
+        &self,
+        call: &OutboundCall,
+        target: &Target,
+        member: &Member,
+        attempt: u32,
+    ) -> opentelemetry::Context {
+        let rec = &member.instance.record;
+        let tracer = self.tracing.tracer();
+        let span = tracer
+            .span_builder(format!("attempt {target}"))
+            .with_kind(SpanKind::Client)
+            .with_attributes([
+                KeyValue::new("agent_reach.tenant", self.tenant.to_string()),
+                KeyValue::new("agent_reach.target", target.to_string()),
+                KeyValue::new("agent_reach.instance", member.id().to_string()),
+                KeyValue::new("agent_reach.agent", rec.registration.agent.clone()),
+                KeyValue::new("agent_reach.agent_version", rec.registration.version.clone()),
+                KeyValue::new("agent_reach.attempt", i64::from(attempt)),
+                KeyValue::new("agent_reach.priority", call.priority.as_str()),
+                KeyValue::new("agent_reach.sidecar", rec.sidecar_id.clone()),
+            ])
+            .start_with_context(tracer, &call.trace);
+        call.trace.with_span(span)
+    }
+
+    /// Spends from the target's retry budget.
+    fn budget(&self, group: &GroupState, retry: &RetryPolicy) -> bool {
+        let ok = group.retry_budget.try_retry(clock(), retry.budget_ratio(), retry.budget_min_per_second());
+        if !ok {
+            Rejections::count(&self.rejections.retry_budget_exhausted);
+        }
+        ok
+    }
+}
+
+/// Ends an attempt's span with how the attempt ended (`None`: the deadline passed).
+fn end_attempt_span(cx: &opentelemetry::Context, outcome: Option<&Attempt>) {
+    let span = cx.span();
+    let (outcome, error) = match outcome {
+        None => ("DEADLINE_EXCEEDED".to_string(), true),
+        Some(Attempt::Answered(resp, _)) => match Status::from_header_map(resp.headers()) {
+            Some(s) if s.code() != Code::Ok => (outcome_of(&s), true),
+            _ => ("ANSWERED".to_string(), false),
+        },
+        Some(Attempt::NotDelivered(e)) => (format!("NOT_DELIVERED: {}", delivery_outcome(e)), true),
+        Some(Attempt::Failed(e)) => (delivery_outcome(e), true),
+    };
+    if error {
+        span.set_status(opentelemetry::trace::Status::error(outcome.clone()));
+    }
+    span.set_attribute(KeyValue::new("agent_reach.outcome", outcome));
+    span.end();
+}

@@ -1,0 +1,52 @@
+//! The mesh's wire contract: every `ar-*` header and metadata key the sidecars and the SDK
+//! exchange, named once. The sidecar turns them into `http::HeaderName`s; the SDK reads
+//! them from tonic metadata.
+//!
+//! Response metadata (caller's sidecar → caller):
+//! - [`INSTANCE`], [`AGENT_VERSION`]: the instance (and agent version) that served the call;
+//! - [`ATTEMPTS`], [`INSTANCES_TRIED`]: attempts made and instances tried, in order;
+//! - [`FALLBACK_FROM`]: set when a policy's fallback served the call;
+//! - [`ROUTE`]: a short digest of the routing decision, `"<strategy> <target> -> <instance>
+//!   (attempt <n>)"`;
+//! - [`CACHE`]: `hit` when the result cache answered;
+//! - [`TRACE_ID`]: the trace of a sampled call, for `agent-reach trace <id>`.
+//!
+//! Request metadata (caller → its sidecar): [`TRACE`] = [`TRACE_FORCE`] samples the call.
+//!
+//! Between sidecars (`Mesh`): [`INSTANCE`] names the local instance a call is for;
+//! [`TENANT`], [`PRIORITY`] and [`IDEMPOTENCY_KEY`] travel with it; [`NOT_DELIVERED`] marks
+//! an answer that provably never reached the agent; [`LOAD`] (a trailer) carries the serving
+//! instance's load ratio.
+
+/// The prefix of every mesh header; none of them is forwarded to the next hop.
+pub const PREFIX: &str = "ar-";
+/// The instance a `Mesh` call is for; on answers, the instance that served the call.
+pub const INSTANCE: &str = "ar-instance";
+/// Set on an answer when the call provably never reached the agent (safe to retry).
+pub const NOT_DELIVERED: &str = "ar-not-delivered";
+/// Attempts the caller's sidecar made.
+pub const ATTEMPTS: &str = "ar-attempts";
+/// Instances tried, comma-separated, in order.
+pub const INSTANCES_TRIED: &str = "ar-instances-tried";
+/// Set when a fallback served the call; names the original target.
+pub const FALLBACK_FROM: &str = "ar-fallback-from";
+/// The version of the agent that served the call.
+pub const AGENT_VERSION: &str = "ar-agent-version";
+/// A short digest of the routing decision.
+pub const ROUTE: &str = "ar-route";
+/// `hit` when the answer came from the result cache.
+pub const CACHE: &str = "ar-cache";
+/// The trace id of a sampled call.
+pub const TRACE_ID: &str = "ar-trace-id";
+/// Request metadata: [`TRACE_FORCE`] samples the call whatever the sample ratio.
+pub const TRACE: &str = "ar-trace";
+/// The value of [`TRACE`] that forces sampling.
+pub const TRACE_FORCE: &str = "force";
+/// `Mesh` request metadata: the caller's tenant, checked by the target's sidecar.
+pub const TENANT: &str = "ar-tenant";
+/// `Mesh` request metadata: the call's priority (admission at the target).
+pub const PRIORITY: &str = "ar-priority";
+/// `Mesh` request metadata: the call's idempotency key (at-most-once at the target).
+pub const IDEMPOTENCY_KEY: &str = "ar-idempotency-key";
+/// Trailer (or trailers-only header) carrying the serving instance's load ratio.
+pub const LOAD: &str = "ar-load";
