@@ -50,3 +50,5 @@ pub const PRIORITY: &str = "ar-priority";
 pub const IDEMPOTENCY_KEY: &str = "ar-idempotency-key";
 /// Trailer (or trailers-only header) carrying the serving instance's load ratio.
 pub const LOAD: &str = "ar-load";
+/// Request header of a call to an HTTP/JSON agent: the remaining deadline in milliseconds.
+pub const HTTP_AGENT_DEADLINE_MS: &str = "x-agent-reach-deadline-ms";

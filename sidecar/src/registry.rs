@@ -16,6 +16,7 @@
 //! whose id a newer registration took elsewhere are dropped. Routing is not done here.
 
 mod health;
+mod instance;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -28,10 +29,12 @@ use arc_swap::ArcSwap;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tonic::Status;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 use tonic_health::pb::health_client::HealthClient;
 
 pub(crate) use health::{Health, Timers};
+pub(crate) use instance::LocalInstance;
+use instance::lock;
 
 use crate::config::SidecarConfig;
 use crate::control::ControlClients;
@@ -46,56 +49,6 @@ impl From<&SidecarConfig> for Timers {
             probe_timeout: PROBE_TIMEOUT,
             dead_after: c.dead_after,
         }
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Poisoning only means a panic elsewhere; the plain values inside stay valid.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// One agent instance registered through this sidecar.
-pub(crate) struct LocalInstance {
-    pub instance_id: String,
-    pub registration: Registration,
-    /// `host:port` of the agent's endpoint.
-    pub authority: String,
-    /// The lease its record is on.
-    lease: AtomicI64,
-    timers: Timers,
-    judged: Mutex<Health>,
-    /// The state control last accepted (None: not reported yet).
-    published: Mutex<Option<HealthState>>,
-    /// Set when the sidecar drains: PAUSED whatever the agent reports.
-    draining: AtomicBool,
-    pub(crate) health: HealthClient<Channel>,
-}
-
-impl LocalInstance {
-    /// The state routing should see, now, as this sidecar judges it (operator holds are
-    /// applied by control, not here).
-    pub(crate) fn effective_state(&self) -> HealthState {
-        self.state_at(&lock(&self.judged), Instant::now())
-    }
-
-    /// The state routing should see at `now`, given `health`.
-    fn state_at(&self, health: &Health, now: Instant) -> HealthState {
-        if self.draining.load(Ordering::Relaxed) { HealthState::Paused } else { health.state(now, &self.timers) }
-    }
-
-    fn heartbeat_message(&self) -> (proto::InstanceHeartbeat, HealthState) {
-        let (state, load) = {
-            let health = lock(&self.judged);
-            (self.state_at(&health, Instant::now()), health.load())
-        };
-        let beat = proto::InstanceHeartbeat {
-            instance_id: self.instance_id.clone(),
-            agent: self.registration.agent.clone(),
-            lease_id: self.lease.load(Ordering::Relaxed),
-            state: proto::HealthState::from(state) as i32,
-            load: Some(load.into()),
-        };
-        (beat, state)
     }
 }
 

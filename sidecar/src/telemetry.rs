@@ -341,6 +341,18 @@ pub(crate) fn outcome_of(status: &tonic::Status) -> String {
     }
 }
 
+/// The caller's label: its agent name when the routing table knows it.
+fn caller_label(call: &OutboundCall) -> String {
+    let name = call.caller_agent();
+    if name.is_empty() {
+        "(none)".to_string()
+    } else if call.table.by_agent.contains_key(name) {
+        name.to_string()
+    } else {
+        "(unknown)".to_string()
+    }
+}
+
 /// The outcome label of a failed delivery.
 pub(crate) fn delivery_outcome(e: &DeliveryError) -> String {
     match (e, e.reason()) {
@@ -391,16 +403,7 @@ where
     fn call(&mut self, mut call: OutboundCall) -> Self::Future {
         let tracer = self.tracing.tracer();
         let parent = extract(&call.headers);
-        let caller = {
-            let name = call.caller_agent();
-            if name.is_empty() {
-                "(none)".to_string()
-            } else if call.table.by_agent.contains_key(name) {
-                name.to_string()
-            } else {
-                "(unknown)".to_string()
-            }
-        };
+        let caller = caller_label(&call);
         let target = call.target.to_string();
         let forced = call
             .headers

@@ -133,25 +133,12 @@ fn code_for(status: StatusCode) -> Code {
     }
 }
 
-/// Delivers one call to an HTTP/JSON agent and converts its answer back to gRPC.
-pub(crate) async fn deliver(
-    local: &LocalInstance,
-    body: Body,
+/// The JSON body an HTTP agent receives for `call`.
+fn json_call(
+    call: &proto::HandleRequest,
     remaining: Option<Duration>,
-    headers: &HeaderMap,
     shape: Shape,
-) -> Attempt {
-    let collected = match Limited::new(body, MAX_ANSWER_BYTES).collect().await {
-        Ok(c) => c.to_bytes(),
-        Err(e) => return Attempt::Failed(DeliveryError::Internal(format!("reading the call: {e}"))),
-    };
-    let Some(message) = grpc::single_message(&collected) else {
-        return Attempt::Failed(DeliveryError::InvalidArgument("the call is not a single uncompressed message".into()));
-    };
-    let call = match proto::HandleRequest::decode(message) {
-        Ok(c) => c,
-        Err(e) => return Attempt::Failed(DeliveryError::InvalidArgument(format!("not a HandleRequest: {e}"))),
-    };
+) -> Result<Vec<u8>, serde_json::Error> {
     let target = call.target.as_ref().map(|t| JsonTarget {
         agent: match &t.kind {
             Some(proto::target::Kind::Agent(a)) => Some(a.as_str()),
@@ -181,7 +168,29 @@ pub(crate) async fn deliver(
         deadline_ms: remaining.map(|r| r.as_millis() as u64),
         stream: shape == Shape::Stream,
     };
-    let body = match serde_json::to_vec(&json) {
+    serde_json::to_vec(&json)
+}
+
+/// Delivers one call to an HTTP/JSON agent and converts its answer back to gRPC.
+pub(crate) async fn deliver(
+    local: &LocalInstance,
+    body: Body,
+    remaining: Option<Duration>,
+    headers: &HeaderMap,
+    shape: Shape,
+) -> Attempt {
+    let collected = match Limited::new(body, MAX_ANSWER_BYTES).collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(e) => return Attempt::Failed(DeliveryError::Internal(format!("reading the call: {e}"))),
+    };
+    let Some(message) = grpc::single_message(&collected) else {
+        return Attempt::Failed(DeliveryError::InvalidArgument("the call is not a single uncompressed message".into()));
+    };
+    let call = match proto::HandleRequest::decode(message) {
+        Ok(c) => c,
+        Err(e) => return Attempt::Failed(DeliveryError::InvalidArgument(format!("not a HandleRequest: {e}"))),
+    };
+    let body = match json_call(&call, remaining, shape) {
         Ok(b) => b,
         Err(e) => return Attempt::Failed(DeliveryError::Internal(format!("encoding the call as JSON: {e}"))),
     };
@@ -198,7 +207,7 @@ pub(crate) async fn deliver(
     if let Some(r) = remaining
         && let Ok(v) = HeaderValue::from_str(&r.as_millis().to_string())
     {
-        h.insert("x-agent-reach-deadline-ms", v);
+        h.insert(agent_reach::headers::HTTP_AGENT_DEADLINE_MS, v);
     }
     if let Some(tp) = headers.get("traceparent") {
         h.insert("traceparent", tp.clone());

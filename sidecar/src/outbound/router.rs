@@ -303,27 +303,8 @@ impl Router {
         let attempt = tries.attempt;
         let guard = CallGuard::begin(&member, group);
         let id = member.id().to_string();
-        let extension = proto::HandleRequest {
-            message_id: plan.message_id.clone(),
-            instance_id: id.clone(),
-            attempt,
-            capability: plan.capability.clone(),
-            tenant: self.tenant.to_string(),
-            ..Default::default()
-        }
-        .encode_to_vec();
         let trace = self.attempt_span(call, plan.target, &member, attempt);
-        let request = AttemptRequest {
-            trace: trace.clone(),
-            member: member.clone(),
-            breaker: plan.breaker,
-            body: Body::Frames(Frames::message(call.message.clone(), &extension)),
-            remaining,
-            headers: call.headers.clone(),
-            shape: call.shape,
-            priority: call.priority,
-            idempotency_key: (!plan.key.is_empty()).then(|| plan.key.to_string()),
-        };
+        let request = self.request(call, plan, &member, attempt, remaining, trace.clone());
         let sent_at = clock();
         // Stop waiting a reserve before the caller does, so the answer (or the
         // DEADLINE_EXCEEDED) still reaches it in time.
@@ -397,6 +378,39 @@ impl Router {
                 }
                 Step::Answer(resp)
             }
+        }
+    }
+
+    /// The attempt as the attempt stack takes it: the caller's message with the fields
+    /// of a `HandleRequest` appended.
+    fn request(
+        &self,
+        call: &OutboundCall,
+        plan: &Plan<'_>,
+        member: &Member,
+        attempt: u32,
+        remaining: Duration,
+        trace: opentelemetry::Context,
+    ) -> AttemptRequest {
+        let extension = proto::HandleRequest {
+            message_id: plan.message_id.clone(),
+            instance_id: member.id().to_string(),
+            attempt,
+            capability: plan.capability.clone(),
+            tenant: self.tenant.to_string(),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        AttemptRequest {
+            trace,
+            member: member.clone(),
+            breaker: plan.breaker,
+            body: Body::Frames(Frames::message(call.message.clone(), &extension)),
+            remaining,
+            headers: call.headers.clone(),
+            shape: call.shape,
+            priority: call.priority,
+            idempotency_key: (!plan.key.is_empty()).then(|| plan.key.to_string()),
         }
     }
 
