@@ -8,17 +8,20 @@
 //! undoes an operator's hold, and a hold reaches every instance of an agent including one
 //! registering at the same moment. This module knows the store and the domain types, not
 //! protobuf; it does not stream anything (see [`crate::feed`]).
+//!
+//! Operators' holds ([`holds`]), a tenant's policies ([`policies`]) and the tenant records
+//! ([`tenants`]) are stored here too, each in the file named for it.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use agent_reach::model::{
-    FieldError, HealthState, HoldScope, InstanceRecord, InstanceStatus, Load, MAX_DESCRIPTION_LEN, MAX_REASON_LEN,
-    Registration, StateHold, TenantRecord, validate_name, validate_tenant,
+    FieldError, HealthState, InstanceRecord, InstanceStatus, Load, Registration, StateHold, validate_name,
+    validate_tenant,
 };
-use agent_reach::policy::{Policy, PolicyKind};
-use agent_reach_store::{Compare, KeyValue, LeaseId, Op, Revision, Store, StoreError, Txn};
+use agent_reach::policy::Policy;
+use agent_reach_store::{Compare, LeaseId, Op, Revision, Store, StoreError, Txn};
 use futures_util::future::join_all;
 use tokio::time::Instant;
 
@@ -28,6 +31,13 @@ use crate::keys;
 use crate::load::{Decision, LoadGate};
 use crate::record::{self, StoredInstance, encode};
 use crate::stats::ControlStats;
+
+mod holds;
+mod policies;
+mod tenants;
+
+pub use holds::hold_from_request;
+pub use policies::encode_policy;
 
 /// Attempts of a compare-and-swap write before giving up with `Conflict`.
 const CAS_ATTEMPTS: usize = 8;
@@ -460,216 +470,6 @@ impl Registry {
         // Keys sort by agent then instance id, and by policy kind then name.
         Ok(view)
     }
-
-    /// Holds one instance (`hold` = Some) or lifts its instance-level hold (None); returns
-    /// the instance as it is afterwards.
-    pub async fn set_instance_hold(
-        &self,
-        tenant: &str,
-        instance_id: &str,
-        hold: Option<StateHold>,
-    ) -> Result<(InstanceStatus, Revision), ControlError> {
-        validate_tenant("tenant", tenant)?;
-        validate_name("instance_id", instance_id)?;
-        if let Some(h) = &hold {
-            validate_hold(h)?;
-        }
-        let agents = keys::agents_prefix(tenant);
-        for _ in 0..CAS_ATTEMPTS {
-            // Instance ids are unique within a tenant, but the key also names the agent.
-            let range = self.store.get_prefix(&agents).await?;
-            let found = range.kvs.iter().find_map(|kv| {
-                let (agent, id) = keys::parse_instance_key(&agents, &kv.key)?;
-                (id == instance_id).then(|| (agent.to_string(), kv))
-            });
-            let Some((agent, kv)) = found else {
-                return Err(ControlError::InstanceNotFound(instance_id.to_string()));
-            };
-            let mut stored = record::decode_instance(kv, tenant, &agent, instance_id)?;
-            stored.instance_hold = hold.clone();
-            match self.rewrite(kv, &stored, vec![]).await? {
-                Some(revision) => return Ok((stored.status(revision), revision)),
-                None => continue,
-            }
-        }
-        Err(ControlError::Conflict(format!("instance {instance_id}")))
-    }
-
-    /// Holds every instance of `agent`, present and future (`hold` = Some), or lifts the
-    /// agent-level hold (None); returns the agent's instances as they are afterwards.
-    pub async fn set_agent_hold(
-        &self,
-        tenant: &str,
-        agent: &str,
-        hold: Option<StateHold>,
-    ) -> Result<(Vec<InstanceStatus>, Revision), ControlError> {
-        validate_tenant("tenant", tenant)?;
-        validate_name("agent", agent)?;
-        if let Some(h) = &hold {
-            validate_hold(h)?;
-        }
-        let hold_key = keys::agent_hold_key(tenant, agent);
-        // First the hold key, which registrations read; then every record already there.
-        let hold_revision = match &hold {
-            Some(h) => self.store.put(&hold_key, encode(h), None).await?,
-            None => self.store.delete(&hold_key).await?.0,
-        };
-        let prefix = keys::agent_instances_prefix(tenant, agent);
-        let mut out = Vec::new();
-        let mut revision = hold_revision;
-        let range = self.store.get_prefix(&prefix).await?;
-        'instances: for kv in range.kvs {
-            let Some(instance_id) = kv.key.strip_prefix(&prefix).map(str::to_string) else { continue };
-            let mut kv = kv;
-            for _ in 0..CAS_ATTEMPTS {
-                let mut stored = match record::decode_instance(&kv, tenant, agent, &instance_id) {
-                    Ok(stored) => stored,
-                    Err(e) => {
-                        tracing::warn!("skipping {e}");
-                        continue 'instances;
-                    }
-                };
-                if stored.agent_hold == hold {
-                    out.push(stored.status(kv.mod_revision));
-                    continue 'instances;
-                }
-                stored.agent_hold = hold.clone();
-                // Only while the hold key is still what this call wrote: a later call owns
-                // the records from then on.
-                let guard =
-                    vec![Compare::ModRevision(hold_key.clone(), if hold.is_some() { hold_revision } else { 0 })];
-                match self.rewrite(&kv, &stored, guard).await? {
-                    Some(r) => {
-                        revision = revision.max(r);
-                        out.push(stored.status(r));
-                        continue 'instances;
-                    }
-                    None => match self.store.get(&kv.key).await? {
-                        Some(fresh) => {
-                            let current = self.store.get(&hold_key).await?;
-                            let ours = match (&hold, current) {
-                                (Some(_), Some(c)) => c.mod_revision == hold_revision,
-                                (None, None) => true,
-                                _ => false,
-                            };
-                            if !ours {
-                                return Err(ControlError::Conflict(format!("agent {agent}'s hold")));
-                            }
-                            kv = fresh;
-                        }
-                        None => continue 'instances, // The instance left meanwhile.
-                    },
-                }
-            }
-            return Err(ControlError::Conflict(format!("instance {}", kv.key)));
-        }
-        Ok((out, revision))
-    }
-
-    /// Writes `stored` over `kv` if it is unchanged (and `extra` compares hold); keeps its
-    /// lease. `None` when something changed.
-    async fn rewrite(
-        &self,
-        kv: &KeyValue,
-        stored: &StoredInstance,
-        extra: Vec<Compare>,
-    ) -> Result<Option<Revision>, ControlError> {
-        let mut compares = vec![Compare::ModRevision(kv.key.clone(), kv.mod_revision)];
-        compares.extend(extra);
-        let lease = (kv.lease != 0).then_some(kv.lease);
-        let txn = Txn {
-            compares,
-            success: vec![Op::Put { key: kv.key.clone(), value: encode(stored), lease }],
-            failure: vec![],
-        };
-        match self.store.txn(txn).await {
-            Ok(r) => Ok(r.succeeded.then_some(r.revision)),
-            // The record's lease expired meanwhile, taking the record with it.
-            Err(StoreError::LeaseNotFound(_)) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    /// Validates and stores a policy; returns its revision.
-    pub async fn put_policy(&self, policy: &Policy) -> Result<Revision, ControlError> {
-        policy.validate()?;
-        let key = keys::policy_key(&policy.tenant, policy.kind, &policy.name);
-        Ok(self.store.put(&key, encode(policy), None).await?)
-    }
-
-    pub async fn get_policy(
-        &self,
-        tenant: &str,
-        kind: PolicyKind,
-        name: &str,
-    ) -> Result<(Policy, Revision), ControlError> {
-        validate_tenant("tenant", tenant)?;
-        validate_policy_name(kind, name)?;
-        let not_found = || ControlError::PolicyNotFound { kind, name: name.to_string() };
-        let kv = self.store.get(&keys::policy_key(tenant, kind, name)).await?.ok_or_else(not_found)?;
-        Ok((record::decode_policy(&kv, tenant)?, kv.mod_revision))
-    }
-
-    /// Removes a policy; returns the store revision of the deletion.
-    pub async fn delete_policy(&self, tenant: &str, kind: PolicyKind, name: &str) -> Result<Revision, ControlError> {
-        validate_tenant("tenant", tenant)?;
-        validate_policy_name(kind, name)?;
-        let (revision, existed) = self.store.delete(&keys::policy_key(tenant, kind, name)).await?;
-        if !existed {
-            return Err(ControlError::PolicyNotFound { kind, name: name.to_string() });
-        }
-        Ok(revision)
-    }
-
-    /// Creates or updates a tenant's record (keeping its creation time).
-    pub async fn put_tenant(&self, mut tenant: TenantRecord) -> Result<(TenantRecord, Revision), ControlError> {
-        validate_tenant("tenant.name", &tenant.name)?;
-        if tenant.description.len() > MAX_DESCRIPTION_LEN {
-            return Err(
-                FieldError::new("tenant.description", format!("longer than {MAX_DESCRIPTION_LEN} bytes")).into()
-            );
-        }
-        let key = keys::tenant_record_key(&tenant.name);
-        for _ in 0..CAS_ATTEMPTS {
-            let existing = self.store.get(&key).await?;
-            tenant.created_at_ms = match &existing {
-                Some(kv) => record::decode_tenant(kv).map(|t| t.created_at_ms).unwrap_or_else(|_| now_ms()),
-                None => now_ms(),
-            };
-            let txn = Txn {
-                compares: vec![Compare::ModRevision(key.clone(), existing.map_or(0, |kv| kv.mod_revision))],
-                success: vec![Op::Put { key: key.clone(), value: encode(&tenant), lease: None }],
-                failure: vec![],
-            };
-            let result = self.store.txn(txn).await?;
-            if result.succeeded {
-                return Ok((tenant, result.revision));
-            }
-        }
-        Err(ControlError::Conflict(format!("tenant {}", tenant.name)))
-    }
-
-    /// Every tenant record, sorted by name.
-    pub async fn list_tenants(&self) -> Result<Vec<(TenantRecord, Revision)>, ControlError> {
-        let range = self.store.get_prefix(keys::TENANT_REGISTRY).await?;
-        let mut out = Vec::with_capacity(range.kvs.len());
-        for kv in &range.kvs {
-            match record::decode_tenant(kv) {
-                Ok(mut tenant) => {
-                    // The key decides the name.
-                    tenant.name = kv.key.strip_prefix(keys::TENANT_REGISTRY).unwrap_or(&tenant.name).to_string();
-                    out.push((tenant, kv.mod_revision));
-                }
-                Err(e) => tracing::warn!("skipping {e}"),
-            }
-        }
-        Ok(out)
-    }
-}
-
-/// A policy as the store holds it (JSON).
-pub fn encode_policy(policy: &Policy) -> bytes::Bytes {
-    encode(policy)
 }
 
 enum BeatResult {
@@ -678,51 +478,13 @@ enum BeatResult {
     Replaced,
 }
 
-fn validate_hold(hold: &StateHold) -> Result<(), FieldError> {
-    if hold.state != HealthState::Paused {
-        return Err(FieldError::new("state", "set PAUSED to hold, or UP to lift a hold"));
-    }
-    if hold.reason.trim().is_empty() {
-        return Err(FieldError::new("reason", "a hold needs a reason"));
-    }
-    if hold.reason.len() > MAX_REASON_LEN {
-        return Err(FieldError::new("reason", format!("longer than {MAX_REASON_LEN} bytes")));
-    }
-    if hold.reason.chars().any(char::is_control) {
-        return Err(FieldError::new("reason", "control characters are not allowed"));
-    }
-    Ok(())
-}
-
-fn validate_policy_name(kind: PolicyKind, name: &str) -> Result<(), FieldError> {
-    match kind {
-        PolicyKind::Tenant if name != "default" => Err(FieldError::new("name", "a tenant policy is named \"default\"")),
-        _ => validate_name("name", name),
-    }
-}
-
-/// A hold from an Admin request: PAUSED with a reason holds, UP lifts.
-pub fn hold_from_request(
-    state: Option<HealthState>,
-    reason: String,
-    scope: HoldScope,
-) -> Result<Option<StateHold>, FieldError> {
-    match state {
-        Some(HealthState::Paused) => {
-            Ok(Some(StateHold { state: HealthState::Paused, reason, scope, set_at_ms: now_ms() }))
-        }
-        Some(HealthState::Up) => Ok(None),
-        _ => Err(FieldError::new("state", "set PAUSED to hold, or UP to lift a hold")),
-    }
-}
-
 pub(crate) fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
 #[cfg(test)]
 mod tests {
-    use agent_reach::model::Capability;
+    use agent_reach::model::{Capability, HoldScope};
     use agent_reach_store::EmbeddedStore;
 
     use super::*;
