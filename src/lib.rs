@@ -10,14 +10,10 @@
 //!
 //! This crate does not route or store anything; the sidecar and control crates do.
 
-pub mod backoff;
 pub mod convert;
-pub mod duration;
-pub mod grpc_timeout;
 pub mod headers;
 pub mod model;
 pub mod policy;
-pub mod process;
 pub mod reason;
 mod sdk;
 

@@ -30,7 +30,7 @@ pub async fn run(sidecar: String, listen: SocketAddr) -> Result<(), String> {
         .await
         .map_err(|e| format!("echo agent: {e}"))?;
     println!("ready {} {}", agent.endpoint(), agent.instance_id());
-    agent_reach::process::shutdown_signal().await;
+    agent_reach_support::process::shutdown_signal().await;
     agent.shutdown().await;
     Ok(())
 }

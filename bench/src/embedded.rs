@@ -13,8 +13,8 @@ use clap::Parser;
 pub fn sidecar(args: &[String]) -> Result<(), String> {
     let args = SidecarArgs::parse_from(std::iter::once("agent-reach-sidecar".to_string()).chain(args.iter().cloned()));
     let config = SidecarConfig::try_from(&args)?;
-    agent_reach::process::init_logging(&args.log_format);
-    let runtime = agent_reach::process::runtime(args.worker_threads).map_err(|e| format!("runtime: {e}"))?;
+    agent_reach_support::process::init_logging(&args.log_format);
+    let runtime = agent_reach_support::process::runtime(args.worker_threads).map_err(|e| format!("runtime: {e}"))?;
     runtime.block_on(async move {
         let local =
             tokio::net::TcpListener::bind(args.listen).await.map_err(|e| format!("--listen {}: {e}", args.listen))?;
@@ -22,7 +22,7 @@ pub fn sidecar(args: &[String]) -> Result<(), String> {
             .await
             .map_err(|e| format!("--mesh-listen {}: {e}", args.mesh_listen))?;
         let sidecar = Sidecar::start(config, local, mesh).await.map_err(|e| e.to_string())?;
-        sidecar.run_until(agent_reach::process::shutdown_signal()).await;
+        sidecar.run_until(agent_reach_support::process::shutdown_signal()).await;
         Ok(())
     })
 }
@@ -31,7 +31,7 @@ pub fn sidecar(args: &[String]) -> Result<(), String> {
 pub fn control(args: &[String]) -> Result<(), String> {
     let args = ControlArgs::parse_from(std::iter::once("agent-reach-control".to_string()).chain(args.iter().cloned()));
     let config = ControlConfig::try_from(&args)?;
-    agent_reach::process::init_logging(&args.log_format);
-    let runtime = agent_reach::process::runtime(args.worker_threads).map_err(|e| format!("runtime: {e}"))?;
+    agent_reach_support::process::init_logging(&args.log_format);
+    let runtime = agent_reach_support::process::runtime(args.worker_threads).map_err(|e| format!("runtime: {e}"))?;
     runtime.block_on(agent_reach_control::run(args, config))
 }

@@ -47,7 +47,7 @@ impl TraceService for SpanSink {
 
 /// Runs the probe on a runtime with `threads` workers and prints its table.
 pub fn run(calls: usize, payload: usize, threads: usize) -> Result<(), String> {
-    let runtime = agent_reach::process::runtime(threads).map_err(|e| e.to_string())?;
+    let runtime = agent_reach_support::process::runtime(threads).map_err(|e| e.to_string())?;
     runtime.block_on(latency(calls, payload, threads))
 }
 

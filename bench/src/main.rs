@@ -29,7 +29,7 @@ struct Cli {
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
-    agent_reach::duration::parse(s)
+    agent_reach_support::duration::parse(s)
 }
 
 /// "H:N:L" percentages summing to 100.
@@ -147,7 +147,7 @@ fn main() -> ExitCode {
         Command::Up(args) => orchestrate::up_blocking(args),
         Command::Overload { slots, work, factor, seconds, threads, mix, queue_length, queue_timeout } => {
             let spec = overload::OverloadSpec { slots, work, factor, seconds, mix, queue_length, queue_timeout };
-            agent_reach::process::runtime(threads)
+            agent_reach_support::process::runtime(threads)
                 .map_err(|e| format!("runtime: {e}"))
                 .and_then(|rt| rt.block_on(overload::run(spec)))
         }
@@ -158,8 +158,8 @@ fn main() -> ExitCode {
                 .map(|json| println!("{json}"))
         }
         Command::Agent { sidecar, listen, threads } => {
-            agent_reach::process::runtime(threads).map_err(|e| format!("runtime: {e}")).and_then(|rt| {
-                agent_reach::process::init_logging("text");
+            agent_reach_support::process::runtime(threads).map_err(|e| format!("runtime: {e}")).and_then(|rt| {
+                agent_reach_support::process::init_logging("text");
                 rt.block_on(agent::run(sidecar, listen))
             })
         }

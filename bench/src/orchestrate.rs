@@ -58,7 +58,7 @@ pub enum Pin {
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
-    agent_reach::duration::parse(s)
+    agent_reach_support::duration::parse(s)
 }
 
 /// Flags of `agent-reach-bench run`.
@@ -755,7 +755,7 @@ pub fn up_blocking(args: RunArgs) -> Result<(), String> {
         println!("# up; ctrl-c stops everything");
         loop {
             tokio::select! {
-                _ = agent_reach::process::shutdown_signal() => return Ok(()),
+                _ = agent_reach_support::process::shutdown_signal() => return Ok(()),
                 _ = tokio::time::sleep(Duration::from_secs(1)) => topo.check_alive()?,
             }
         }
@@ -772,7 +772,7 @@ pub fn run_blocking(args: RunArgs) -> Result<Report, String> {
     let report = runtime.block_on(async {
         tokio::select! {
             r = run(args) => r,
-            _ = agent_reach::process::shutdown_signal() => Err("interrupted".to_string()),
+            _ = agent_reach_support::process::shutdown_signal() => Err("interrupted".to_string()),
         }
     })?;
     eprintln!("# wrote {} and {}", out.join("latest.json").display(), out.join("latest.md").display());

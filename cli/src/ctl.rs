@@ -35,7 +35,7 @@ pub struct CtlArgs {
     #[arg(long, short, value_enum, default_value_t = Output::Table)]
     pub output: Output,
     /// Timeout of each request.
-    #[arg(long, default_value = "5s", value_parser = agent_reach::duration::parse)]
+    #[arg(long, default_value = "5s", value_parser = agent_reach_support::duration::parse)]
     pub timeout: Duration,
     #[command(subcommand)]
     pub command: CtlCommand,

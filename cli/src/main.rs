@@ -71,7 +71,7 @@ struct UpArgs {
     #[arg(long, env = "AGENT_REACH_ADMIN_LISTEN", default_value = "127.0.0.1:7702")]
     admin_listen: SocketAddr,
     /// Lease TTL of registrations.
-    #[arg(long, env = "AGENT_REACH_LEASE_TTL", default_value = "20s", value_parser = agent_reach::duration::parse)]
+    #[arg(long, env = "AGENT_REACH_LEASE_TTL", default_value = "20s", value_parser = agent_reach_support::duration::parse)]
     lease_ttl: Duration,
     /// Log format: "text" or "json".
     #[arg(long, env = "AGENT_REACH_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
@@ -87,7 +87,7 @@ struct DemoArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match agent_reach::process::runtime(0) {
+    let runtime = match agent_reach_support::process::runtime(0) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("agent-reach: cannot start the runtime: {e}");
@@ -96,13 +96,13 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Up(args) => {
-            agent_reach::process::init_logging(&args.log_format);
+            agent_reach_support::process::init_logging(&args.log_format);
             runtime.block_on(up(args))
         }
         Command::Trace(args) => runtime.block_on(trace::run(&args.trace_id, &args.admins, args.output == "json")),
         Command::Demo(args) => {
             if args.verbose {
-                agent_reach::process::init_logging("text");
+                agent_reach_support::process::init_logging("text");
             }
             runtime.block_on(demo::run())
         }
@@ -151,7 +151,7 @@ async fn up(args: UpArgs) -> Result<(), String> {
     }
     println!();
     println!("Point agents at it with AGENT_REACH_SIDECAR={} (the SDK's default). Ctrl-C stops.", sidecar.local_addr());
-    agent_reach::process::shutdown_signal().await;
+    agent_reach_support::process::shutdown_signal().await;
     println!("stopping");
     sidecar.shutdown().await;
     control.shutdown().await;

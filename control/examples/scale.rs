@@ -47,7 +47,7 @@ struct Args {
     #[arg(long, default_value_t = 2000.0)]
     heartbeat_rate: f64,
     /// How long heartbeats are driven (the first round is a warm-up).
-    #[arg(long, default_value = "30s", value_parser = agent_reach::duration::parse)]
+    #[arg(long, default_value = "30s", value_parser = agent_reach_support::duration::parse)]
     heartbeat_for: Duration,
     /// Watcher counts to measure propagation with.
     #[arg(long, value_delimiter = ',', default_value = "100,1000")]
@@ -56,7 +56,7 @@ struct Args {
     #[arg(long, default_value_t = 500)]
     puts: usize,
     /// Pause between those puts.
-    #[arg(long, default_value = "20ms", value_parser = agent_reach::duration::parse)]
+    #[arg(long, default_value = "20ms", value_parser = agent_reach_support::duration::parse)]
     put_every: Duration,
 }
 

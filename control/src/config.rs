@@ -52,12 +52,12 @@ pub struct ControlArgs {
     pub etcd_key_file: Option<PathBuf>,
 
     /// Timeout of each etcd request.
-    #[arg(long, env = "AGENT_REACH_ETCD_TIMEOUT", default_value = "5s", value_parser = agent_reach::duration::parse)]
+    #[arg(long, env = "AGENT_REACH_ETCD_TIMEOUT", default_value = "5s", value_parser = agent_reach_support::duration::parse)]
     pub etcd_timeout: Duration,
 
     /// Lifetime of a sidecar's lease without renewals (whole seconds). Sidecars renew every
     /// quarter of it; when it runs out, the sidecar's instances are removed.
-    #[arg(long, env = "AGENT_REACH_LEASE_TTL", default_value = "20s", value_parser = agent_reach::duration::parse)]
+    #[arg(long, env = "AGENT_REACH_LEASE_TTL", default_value = "20s", value_parser = agent_reach_support::duration::parse)]
     pub lease_ttl: Duration,
 
     /// Smallest change of an instance's load ratio (0..1) that is written to the store.
@@ -66,7 +66,7 @@ pub struct ControlArgs {
 
     /// Load changes of one instance are written at most once per this interval (state
     /// changes are written at once).
-    #[arg(long, env = "AGENT_REACH_LOAD_REPORT_INTERVAL", default_value = "5s", value_parser = agent_reach::duration::parse)]
+    #[arg(long, env = "AGENT_REACH_LOAD_REPORT_INTERVAL", default_value = "5s", value_parser = agent_reach_support::duration::parse)]
     pub load_report_interval: Duration,
 
     /// Deltas each tenant feed keeps in memory for sidecars that reconnect; older

@@ -425,7 +425,7 @@ impl Feeds {
         let mut ticker = tokio::time::interval(FEED_LINGER / 4);
         loop {
             tokio::select! {
-                _ = agent_reach::process::stopped(&mut shutdown) => break,
+                _ = agent_reach_support::process::stopped(&mut shutdown) => break,
                 _ = ticker.tick() => {}
             }
             let now = Instant::now();
@@ -511,7 +511,7 @@ async fn run(shared: Arc<Shared>, store: Arc<dyn Store>, stats: Arc<ControlStats
 }
 
 async fn backoff(failures: &mut u32) {
-    let wait = agent_reach::backoff::jittered(*failures, Duration::from_millis(100), Duration::from_secs(5));
+    let wait = agent_reach_support::backoff::jittered(*failures, Duration::from_millis(100), Duration::from_secs(5));
     *failures = failures.saturating_add(1);
     tokio::time::sleep(wait).await;
 }

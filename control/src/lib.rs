@@ -114,7 +114,8 @@ pub async fn run(args: ControlArgs, config: ControlConfig) -> Result<(), String>
         listen = %args.listen, admin = %args.admin_listen, store = store.backend(), lease_ttl = ?config.lease_ttl,
         "control service started"
     );
-    let served = serve_with_stats(store, config, stats, listener, agent_reach::process::shutdown_signal()).await;
+    let served =
+        serve_with_stats(store, config, stats, listener, agent_reach_support::process::shutdown_signal()).await;
     let _ = stop_admin.send(true);
     served.map_err(|e| e.to_string())
 }

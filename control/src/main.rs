@@ -12,8 +12,8 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    agent_reach::process::init_logging(&args.log_format);
-    let runtime = match agent_reach::process::runtime(args.worker_threads) {
+    agent_reach_support::process::init_logging(&args.log_format);
+    let runtime = match agent_reach_support::process::runtime(args.worker_threads) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("agent-reach-control: cannot start the runtime: {e}");

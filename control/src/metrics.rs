@@ -77,7 +77,7 @@ pub fn admin_state(store: Arc<dyn Store>, stats: Arc<ControlStats>, mut shutdown
             r.store(ok, Ordering::Relaxed);
             *w.lock().unwrap_or_else(|e| e.into_inner()) = text;
             tokio::select! {
-                _ = agent_reach::process::stopped(&mut shutdown) => return,
+                _ = agent_reach_support::process::stopped(&mut shutdown) => return,
                 _ = tokio::time::sleep(Duration::from_secs(2)) => {}
             }
         }

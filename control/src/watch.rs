@@ -103,7 +103,7 @@ impl Subscription {
         let mut shutdown = self.shutdown.clone();
         let step = tokio::select! {
             biased;
-            _ = agent_reach::process::stopped(&mut shutdown) => None,
+            _ = agent_reach_support::process::stopped(&mut shutdown) => None,
             step = self.step() => Some(step),
         };
         match step {

@@ -43,32 +43,32 @@ pub struct SidecarArgs {
     pub max_payload_bytes: usize,
 
     /// Deadline applied to calls that carry none, e.g. "30s".
-    #[arg(long, env = "AGENT_REACH_DEFAULT_TIMEOUT", default_value = "30s", value_parser = agent_reach::duration::parse)]
+    #[arg(long, env = "AGENT_REACH_DEFAULT_TIMEOUT", default_value = "30s", value_parser = agent_reach_support::duration::parse)]
     pub default_timeout: Duration,
 
     /// Time kept back from the remaining deadline at each hop, so an answer that arrives is
     /// never already too late for the caller, e.g. "5ms".
-    #[arg(long, env = "AGENT_REACH_DEADLINE_RESERVE", default_value = "5ms", value_parser = agent_reach::duration::parse)]
+    #[arg(long, env = "AGENT_REACH_DEADLINE_RESERVE", default_value = "5ms", value_parser = agent_reach_support::duration::parse)]
     pub deadline_reserve: Duration,
 
     /// How often agents are asked to heartbeat. An agent silent for two intervals is
     /// UNKNOWN and gets probed.
-    #[arg(long, env = "AGENT_REACH_HEARTBEAT_INTERVAL", default_value = "2s", value_parser = agent_reach::duration::parse)]
+    #[arg(long, env = "AGENT_REACH_HEARTBEAT_INTERVAL", default_value = "2s", value_parser = agent_reach_support::duration::parse)]
     pub heartbeat_interval: Duration,
 
     /// How often a silent agent is probed with grpc.health.v1 (2 s timeout); a probe
     /// settles it UP or DOWN.
-    #[arg(long, env = "AGENT_REACH_PROBE_INTERVAL", default_value = "2s", value_parser = agent_reach::duration::parse)]
+    #[arg(long, env = "AGENT_REACH_PROBE_INTERVAL", default_value = "2s", value_parser = agent_reach_support::duration::parse)]
     pub probe_interval: Duration,
 
     /// An agent with no heartbeat and no successful probe for this long is removed. The
     /// default outlasts a 10 s GC pause three times over, so a paused agent keeps its
     /// instance id and registration (it shows UNKNOWN, then DOWN, then its own state again).
-    #[arg(long, env = "AGENT_REACH_DEAD_AFTER", default_value = "30s", value_parser = agent_reach::duration::parse)]
+    #[arg(long, env = "AGENT_REACH_DEAD_AFTER", default_value = "30s", value_parser = agent_reach_support::duration::parse)]
     pub dead_after: Duration,
 
     /// Timeout of control-service requests (Register, Heartbeat, Deregister).
-    #[arg(long, env = "AGENT_REACH_CONTROL_TIMEOUT", default_value = "3s", value_parser = agent_reach::duration::parse)]
+    #[arg(long, env = "AGENT_REACH_CONTROL_TIMEOUT", default_value = "3s", value_parser = agent_reach_support::duration::parse)]
     pub control_timeout: Duration,
 
     /// Where the last routing table is saved, to route from it after a restart while
@@ -79,11 +79,11 @@ pub struct SidecarArgs {
 
     /// On shutdown (SIGTERM), how long calls in flight may take to finish after the local
     /// agents are reported PAUSED and before they are deregistered.
-    #[arg(long, env = "AGENT_REACH_DRAIN_TIMEOUT", default_value = "30s", value_parser = agent_reach::duration::parse)]
+    #[arg(long, env = "AGENT_REACH_DRAIN_TIMEOUT", default_value = "30s", value_parser = agent_reach_support::duration::parse)]
     pub drain_timeout: Duration,
 
     /// How long an idempotency key's answer is kept and replayed to duplicates.
-    #[arg(long, env = "AGENT_REACH_IDEMPOTENCY_WINDOW", default_value = "10m", value_parser = agent_reach::duration::parse)]
+    #[arg(long, env = "AGENT_REACH_IDEMPOTENCY_WINDOW", default_value = "10m", value_parser = agent_reach_support::duration::parse)]
     pub idempotency_window: Duration,
 
     /// Largest answer kept for idempotency replays, in bytes; duplicates of a call with a
@@ -110,7 +110,7 @@ pub struct SidecarArgs {
     pub trace_sample_ratio: f64,
 
     /// /readyz stays ready without control for this long, routing from the last table.
-    #[arg(long, env = "AGENT_REACH_READY_MAX_STALE", default_value = "5m", value_parser = agent_reach::duration::parse)]
+    #[arg(long, env = "AGENT_REACH_READY_MAX_STALE", default_value = "5m", value_parser = agent_reach_support::duration::parse)]
     pub ready_max_stale: Duration,
 
     /// Runtime worker threads (1 = a single-threaded runtime).

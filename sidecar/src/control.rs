@@ -198,7 +198,7 @@ pub async fn run_watch_observed(
         let mut req = request.clone();
         req.from_revision = table.load().revision;
         let outcome = tokio::select! {
-            _ = agent_reach::process::stopped(&mut shutdown) => return,
+            _ = agent_reach_support::process::stopped(&mut shutdown) => return,
             r = client.watch(req) => r,
         };
         match outcome {
@@ -210,7 +210,7 @@ pub async fn run_watch_observed(
                 let mut stream = resp.into_inner();
                 loop {
                     let msg = tokio::select! {
-                        _ = agent_reach::process::stopped(&mut shutdown) => return,
+                        _ = agent_reach_support::process::stopped(&mut shutdown) => return,
                         m = stream.message() => m,
                     };
                     match msg {
@@ -278,10 +278,10 @@ pub async fn run_watch_observed(
         }
         // The next attempt goes to the next replica.
         endpoint = endpoint.wrapping_add(1);
-        let wait = agent_reach::backoff::jittered(failures, Duration::from_millis(100), Duration::from_secs(5));
+        let wait = agent_reach_support::backoff::jittered(failures, Duration::from_millis(100), Duration::from_secs(5));
         failures = failures.saturating_add(1);
         tokio::select! {
-            _ = agent_reach::process::stopped(&mut shutdown) => return,
+            _ = agent_reach_support::process::stopped(&mut shutdown) => return,
             _ = tokio::time::sleep(wait) => {}
         }
     }

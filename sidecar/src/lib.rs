@@ -408,7 +408,7 @@ where
         .keep_alive_timeout(Duration::from_secs(10));
     loop {
         let accepted = tokio::select! {
-            _ = agent_reach::process::stopped(&mut shutdown) => break,
+            _ = agent_reach_support::process::stopped(&mut shutdown) => break,
             a = listener.accept() => a,
         };
         let (stream, _) = match accepted {

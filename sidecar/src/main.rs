@@ -17,8 +17,8 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    agent_reach::process::init_logging(&args.log_format);
-    let runtime = match agent_reach::process::runtime(args.worker_threads) {
+    agent_reach_support::process::init_logging(&args.log_format);
+    let runtime = match agent_reach_support::process::runtime(args.worker_threads) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("agent-reach-sidecar: cannot start the runtime: {e}");
@@ -45,6 +45,6 @@ async fn run(args: SidecarArgs, config: SidecarConfig) -> Result<(), String> {
         addr => Some(tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("--admin-listen {addr}: {e}"))?),
     };
     let sidecar = Sidecar::start_with_admin(config, local, mesh, admin).await.map_err(|e| e.to_string())?;
-    sidecar.run_until(agent_reach::process::shutdown_signal()).await;
+    sidecar.run_until(agent_reach_support::process::shutdown_signal()).await;
     Ok(())
 }

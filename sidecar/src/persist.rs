@@ -92,7 +92,7 @@ pub(crate) async fn run_saver(
 ) {
     loop {
         tokio::select! {
-            _ = agent_reach::process::stopped(&mut shutdown) => return,
+            _ = agent_reach_support::process::stopped(&mut shutdown) => return,
             changed = revisions.changed() => if changed.is_err() { return },
         }
         let snapshot = table.load_full();
@@ -104,7 +104,7 @@ pub(crate) async fn run_saver(
             Err(e) => tracing::warn!("saving the routing table panicked: {e}"),
         }
         tokio::select! {
-            _ = agent_reach::process::stopped(&mut shutdown) => return,
+            _ = agent_reach_support::process::stopped(&mut shutdown) => return,
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
     }

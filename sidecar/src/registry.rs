@@ -460,7 +460,7 @@ impl Registry {
         let mut last_renewal = Instant::now();
         loop {
             tokio::select! {
-                _ = agent_reach::process::stopped(&mut shutdown) => return,
+                _ = agent_reach_support::process::stopped(&mut shutdown) => return,
                 _ = ticker.tick() => {}
             }
             self.retry_removals().await;
@@ -500,7 +500,7 @@ impl Registry {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = agent_reach::process::stopped(&mut shutdown) => return,
+                _ = agent_reach_support::process::stopped(&mut shutdown) => return,
                 _ = ticker.tick() => {}
             }
             let now = Instant::now();

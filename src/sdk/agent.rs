@@ -149,7 +149,7 @@ impl AgentBuilder {
     /// Starts the agent and runs it until ctrl-c or SIGTERM, then shuts down gracefully.
     pub async fn serve(self) -> Result<(), AgentError> {
         let agent = self.start().await?;
-        crate::process::shutdown_signal().await;
+        agent_reach_support::process::shutdown_signal().await;
         agent.shutdown().await;
         Ok(())
     }
@@ -259,7 +259,8 @@ async fn register(
         match sidecar.register(request).await {
             Ok(reply) => return Ok(reply.into_inner()),
             Err(status) if matches!(status.code(), Code::Unavailable | Code::Unknown | Code::DeadlineExceeded) => {
-                let wait = crate::backoff::jittered(attempt, Duration::from_millis(100), Duration::from_secs(5));
+                let wait =
+                    agent_reach_support::backoff::jittered(attempt, Duration::from_millis(100), Duration::from_secs(5));
                 attempt += 1;
                 if deadline.is_some_and(|d| tokio::time::Instant::now() + wait > d) {
                     return Err(AgentError::Sidecar(status.into()));
@@ -471,8 +472,8 @@ impl AgentImpl {
 fn call_from_request(request: tonic::Request<proto::HandleRequest>, capability: String) -> Call {
     let deadline = request
         .metadata()
-        .get(crate::grpc_timeout::HEADER)
-        .and_then(|v| crate::grpc_timeout::parse(v.as_bytes()))
+        .get(agent_reach_support::grpc_timeout::HEADER)
+        .and_then(|v| agent_reach_support::grpc_timeout::parse(v.as_bytes()))
         .map(|d| Instant::now() + d);
     let traceparent = request.metadata().get("traceparent").and_then(|v| v.to_str().ok()).map(str::to_string);
     Call { inner: request.into_inner(), capability, deadline, traceparent }

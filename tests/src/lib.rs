@@ -199,7 +199,7 @@ impl Drop for AgentProcess {
 /// Logs of the code under test, when `RUST_LOG` is set.
 pub fn init_logging() {
     if std::env::var_os("RUST_LOG").is_some() {
-        agent_reach::process::init_logging("text");
+        agent_reach_support::process::init_logging("text");
     }
 }
 

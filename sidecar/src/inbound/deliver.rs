@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use agent_reach::grpc_timeout;
 use agent_reach::model::{FieldError, HealthState, Priority, Transport};
 use agent_reach::reason::{self, Reason};
 use agent_reach_routing::TableHandle;
+use agent_reach_support::grpc_timeout;
 use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
 use tower::{Service, ServiceExt};

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agent_reach::convert::{priority_from_i32, target_from_proto};
-use agent_reach::grpc_timeout;
 use agent_reach::model::FieldError;
 use agent_reach_routing::TableHandle;
+use agent_reach_support::grpc_timeout;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use prost::Message;

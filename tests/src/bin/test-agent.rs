@@ -24,7 +24,7 @@ fn main() -> Result<(), String> {
     }
     let sidecar = sidecar.ok_or("--sidecar is required")?;
     let name = name.ok_or("--name is required")?;
-    let runtime = agent_reach::process::runtime(2).map_err(|e| e.to_string())?;
+    let runtime = agent_reach_support::process::runtime(2).map_err(|e| e.to_string())?;
     runtime.block_on(async move {
         let mut builder = Agent::builder(&name).version("1.0.0").sidecar(sidecar);
         for cap in caps {
@@ -41,7 +41,7 @@ fn main() -> Result<(), String> {
         }
         let agent = builder.start().await.map_err(|e| e.to_string())?;
         println!("READY {}", agent.instance_id());
-        agent_reach::process::shutdown_signal().await;
+        agent_reach_support::process::shutdown_signal().await;
         agent.shutdown().await;
         Ok(())
     })
