@@ -6,7 +6,8 @@
 //! extra write, segment and wake-up per hop). A connection is made on first use and
 //! replaced when its connection task ends. Connection failures are reported as
 //! [`ConnectError`], which the forwarding path treats as "never delivered" (safe to retry
-//! elsewhere). The pool does not retry or time calls; the caller does.
+//! elsewhere). [`send_h2`] sends one call on a connection. The pool does not retry or time
+//! calls; the caller does.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

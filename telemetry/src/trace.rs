@@ -210,13 +210,6 @@ impl Tracing {
         Ok(Tracing { provider, tracer, recent })
     }
 
-    /// Tracing that records nothing (no export, no buffer, ratio 0).
-    pub fn disabled() -> Tracing {
-        let provider = SdkTracerProvider::builder().with_sampler(Sampler::AlwaysOff).build();
-        let tracer = provider.tracer("agent-reach");
-        Tracing { provider, tracer, recent: RecentSpans::new(0) }
-    }
-
     pub fn tracer(&self) -> &SdkTracer {
         &self.tracer
     }
