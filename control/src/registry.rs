@@ -9,8 +9,9 @@
 //! registering at the same moment. This module knows the store and the domain types, not
 //! protobuf; it does not stream anything (see [`crate::feed`]).
 //!
-//! Operators' holds ([`holds`]), a tenant's policies ([`policies`]) and the tenant records
-//! ([`tenants`]) are stored here too, each in the file named for it.
+//! Operators' holds (`registry/holds.rs`), a tenant's policies (`registry/policies.rs`) and
+//! the tenant records (`registry/tenants.rs`) are stored here too, each in the file named
+//! for it.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;

@@ -163,7 +163,7 @@ pub(crate) struct ChannelBody {
 
 impl ChannelBody {
     /// A body and the sender that feeds it, holding at most `capacity` frames.
-    pub fn new(capacity: usize) -> (tokio::sync::mpsc::Sender<Result<Frame<Bytes>, BoxError>>, ChannelBody) {
+    pub(crate) fn new(capacity: usize) -> (tokio::sync::mpsc::Sender<Result<Frame<Bytes>, BoxError>>, ChannelBody) {
         let (tx, rx) = tokio::sync::mpsc::channel(capacity);
         (tx, ChannelBody { rx })
     }
@@ -182,7 +182,7 @@ pub(crate) struct H2Body {
 }
 
 impl H2Body {
-    pub fn new(recv: h2::RecvStream) -> H2Body {
+    pub(crate) fn new(recv: h2::RecvStream) -> H2Body {
         let done = recv.is_end_stream();
         H2Body { recv, data_done: done, done }
     }
@@ -303,7 +303,7 @@ impl Frames {
     /// One gRPC message: `message` followed by the encoded fields `extra`, with a fresh
     /// length prefix. Small messages are copied into one buffer (one DATA frame); large ones
     /// are sent as slices without copying the payload.
-    pub fn message(message: Bytes, extra: &[u8]) -> Frames {
+    pub(crate) fn message(message: Bytes, extra: &[u8]) -> Frames {
         let len = message.len() + extra.len();
         let mut prefix = [0u8; PREFIX_LEN];
         prefix[1..].copy_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
@@ -320,17 +320,17 @@ impl Frames {
     }
 
     /// Bytes passed on as they are.
-    pub fn raw(data: Bytes) -> Frames {
+    pub(crate) fn raw(data: Bytes) -> Frames {
         Frames { parts: [Some(data), None, None], next: 0, trailers: None }
     }
 
-    pub fn with_trailers(mut self, trailers: Option<HeaderMap>) -> Frames {
+    pub(crate) fn with_trailers(mut self, trailers: Option<HeaderMap>) -> Frames {
         self.trailers = trailers;
         self
     }
 
     /// The next data frame, then the trailers; `None` when all were taken.
-    pub fn take_frame(&mut self) -> Option<Frame<Bytes>> {
+    pub(crate) fn take_frame(&mut self) -> Option<Frame<Bytes>> {
         self.next_frame()
     }
 
@@ -364,7 +364,7 @@ pub(crate) struct StoredResponse {
 
 impl StoredResponse {
     /// Collects a unary answer (at most `limit` bytes of body).
-    pub async fn collect(resp: http::Response<Body>, limit: usize) -> Result<StoredResponse, String> {
+    pub(crate) async fn collect(resp: http::Response<Body>, limit: usize) -> Result<StoredResponse, String> {
         let (parts, body) = resp.into_parts();
         let collected = http_body_util::Limited::new(body, limit).collect().await.map_err(|e| e.to_string())?;
         let trailers = collected.trailers().cloned();
@@ -372,7 +372,7 @@ impl StoredResponse {
     }
 
     /// The gRPC status of the answer (trailers, or headers for trailers-only answers).
-    pub fn status_code(&self) -> Option<tonic::Code> {
+    pub(crate) fn status_code(&self) -> Option<tonic::Code> {
         self.trailers
             .as_ref()
             .and_then(Status::from_header_map)
@@ -381,12 +381,12 @@ impl StoredResponse {
     }
 
     /// Bytes kept.
-    pub fn size(&self) -> usize {
+    pub(crate) fn size(&self) -> usize {
         self.data.len()
     }
 
     /// A fresh response with the same headers, body and trailers.
-    pub fn to_response(&self) -> http::Response<Body> {
+    pub(crate) fn to_response(&self) -> http::Response<Body> {
         let mut resp =
             http::Response::new(Body::Frames(Frames::raw(self.data.clone()).with_trailers(self.trailers.clone())));
         *resp.headers_mut() = self.headers.clone();
