@@ -297,7 +297,12 @@ def from_status(
     attempts = _int(_text(metadata.get("ar-attempts"))) or _int(info.get("attempts")) or 0
     tried_raw = _text(metadata.get("ar-instances-tried")) or info.get("instances_tried", "")
     tried = [t for t in tried_raw.split(",") if t]
-    cls = exception_for(reason) if reason else MeshError
+    if reason:
+        cls = exception_for(reason)
+    elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        cls = DeadlineExceeded  # the caller's own deadline ran out before the mesh said why
+    else:
+        cls = MeshError
     return cls(
         message,
         code=code,
