@@ -167,7 +167,16 @@ class Call:
         """Whether the caller cancelled (or the deadline passed). A cancelled handler also
         gets ``asyncio.CancelledError`` at its next await (``GeneratorExit`` at a
         streaming handler's ``yield``)."""
-        return self._context is not None and self._context.cancelled()
+        if self._context is not None and self._context.cancelled():
+            return True
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            return True
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:  # a worker thread: no task of its own
+            return False
+        cancelling = getattr(task, "cancelling", None)  # Python 3.11+
+        return bool(cancelling and cancelling() > 0)
 
     @property
     def client(self) -> Client:
