@@ -4,6 +4,7 @@
 //! - [`model`]: domain types shared by control and sidecar (no protobuf, no etcd).
 //! - [`convert`]: the one place where domain types and protobuf messages meet.
 //! - [`reason`]: machine-readable error reasons and the `tonic::Status` they become.
+//! - [`reflection`]: gRPC server reflection over the whole API, for control and sidecars.
 //! - [`Agent`] and [`Client`]: the SDK. An agent declares its capabilities and handlers and
 //!   serves; a client invokes capabilities through the local sidecar.
 //!
@@ -17,6 +18,7 @@ pub mod model;
 pub mod policy;
 pub mod process;
 pub mod reason;
+pub mod reflection;
 mod sdk;
 
 pub use model::Priority;

@@ -43,7 +43,8 @@ fn main() -> Result<(), String> {
                     if let Some(deadline) = call.deadline() {
                         nested = nested.timeout(deadline.saturating_duration_since(std::time::Instant::now()));
                     }
-                    let reply = nested.send().await.map_err(|e| agent_reach::HandlerError::unavailable(e.to_string()))?;
+                    let reply =
+                        nested.send().await.map_err(|e| agent_reach::HandlerError::unavailable(e.to_string()))?;
                     Ok(Reply::text(format!("{name}@{}:{}", call.instance_id(), reply.text())))
                 }
             });
