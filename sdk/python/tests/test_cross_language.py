@@ -91,3 +91,28 @@ def test_nested_calls_inherit_the_handlers_deadline_and_trace(mesh: Mesh, unique
             assert seen["caller"] == [f"front-{unique}", front.instance_id], seen
 
     run(main())
+
+
+def test_calls_carry_the_current_opentelemetry_span_as_traceparent(mesh: Mesh, unique: str) -> None:
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    async def main() -> None:
+        agent = Agent(f"otel-{unique}", sidecar=mesh.b.local)
+
+        @agent.capability(f"otel.{unique}")
+        async def report(call: Call) -> Reply:
+            # Inside the handler the call's trace is the current OpenTelemetry context.
+            current = trace.get_current_span().get_span_context()
+            return Reply.json({"traceparent": call.traceparent, "current": f"{current.trace_id:032x}"})
+
+        async with agent, Client(mesh.a.local) as client:
+            await wait_routable(client, f"otel.{unique}")
+            span = NonRecordingSpan(SpanContext(int(TRACE_ID, 16), 0x00F067AA0BA902B7, is_remote=False,
+                                                trace_flags=TraceFlags(TraceFlags.SAMPLED)))
+            with trace.use_span(span):
+                seen = (await client.invoke(f"otel.{unique}", text="x", timeout=5)).json()
+            assert TRACE_ID in seen["traceparent"], seen
+            assert seen["current"] == TRACE_ID, seen
+
+    run(main())

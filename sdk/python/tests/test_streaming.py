@@ -106,3 +106,42 @@ def test_a_cancelled_unary_call_and_its_deadline_reach_the_handler(mesh: Mesh, u
             assert seen["cancelled"] is True
 
     run(main())
+
+
+def test_the_synchronous_facade_invokes_and_streams(mesh: Mesh, unique: str) -> None:
+    import threading
+
+    from agent_reach import SyncClient
+
+    ready, done = threading.Event(), threading.Event()
+
+    async def serve_agent() -> None:
+        agent = Agent(f"sync-{unique}", sidecar=mesh.b.local)
+
+        @agent.capability(f"sync.echo.{unique}")
+        async def echo(call: Call) -> str:
+            return call.text()
+
+        @agent.capability(f"sync.count.{unique}")
+        async def count(call: Call):  # type: ignore[no-untyped-def]
+            for i in range(3):
+                yield str(i)
+
+        async with agent, Client(mesh.a.local) as client:
+            await wait_routable(client, f"sync.count.{unique}")
+            await wait_routable(client, f"sync.echo.{unique}")
+            ready.set()
+            while not done.is_set():
+                await asyncio.sleep(0.05)
+
+    thread = threading.Thread(target=lambda: asyncio.run(serve_agent()))
+    thread.start()
+    try:
+        assert ready.wait(20)
+        with SyncClient(mesh.a.local) as mesh_client:
+            assert mesh_client.invoke(f"sync.echo.{unique}", text="hi", timeout=5).text() == "hi"
+            assert [c.text() for c in mesh_client.invoke_stream(f"sync.count.{unique}", timeout=5)] == ["0", "1", "2"]
+            assert mesh_client.route(f"sync.echo.{unique}").candidates
+    finally:
+        done.set()
+        thread.join(30)
