@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -127,14 +128,31 @@ async def load(address: str, method: str, request: bytes, calls: int, concurrenc
         return time.perf_counter() - started
 
 
-def measure(label: str, pid: int, address: str, method: str, request: bytes, args: argparse.Namespace) -> float:
-    asyncio.run(load(address, method, request, min(500, args.calls), args.concurrency))  # warm up
+def measure_once(pid: int, address: str, method: str, request: bytes, args: argparse.Namespace) -> tuple[float, float]:
+    """(calls/s, server CPU microseconds per call) of one measurement."""
     before = cpu_seconds(pid)
     wall = asyncio.run(load(address, method, request, args.calls, args.concurrency))
     cpu = cpu_seconds(pid) - before
-    per_call_us = cpu / args.calls * 1e6
-    print(f"  {label:<34} {args.calls / wall:>8.0f} calls/s   {per_call_us:>7.1f} us CPU/call (server process)")
-    return per_call_us
+    return args.calls / wall, cpu / args.calls * 1e6
+
+
+def compare(servers: list[tuple[str, int, str, bytes]], method: str, args: argparse.Namespace) -> list[float]:
+    """Measures each server `--reps` times, alternating so that other load on the machine
+    hits both alike; prints medians and returns the median CPU per call of each."""
+    for _, pid, address, request in servers:
+        asyncio.run(load(address, method, request, min(500, args.calls), args.concurrency))  # warm up
+    samples: list[list[tuple[float, float]]] = [[] for _ in servers]
+    for _ in range(args.reps):
+        for i, (_, pid, address, request) in enumerate(servers):
+            samples[i].append(measure_once(pid, address, method, request, args))
+    out = []
+    for (label, *_), runs in zip(servers, samples):
+        rate = statistics.median(r for r, _ in runs)
+        cpu = statistics.median(c for _, c in runs)
+        spread = ", ".join(f"{c:.0f}" for _, c in runs)
+        print(f"  {label:<26} {rate:>8.0f} calls/s   {cpu:>7.1f} us CPU/call (server process; runs: {spread})")
+        out.append(cpu)
+    return out
 
 
 def main() -> None:
@@ -142,6 +160,7 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=5000)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--payload", type=int, default=1024)
+    p.add_argument("--reps", type=int, default=3, help="alternating measurements of each server; medians are reported")
     p.add_argument("--mesh", action="store_true", help="also measure through etcd, control and two sidecars")
     p.add_argument("--serve", choices=["bare", "sdk"], help=argparse.SUPPRESS)
     p.add_argument("--sidecar", help=argparse.SUPPRESS)
@@ -161,11 +180,16 @@ def main() -> None:
     print("direct (load generator -> agent process):")
     sidecar, sidecar_addr = fake_sidecar()
     bare, (bare_ep,) = spawn("--serve", "bare")
-    sdk, (sdk_ep, _) = spawn("--serve", "sdk", "--sidecar", sidecar_addr)
     try:
-        method = "/agentreach.v1.Agent/Handle"
-        b = measure("bare grpc.aio servicer", bare.pid, bare_ep.removeprefix("http://"), method, handle, args)
-        s = measure("agent_reach.Agent", sdk.pid, sdk_ep.removeprefix("http://"), method, handle, args)
+        sdk, (sdk_ep, _) = spawn("--serve", "sdk", "--sidecar", sidecar_addr)
+    except BaseException:
+        bare.kill()
+        raise
+    try:
+        b, s = compare([
+            ("bare grpc.aio servicer", bare.pid, bare_ep.removeprefix("http://"), handle),
+            ("agent_reach.Agent", sdk.pid, sdk_ep.removeprefix("http://"), handle),
+        ], "/agentreach.v1.Agent/Handle", args)
         print(f"  SDK CPU per call = {s / b:.2f} x the bare servicer's (target <= 1.2)")
     finally:
         sdk.kill()
@@ -205,12 +229,15 @@ def run_mesh(args: argparse.Namespace, payload: bytes) -> None:
 
         threading.Thread(target=beat, daemon=True).start()
         time.sleep(3)  # both reach sidecar a's table
-        method = "/agentreach.v1.Sidecar/Invoke"
-        for label, capability, proc in (("bare grpc.aio servicer", "bench.bare", bare),
-                                        ("agent_reach.Agent", "bench.sdk", sdk)):
-            request = sidecar_pb2.InvokeRequest(target=common_pb2.Target(capability=capability), payload=payload,
-                                                content_type="text/plain").SerializeToString()
-            measure(label, proc.pid, mesh.a.local, method, request, args)
+        def invoke(capability: str) -> bytes:
+            return sidecar_pb2.InvokeRequest(target=common_pb2.Target(capability=capability), payload=payload,
+                                             content_type="text/plain").SerializeToString()
+
+        assert bare is not None and sdk is not None
+        compare([
+            ("bare grpc.aio servicer", bare.pid, mesh.a.local, invoke("bench.bare")),
+            ("agent_reach.Agent", sdk.pid, mesh.a.local, invoke("bench.sdk")),
+        ], "/agentreach.v1.Sidecar/Invoke", args)
     finally:
         stop.set()
         for proc in (sdk, bare):
