@@ -110,6 +110,8 @@ class Mesh:
     def stop(self) -> None:
         for p in reversed(self.processes):
             p.stop()
+        if not os.environ.get("AGENT_REACH_KEEP_TMP"):
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def start_etcd(workdir: Path) -> tuple[Process, str]:
@@ -189,6 +191,7 @@ def start_mesh() -> Mesh:
     except BaseException:
         for p in reversed(started):
             p.stop()
+        print(f"(logs kept in {workdir})")
         raise
     return Mesh(workdir, etcd, etcd_endpoint, control, control_addr, a, b, started)
 
