@@ -18,6 +18,8 @@ class FakeSidecar:
     registrations: list[sidecar_pb2.RegisterRequest] = field(default_factory=list)
     heartbeats: list[tuple[float, sidecar_pb2.HeartbeatRequest]] = field(default_factory=list)
     deregistered: list[str] = field(default_factory=list)
+    forget: bool = False
+    """When set, the next heartbeat gets NOT_FOUND (the sidecar lost the instance)."""
     server: Any = None
 
     async def start(self) -> str:
@@ -28,6 +30,9 @@ class FakeSidecar:
                 heartbeat_interval_ms=self.heartbeat_interval_ms, lease_ttl_ms=20000, tenant="default")
 
         def heartbeat(request: sidecar_pb2.HeartbeatRequest, context: Any) -> sidecar_pb2.HeartbeatReply:
+            if self.forget:
+                self.forget = False
+                context.abort(grpc.StatusCode.NOT_FOUND, f"instance {request.instance_id} is not registered")
             self.heartbeats.append((time.monotonic(), request))
             return sidecar_pb2.HeartbeatReply()
 

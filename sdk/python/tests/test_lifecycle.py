@@ -132,3 +132,30 @@ def test_heartbeats_go_on_while_the_loop_is_blocked_and_report_degraded() -> Non
         await sidecar.stop()
 
     run(main())
+
+
+def test_an_agent_the_sidecar_lost_registers_again_with_its_id() -> None:
+    async def main() -> None:
+        sidecar = FakeSidecar(heartbeat_interval_ms=100)
+        address = await sidecar.start()
+        agent = Agent("phoenix", version="2.0.0", sidecar=address, instance_id="phoenix-0")
+
+        @agent.capability("rise", tags=["x"])
+        async def rise(call: Call) -> str:
+            return ""
+
+        async with agent:
+            assert agent.instance_id == "phoenix-0"
+            sidecar.forget = True  # e.g. the sidecar restarted
+            for _ in range(50):
+                if len(sidecar.registrations) == 2:
+                    break
+                await asyncio.sleep(0.05)
+            again = sidecar.registrations[1]
+            assert again.instance_id == "phoenix-0"
+            assert again.registration.agent == "phoenix" and again.registration.version == "2.0.0"
+            assert [(c.name, list(c.tags)) for c in again.registration.capabilities] == [("rise", ["x"])]
+            assert again.registration.endpoint == agent.endpoint
+        await sidecar.stop()
+
+    run(main())
