@@ -14,7 +14,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/agentreach/v1/control.proto",
         "proto/agentreach/v1/admin.proto",
     ];
+    // The descriptor set of the whole API, for gRPC server reflection (src/reflection.rs).
+    let descriptors = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("agentreach_v1_descriptor.bin");
     tonic_prost_build::configure()
+        .file_descriptor_set_path(descriptors)
         // Payloads stay `Bytes`: decoding from a `Bytes` buffer then slices instead of copying.
         .bytes(".")
         .compile_protos(&files, &["proto"])?;

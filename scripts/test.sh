@@ -37,3 +37,6 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 
 echo "==> cargo test"
 cargo test --workspace --all-features
+
+echo "==> Python SDK (sdk/python): stubs, mypy, wheel, pytest against real control + sidecars + etcd"
+./scripts/test-python.sh

@@ -5,6 +5,7 @@
 //! - [`convert`]: the one place where domain types and protobuf messages meet.
 //! - [`reason`]: machine-readable error reasons and the `tonic::Status` they become.
 //! - [`headers`]: every `ar-*` header and metadata key of the mesh's wire contract.
+//! - [`reflection`]: gRPC server reflection over the whole API, for control and sidecars.
 //! - [`Agent`] and [`Client`]: the SDK. An agent declares its capabilities and handlers and
 //!   serves; a client invokes capabilities through the local sidecar.
 //!
@@ -15,6 +16,7 @@ pub mod headers;
 pub mod model;
 pub mod policy;
 pub mod reason;
+pub mod reflection;
 mod sdk;
 
 pub use model::Priority;

@@ -164,6 +164,8 @@ pub async fn serve_with_stats(
         .add_service(health)
         .add_service(ControlServer::new(control))
         .add_service(AdminServer::new(admin))
+        .add_service(agent_reach::reflection::v1(agent_reach::reflection::CONTROL_SERVICES))
+        .add_service(agent_reach::reflection::v1alpha(agent_reach::reflection::CONTROL_SERVICES))
         .serve_with_incoming_shutdown(incoming, async move {
             shutdown.await;
             // End every watch stream so the graceful shutdown does not wait on them.

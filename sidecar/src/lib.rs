@@ -496,9 +496,22 @@ fn local_api(inner: Arc<Inner>, invoke: InvokeEntry, req: Request<Incoming>) -> 
                 .await
             }
             p if p.starts_with("/grpc.health.v1.Health/") => health(&inner, req).await,
+            p if p.starts_with("/grpc.reflection.") => reflection(req).await,
             p => unknown_method(p),
         }
     })
+}
+
+/// gRPC server reflection of the local API (see `agent_reach::reflection`).
+async fn reflection(req: Request<Incoming>) -> Response<Body> {
+    use tower_service::Service;
+    static ROUTES: std::sync::OnceLock<tonic::service::Routes> = std::sync::OnceLock::new();
+    let mut svc =
+        ROUTES.get_or_init(|| agent_reach::reflection::routes(agent_reach::reflection::SIDECAR_SERVICES)).clone();
+    match svc.call(req).await {
+        Ok(resp) => resp.map(Body::Tonic),
+        Err(never) => match never {},
+    }
 }
 
 fn mesh_api(inner: Arc<Inner>, mesh: MeshEntry, req: Request<Incoming>) -> HandlerFuture {

@@ -1,0 +1,1 @@
+"""Stubs generated from proto/ by gen_protos.py; do not edit."""

@@ -1,0 +1,155 @@
+from agent_reach._proto.agentreach.v1 import common_pb2 as _common_pb2
+from agent_reach._proto.agentreach.v1 import policy_pb2 as _policy_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SidecarIdentity(_message.Message):
+    __slots__ = ("sidecar_id", "mesh_address")
+    SIDECAR_ID_FIELD_NUMBER: _ClassVar[int]
+    MESH_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    sidecar_id: str
+    mesh_address: str
+    def __init__(self, sidecar_id: _Optional[str] = ..., mesh_address: _Optional[str] = ...) -> None: ...
+
+class ControlRegisterRequest(_message.Message):
+    __slots__ = ("tenant", "sidecar", "instance_id", "registration", "state", "lease_id")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SIDECAR_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    sidecar: SidecarIdentity
+    instance_id: str
+    registration: _common_pb2.AgentRegistration
+    state: _common_pb2.HealthState
+    lease_id: int
+    def __init__(self, tenant: _Optional[str] = ..., sidecar: _Optional[_Union[SidecarIdentity, _Mapping]] = ..., instance_id: _Optional[str] = ..., registration: _Optional[_Union[_common_pb2.AgentRegistration, _Mapping]] = ..., state: _Optional[_Union[_common_pb2.HealthState, str]] = ..., lease_id: _Optional[int] = ...) -> None: ...
+
+class ControlRegisterReply(_message.Message):
+    __slots__ = ("lease_id", "lease_ttl_ms", "revision", "generation")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    lease_id: int
+    lease_ttl_ms: int
+    revision: int
+    generation: int
+    def __init__(self, lease_id: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ..., revision: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
+
+class InstanceHeartbeat(_message.Message):
+    __slots__ = ("instance_id", "agent", "lease_id", "state", "load")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    agent: str
+    lease_id: int
+    state: _common_pb2.HealthState
+    load: _common_pb2.Load
+    def __init__(self, instance_id: _Optional[str] = ..., agent: _Optional[str] = ..., lease_id: _Optional[int] = ..., state: _Optional[_Union[_common_pb2.HealthState, str]] = ..., load: _Optional[_Union[_common_pb2.Load, _Mapping]] = ...) -> None: ...
+
+class ControlHeartbeatRequest(_message.Message):
+    __slots__ = ("tenant", "sidecar", "instances", "lease_id")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SIDECAR_FIELD_NUMBER: _ClassVar[int]
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    sidecar: SidecarIdentity
+    instances: _containers.RepeatedCompositeFieldContainer[InstanceHeartbeat]
+    lease_id: int
+    def __init__(self, tenant: _Optional[str] = ..., sidecar: _Optional[_Union[SidecarIdentity, _Mapping]] = ..., instances: _Optional[_Iterable[_Union[InstanceHeartbeat, _Mapping]]] = ..., lease_id: _Optional[int] = ...) -> None: ...
+
+class ControlHeartbeatReply(_message.Message):
+    __slots__ = ("expired_instance_ids", "replaced_instance_ids", "lease_expired")
+    EXPIRED_INSTANCE_IDS_FIELD_NUMBER: _ClassVar[int]
+    REPLACED_INSTANCE_IDS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    expired_instance_ids: _containers.RepeatedScalarFieldContainer[str]
+    replaced_instance_ids: _containers.RepeatedScalarFieldContainer[str]
+    lease_expired: bool
+    def __init__(self, expired_instance_ids: _Optional[_Iterable[str]] = ..., replaced_instance_ids: _Optional[_Iterable[str]] = ..., lease_expired: _Optional[bool] = ...) -> None: ...
+
+class ControlDeregisterRequest(_message.Message):
+    __slots__ = ("tenant", "instance_id", "agent", "lease_id", "expected_lease_id")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    instance_id: str
+    agent: str
+    lease_id: int
+    expected_lease_id: int
+    def __init__(self, tenant: _Optional[str] = ..., instance_id: _Optional[str] = ..., agent: _Optional[str] = ..., lease_id: _Optional[int] = ..., expected_lease_id: _Optional[int] = ...) -> None: ...
+
+class ControlDeregisterReply(_message.Message):
+    __slots__ = ("revision",)
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    def __init__(self, revision: _Optional[int] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("tenant", "sidecar", "from_revision")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SIDECAR_FIELD_NUMBER: _ClassVar[int]
+    FROM_REVISION_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    sidecar: SidecarIdentity
+    from_revision: int
+    def __init__(self, tenant: _Optional[str] = ..., sidecar: _Optional[_Union[SidecarIdentity, _Mapping]] = ..., from_revision: _Optional[int] = ...) -> None: ...
+
+class Snapshot(_message.Message):
+    __slots__ = ("revision", "instances", "resync", "policies")
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    RESYNC_FIELD_NUMBER: _ClassVar[int]
+    POLICIES_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    instances: _containers.RepeatedCompositeFieldContainer[_common_pb2.Instance]
+    resync: bool
+    policies: _containers.RepeatedCompositeFieldContainer[_policy_pb2.Policy]
+    def __init__(self, revision: _Optional[int] = ..., instances: _Optional[_Iterable[_Union[_common_pb2.Instance, _Mapping]]] = ..., resync: _Optional[bool] = ..., policies: _Optional[_Iterable[_Union[_policy_pb2.Policy, _Mapping]]] = ...) -> None: ...
+
+class PolicyRef(_message.Message):
+    __slots__ = ("kind", "name")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    kind: _policy_pb2.PolicyKind
+    name: str
+    def __init__(self, kind: _Optional[_Union[_policy_pb2.PolicyKind, str]] = ..., name: _Optional[str] = ...) -> None: ...
+
+class Delta(_message.Message):
+    __slots__ = ("revision", "upserted", "removed_instance_ids", "upserted_policies", "removed_policies", "prev_revision")
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    UPSERTED_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_INSTANCE_IDS_FIELD_NUMBER: _ClassVar[int]
+    UPSERTED_POLICIES_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_POLICIES_FIELD_NUMBER: _ClassVar[int]
+    PREV_REVISION_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    upserted: _containers.RepeatedCompositeFieldContainer[_common_pb2.Instance]
+    removed_instance_ids: _containers.RepeatedScalarFieldContainer[str]
+    upserted_policies: _containers.RepeatedCompositeFieldContainer[_policy_pb2.Policy]
+    removed_policies: _containers.RepeatedCompositeFieldContainer[PolicyRef]
+    prev_revision: int
+    def __init__(self, revision: _Optional[int] = ..., upserted: _Optional[_Iterable[_Union[_common_pb2.Instance, _Mapping]]] = ..., removed_instance_ids: _Optional[_Iterable[str]] = ..., upserted_policies: _Optional[_Iterable[_Union[_policy_pb2.Policy, _Mapping]]] = ..., removed_policies: _Optional[_Iterable[_Union[PolicyRef, _Mapping]]] = ..., prev_revision: _Optional[int] = ...) -> None: ...
+
+class WatchEvent(_message.Message):
+    __slots__ = ("snapshot", "delta")
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    snapshot: Snapshot
+    delta: Delta
+    def __init__(self, snapshot: _Optional[_Union[Snapshot, _Mapping]] = ..., delta: _Optional[_Union[Delta, _Mapping]] = ...) -> None: ...
