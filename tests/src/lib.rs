@@ -93,6 +93,14 @@ pub async fn start_sidecar(config: SidecarConfig) -> Sidecar {
     Sidecar::start(config, listener().await, listener().await).await.expect("sidecar start")
 }
 
+/// A sidecar on free ports with an admin port (`/metrics`, `/healthz`, `/readyz`,
+/// `/traces/{id}`).
+pub async fn start_sidecar_with_admin(config: SidecarConfig) -> Sidecar {
+    Sidecar::start_with_admin(config, listener().await, listener().await, Some(listener().await))
+        .await
+        .expect("sidecar start")
+}
+
 /// An agent whose handlers answer "<agent>@<instance>:<payload>" for each capability,
 /// registered through the sidecar at `sidecar`.
 pub async fn echo_agent(sidecar: SocketAddr, agent: &str, capabilities: &[(&str, &[&str])]) -> RunningAgent {
