@@ -352,18 +352,14 @@ pub fn table_matches(
         && policies.iter().all(|(k, p)| table.policies.get(k).is_some_and(|t| **t == *p))
 }
 
-/// A registration of `agent` with one capability and its tags.
+/// A registration of `agent` with one capability and its tags, on the wire (built by
+/// [`agent_reach::model::fixture`], the one builder of instance records for tests).
 pub fn registration(agent: &str, version: &str, capability: &str, tags: &[&str]) -> proto::AgentRegistration {
-    proto::AgentRegistration {
-        agent: agent.into(),
-        version: version.into(),
-        capabilities: vec![proto::Capability {
-            name: capability.into(),
-            tags: tags.iter().map(|t| t.to_string()).collect(),
-        }],
-        endpoint: "http://127.0.0.1:9".into(),
-        ..Default::default()
-    }
+    agent_reach::model::fixture::registration(agent)
+        .version(version)
+        .capability(capability, tags)
+        .endpoint("http://127.0.0.1:9")
+        .proto_registration()
 }
 
 /// What a [`ManualAgent`] answers to health probes.
