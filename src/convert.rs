@@ -479,7 +479,6 @@ mod tests {
         let status = InstanceStatus {
             record: fixture::instance("a-1")
                 .agent("a")
-                .version("")
                 .capability("c", &[])
                 .state(HealthState::Paused)
                 .registered_at_ms(1)

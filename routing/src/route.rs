@@ -486,7 +486,7 @@ mod tests {
     const NOW: u64 = 1_000_000_000_000;
 
     fn inst(id: &str, agent: &str, cap: &str, tags: &[&str], state: HealthState) -> Instance {
-        fixture::instance(id).agent(agent).capability(cap, tags).state(state).build()
+        fixture::instance(id).agent(agent).version("1.0").capability(cap, tags).state(state).build()
     }
 
     fn table_with(list: Vec<Instance>, strategy: Option<Strategy>, cap: &str) -> RoutingTable {

@@ -3,7 +3,7 @@
 //! &["en"]).build()` instead of a struct literal per test file. Compiled for this crate's
 //! tests and, for other crates, with the `test-util` feature.
 //!
-//! Defaults: tenant `default`, version `1.0`, no capabilities, endpoint
+//! Defaults: tenant `default`, no version, no capabilities, endpoint
 //! `http://127.0.0.1:1` (gRPC), sidecar `s` at `127.0.0.1:2`, state UP, no load,
 //! registered at 0, revision 1.
 //!
@@ -30,7 +30,7 @@ pub fn instance(instance_id: &str) -> InstanceBuilder {
                 tenant: "default".into(),
                 registration: Registration {
                     agent: String::new(),
-                    version: "1.0".into(),
+                    version: String::new(),
                     capabilities: Vec::new(),
                     endpoint: "http://127.0.0.1:1".into(),
                     transport: Transport::Grpc,

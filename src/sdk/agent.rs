@@ -177,8 +177,9 @@ impl AgentBuilder {
         self
     }
 
-    /// A registration metadata entry (e.g. `weight` for `weighted` routing, or
-    /// `health_path`), visible to operators in `agent-reach ctl instance`.
+    /// A registration metadata entry, e.g. `weight` for `weighted` routing or
+    /// `health_path` for an HTTP agent's probe; operators see it in
+    /// `agent-reach ctl -o json instance <id>`.
     pub fn metadata(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.registration.metadata.insert(key.into(), value.into());
         self
