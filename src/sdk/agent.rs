@@ -533,7 +533,7 @@ impl RunningAgent {
     ///
     /// ```no_run
     /// # async fn example(agent: agent_reach::RunningAgent) {
-    /// agent_reach::process::shutdown_signal().await; // ctrl-c or SIGTERM
+    /// tokio::signal::ctrl_c().await.ok();
     /// agent.shutdown().await;
     /// # }
     /// ```
