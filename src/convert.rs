@@ -455,52 +455,34 @@ pub fn policy_from_proto(p: proto::Policy) -> Result<Policy, FieldError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::fixture;
     use prost::Message;
 
     #[test]
     fn instance_round_trips() {
-        let inst = Instance {
-            record: InstanceRecord {
-                instance_id: "a-1".into(),
-                tenant: "default".into(),
-                registration: Registration {
-                    agent: "a".into(),
-                    version: "1".into(),
-                    capabilities: vec![Capability { name: "c".into(), tags: vec!["x".into()] }],
-                    endpoint: "http://127.0.0.1:1".into(),
-                    transport: Transport::Grpc,
-                    max_concurrency: 4,
-                    metadata: [("k".to_string(), "v".to_string())].into(),
-                },
-                sidecar_id: "s".into(),
-                sidecar_address: "127.0.0.1:2".into(),
-                state: HealthState::Degraded,
-                load: Load { in_flight: 1, queue_length: 2, load_ratio: 0.5, avg_latency_ms: 3 },
-                registered_at_ms: 9,
-            },
-            revision: 42,
-        };
+        let inst = fixture::instance("a-1")
+            .agent("a")
+            .version("1")
+            .capability("c", &["x"])
+            .max_concurrency(4)
+            .metadata("k", "v")
+            .state(HealthState::Degraded)
+            .load(Load { in_flight: 1, queue_length: 2, load_ratio: 0.5, avg_latency_ms: 3 })
+            .registered_at_ms(9)
+            .revision(42)
+            .build();
         assert_eq!(instance_from_proto(proto::Instance::from(&inst)).unwrap(), inst);
     }
 
     #[test]
     fn instance_status_round_trips() {
         let status = InstanceStatus {
-            record: InstanceRecord {
-                instance_id: "a-1".into(),
-                tenant: "default".into(),
-                registration: Registration {
-                    agent: "a".into(),
-                    capabilities: vec![Capability { name: "c".into(), tags: vec![] }],
-                    endpoint: "http://127.0.0.1:1".into(),
-                    ..Default::default()
-                },
-                sidecar_id: "s".into(),
-                sidecar_address: "127.0.0.1:2".into(),
-                state: HealthState::Paused,
-                load: Load::default(),
-                registered_at_ms: 1,
-            },
+            record: fixture::instance("a-1")
+                .agent("a")
+                .capability("c", &[])
+                .state(HealthState::Paused)
+                .registered_at_ms(1)
+                .record(),
             revision: 5,
             reported_state: HealthState::Up,
             holds: vec![StateHold {

@@ -9,6 +9,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+#[cfg(any(test, feature = "test-util"))]
+pub mod fixture;
+
 /// How urgent a call is.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -466,13 +469,11 @@ mod tests {
     use super::*;
 
     fn reg() -> Registration {
-        Registration {
-            agent: "summarizer".into(),
-            version: "1.0.0".into(),
-            capabilities: vec![Capability { name: "text.summarize".into(), tags: vec!["en".into()] }],
-            endpoint: "http://127.0.0.1:5000".into(),
-            ..Default::default()
-        }
+        fixture::registration("summarizer")
+            .version("1.0.0")
+            .capability("text.summarize", &["en"])
+            .endpoint("http://127.0.0.1:5000")
+            .registration()
     }
 
     #[test]

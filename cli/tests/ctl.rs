@@ -5,6 +5,7 @@ use std::process::Output;
 use std::sync::Arc;
 use std::time::Duration;
 
+use agent_reach::model::fixture;
 use agent_reach::proto;
 use agent_reach::proto::control_client::ControlClient;
 use agent_reach_control::{ControlConfig, ControlHandle};
@@ -37,16 +38,13 @@ async fn register(
             tenant: "default".into(),
             sidecar: Some(proto::SidecarIdentity { sidecar_id: "host-a".into(), mesh_address: "host-a:7701".into() }),
             instance_id: id.into(),
-            registration: Some(proto::AgentRegistration {
-                agent: agent.into(),
-                version: "2.0.1".into(),
-                capabilities: vec![proto::Capability {
-                    name: "text.translate".into(),
-                    tags: tags.iter().map(|t| t.to_string()).collect(),
-                }],
-                endpoint: "http://127.0.0.1:9".into(),
-                ..Default::default()
-            }),
+            registration: Some(
+                fixture::registration(agent)
+                    .version("2.0.1")
+                    .capability("text.translate", tags)
+                    .endpoint("http://127.0.0.1:9")
+                    .proto_registration(),
+            ),
             state: proto::HealthState::Up as i32,
             lease_id: lease,
         })

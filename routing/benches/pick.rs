@@ -7,7 +7,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Instant;
 
-use agent_reach::model::{Capability, HealthState, Instance, InstanceRecord, Priority, Registration, Target};
+use agent_reach::model::{HealthState, Priority, Target, fixture};
 use agent_reach::policy::{Policy, PolicyKind, PolicySpec, Strategy};
 use agent_reach_routing::{PickRequest, RoutingTable, clock, pick};
 use criterion::Criterion;
@@ -21,28 +21,14 @@ fn table(strategy: Strategy) -> RoutingTable {
     for i in 0..INSTANCES {
         let id = format!("agent-{i:05}");
         let lang = if i % 2 == 0 { "en" } else { "zh" };
-        let inst = Instance {
-            record: InstanceRecord {
-                instance_id: id.clone(),
-                tenant: "default".into(),
-                registration: Registration {
-                    agent: format!("agent-{}", i % 100),
-                    version: if i % 10 == 0 { "2.0".into() } else { "1.0".into() },
-                    capabilities: vec![
-                        Capability { name: "big".into(), tags: vec![lang.into()] },
-                        Capability { name: format!("cap-{}", i % 100), tags: vec![] },
-                    ],
-                    endpoint: "http://127.0.0.1:1".into(),
-                    ..Default::default()
-                },
-                sidecar_id: format!("sidecar-{}", i % 100),
-                sidecar_address: "127.0.0.1:2".into(),
-                state: if i % 50 == 7 { HealthState::Down } else { HealthState::Up },
-                load: Default::default(),
-                registered_at_ms: 0,
-            },
-            revision: 1,
-        };
+        let inst = fixture::instance(&id)
+            .agent(&format!("agent-{}", i % 100))
+            .version(if i % 10 == 0 { "2.0" } else { "1.0" })
+            .capability("big", &[lang])
+            .capability(&format!("cap-{}", i % 100), &[])
+            .sidecar(&format!("sidecar-{}", i % 100), "127.0.0.1:2")
+            .state(if i % 50 == 7 { HealthState::Down } else { HealthState::Up })
+            .build();
         map.insert(id, Arc::new(inst));
     }
     let mut policies = HashMap::new();

@@ -478,7 +478,7 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use agent_reach::model::{Capability, Instance, InstanceRecord, Registration};
+    use agent_reach::model::{Instance, fixture};
     use agent_reach::policy::{Policy, PolicyKind, PolicySpec};
 
     use super::*;
@@ -486,28 +486,7 @@ mod tests {
     const NOW: u64 = 1_000_000_000_000;
 
     fn inst(id: &str, agent: &str, cap: &str, tags: &[&str], state: HealthState) -> Instance {
-        Instance {
-            record: InstanceRecord {
-                instance_id: id.into(),
-                tenant: "default".into(),
-                registration: Registration {
-                    agent: agent.into(),
-                    version: "1.0".into(),
-                    capabilities: vec![Capability {
-                        name: cap.into(),
-                        tags: tags.iter().map(|t| t.to_string()).collect(),
-                    }],
-                    endpoint: "http://127.0.0.1:1".into(),
-                    ..Default::default()
-                },
-                sidecar_id: "s".into(),
-                sidecar_address: "127.0.0.1:2".into(),
-                state,
-                load: Default::default(),
-                registered_at_ms: 0,
-            },
-            revision: 1,
-        }
+        fixture::instance(id).agent(agent).version("1.0").capability(cap, tags).state(state).build()
     }
 
     fn table_with(list: Vec<Instance>, strategy: Option<Strategy>, cap: &str) -> RoutingTable {

@@ -35,11 +35,42 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = T> + Send>>;
 type UnaryHandler = Arc<dyn Fn(Call) -> BoxFuture<Result<Reply, HandlerError>> + Send + Sync>;
 type StreamHandler = Arc<dyn Fn(Call) -> BoxStream<Result<Reply, HandlerError>> + Send + Sync>;
 
-/// Entry point of the agent SDK.
+/// Entry point of the agent SDK: [`Agent::builder`] describes an agent, and the
+/// [`AgentBuilder`] it returns serves it.
+///
+/// # Examples
+///
+/// An agent with one capability, serving until ctrl-c or SIGTERM:
+///
+/// ```no_run
+/// use agent_reach::{Agent, Reply};
+///
+/// #[tokio::main]
+/// async fn main() -> Result<(), agent_reach::AgentError> {
+///     Agent::builder("summarizer")
+///         .version("1.2.0")
+///         .capability("text.summarize", ["en", "zh"])
+///         .handle("text.summarize", |call| async move {
+///             let text = call.text()?;
+///             Ok(Reply::text(text.split_whitespace().take(20).collect::<Vec<_>>().join(" ")))
+///         })
+///         .serve()
+///         .await
+/// }
+/// ```
 pub struct Agent;
 
 impl Agent {
-    /// Starts describing an agent called `name`.
+    /// Starts describing an agent called `name` (a DNS-label-like name: letters, digits,
+    /// `-`, `_`, `.`). Nothing happens until [`AgentBuilder::serve`] or
+    /// [`AgentBuilder::start`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let builder = agent_reach::Agent::builder("translator").version("2.0.1");
+    /// # drop(builder);
+    /// ```
     pub fn builder(name: impl Into<String>) -> AgentBuilder {
         AgentBuilder {
             registration: Registration { agent: name.into(), ..Default::default() },
@@ -53,8 +84,40 @@ impl Agent {
     }
 }
 
-/// Describes an agent; finish with [`serve`](AgentBuilder::serve) or
-/// [`start`](AgentBuilder::start).
+/// Describes an agent; finish with [`serve`](AgentBuilder::serve) (run until a signal) or
+/// [`start`](AgentBuilder::start) (run in the background and get a [`RunningAgent`]).
+///
+/// Every declared capability needs a handler ([`handle`](AgentBuilder::handle) or
+/// [`handle_stream`](AgentBuilder::handle_stream)); `start` refuses the agent otherwise.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use agent_reach::{Agent, HandlerError, Reply};
+///
+/// # async fn example() -> Result<(), agent_reach::AgentError> {
+/// let agent = Agent::builder("translator")
+///     .version("2.0.1")
+///     .capability("text.translate", ["zh", "fr"])
+///     .max_concurrency(8)
+///     .metadata("region", "eu-west")
+///     .handle("text.translate", |call| async move {
+///         let lang = call.metadata().get("lang").cloned().unwrap_or_else(|| "zh".into());
+///         if lang.is_empty() {
+///             return Err(HandlerError::invalid_argument("lang must not be empty"));
+///         }
+///         Ok(Reply::text(format!("[{lang}] {}", call.text()?)))
+///     })
+///     .sidecar("127.0.0.1:7700")
+///     .register_timeout(Duration::from_secs(10))
+///     .start()
+///     .await?;
+/// println!("registered as {}", agent.instance_id());
+/// agent.shutdown().await;
+/// # Ok(())
+/// # }
+/// ```
 pub struct AgentBuilder {
     registration: Registration,
     unary: HashMap<String, UnaryHandler>,
@@ -66,12 +129,32 @@ pub struct AgentBuilder {
 }
 
 impl AgentBuilder {
+    /// The agent's version, shown to callers ([`InvokeReply::agent_version`]) and used by
+    /// canary splits and `weighted` routing. Default: empty.
+    ///
+    /// [`InvokeReply::agent_version`]: crate::InvokeReply::agent_version
     pub fn version(mut self, version: impl Into<String>) -> Self {
         self.registration.version = version.into();
         self
     }
 
-    /// Declares a capability with its tags.
+    /// Declares a capability with its tags. Calls that require tags (see
+    /// [`InvokeBuilder::tags`](crate::InvokeBuilder::tags)) only reach instances whose
+    /// capability carries all of them. Declaring a capability again adds tags.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use agent_reach::{Agent, Reply};
+    ///
+    /// let builder = Agent::builder("summarizer")
+    ///     .capability("text.summarize", ["en"])
+    ///     .capability("text.summarize", ["zh"]) // now tagged en and zh
+    ///     .capability("text.keywords", Vec::<String>::new())
+    ///     .handle("text.summarize", |_call| async { Ok(Reply::text("…")) })
+    ///     .handle("text.keywords", |_call| async { Ok(Reply::text("…")) });
+    /// # drop(builder);
+    /// ```
     pub fn capability<I, S>(mut self, name: impl Into<String>, tags: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -86,12 +169,17 @@ impl AgentBuilder {
         self
     }
 
-    /// Calls the agent can run at once (0 = unlimited).
+    /// Calls the agent can run at once (0 = unlimited, the default). The agent's sidecar
+    /// admits at most this many, by priority, and reports the instance's load to callers
+    /// from it.
     pub fn max_concurrency(mut self, n: u32) -> Self {
         self.registration.max_concurrency = n;
         self
     }
 
+    /// A registration metadata entry, e.g. `weight` for `weighted` routing or
+    /// `health_path` for an HTTP agent's probe; operators see it in
+    /// `agent-reach ctl -o json instance <id>`.
     pub fn metadata(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.registration.metadata.insert(key.into(), value.into());
         self
@@ -122,7 +210,21 @@ impl AgentBuilder {
         self
     }
 
-    /// Handles calls to `capability` (declared without tags if not declared yet).
+    /// Handles calls to `capability` (declared without tags if not declared yet). The
+    /// handler gets each [`Call`] and answers a [`Reply`] or a [`HandlerError`]; any error
+    /// type converts into one (code INTERNAL), so `?` works.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use agent_reach::{Agent, HandlerError, Reply};
+    ///
+    /// let builder = Agent::builder("calculator").handle("math.double", |call| async move {
+    ///     let n: i64 = call.text()?.trim().parse().map_err(|_| HandlerError::invalid_argument("not a number"))?;
+    ///     Ok(Reply::text((n * 2).to_string()))
+    /// });
+    /// # drop(builder);
+    /// ```
     pub fn handle<F, Fut>(mut self, capability: impl Into<String>, handler: F) -> Self
     where
         F: Fn(Call) -> Fut + Send + Sync + 'static,
@@ -134,7 +236,20 @@ impl AgentBuilder {
         self
     }
 
-    /// Handles streamed calls (`InvokeStream`) to `capability`.
+    /// Handles streamed calls (`InvokeStream`) to `capability`: the handler returns a
+    /// stream of [`Reply`] chunks, which reach the caller one by one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use agent_reach::{Agent, Reply};
+    ///
+    /// let builder = Agent::builder("counter").handle_stream("count", |call| {
+    ///     let n: usize = call.text().ok().and_then(|t| t.parse().ok()).unwrap_or(0);
+    ///     futures_util::stream::iter((1..=n).map(|i| Ok(Reply::text(i.to_string()))))
+    /// });
+    /// # drop(builder);
+    /// ```
     pub fn handle_stream<F, S>(mut self, capability: impl Into<String>, handler: F) -> Self
     where
         F: Fn(Call) -> S + Send + Sync + 'static,
@@ -146,7 +261,23 @@ impl AgentBuilder {
         self
     }
 
-    /// Starts the agent and runs it until ctrl-c or SIGTERM, then shuts down gracefully.
+    /// Starts the agent and runs it until ctrl-c or SIGTERM, then shuts down gracefully
+    /// (see [`RunningAgent::shutdown`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use agent_reach::{Agent, Reply};
+    ///
+    /// #[tokio::main]
+    /// async fn main() -> Result<(), agent_reach::AgentError> {
+    ///     Agent::builder("echo").handle("echo", |call| async move { Ok(Reply::bytes(call.payload().clone())) }).serve().await
+    /// }
+    /// ```
     pub async fn serve(self) -> Result<(), AgentError> {
         let agent = self.start().await?;
         agent_reach_support::process::shutdown_signal().await;
@@ -154,7 +285,36 @@ impl AgentBuilder {
         Ok(())
     }
 
-    /// Starts serving and registers with the sidecar; returns once registered.
+    /// Starts serving the `Agent` API and `grpc.health.v1` on the [`listen`](Self::listen)
+    /// address, registers with the sidecar, and returns once registered; heartbeats with
+    /// the agent's load then run in the background. Registration is retried while the
+    /// sidecar or control service is unavailable (up to the
+    /// [`register_timeout`](Self::register_timeout)).
+    ///
+    /// # Errors
+    ///
+    /// [`AgentError::Config`] when a declared capability has no handler, the address cannot
+    /// be bound or the sidecar address is malformed; [`AgentError::Invalid`] when the
+    /// registration is invalid (the field is named); [`AgentError::Sidecar`] when the
+    /// sidecar refuses the registration or stays unreachable past the timeout.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use agent_reach::{Agent, Reply};
+    ///
+    /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+    /// let agent = Agent::builder("echo")
+    ///     .handle("echo", |call| async move { Ok(Reply::text(call.text()?)) })
+    ///     .start()
+    ///     .await?;
+    /// // The agent can call other capabilities as itself.
+    /// let reply = agent.client().invoke("text.summarize").text("a long text").send().await?;
+    /// println!("{}", reply.text());
+    /// agent.shutdown().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn start(self) -> Result<RunningAgent, AgentError> {
         for c in &self.registration.capabilities {
             if !self.unary.contains_key(&c.name) && !self.streaming.contains_key(&c.name) {
@@ -313,7 +473,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A running agent.
+/// A running agent, from [`AgentBuilder::start`]. Dropping it leaves the agent running in
+/// the background; end it with [`shutdown`](RunningAgent::shutdown) (graceful) or
+/// [`abort`](RunningAgent::abort) (as a crash).
 pub struct RunningAgent {
     name: String,
     endpoint: String,
@@ -334,6 +496,7 @@ impl RunningAgent {
     pub fn instance_id(&self) -> String {
         lock(&self.identity).clone()
     }
+    /// The agent's name.
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -341,7 +504,18 @@ impl RunningAgent {
     pub fn endpoint(&self) -> &str {
         &self.endpoint
     }
-    /// A client of the same sidecar whose calls name this agent as the caller.
+    /// A client of the same sidecar whose calls name this agent as the caller (for rate
+    /// limits per caller, metrics and the target's [`Call::caller`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(agent: agent_reach::RunningAgent) -> Result<(), agent_reach::InvokeError> {
+    /// let reply = agent.client().invoke("text.translate").tags(["zh"]).text("hello").send().await?;
+    /// assert!(!reply.instance().is_empty());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn client(&self) -> Client {
         self.client.with_caller(&self.name, &self.instance_id())
     }
@@ -354,6 +528,15 @@ impl RunningAgent {
     /// new calls at once, and callers' tables follow), let calls in flight finish (up to the
     /// drain timeout), deregister, stop serving. No call accepted before shutdown fails
     /// because of it.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(agent: agent_reach::RunningAgent) {
+    /// tokio::signal::ctrl_c().await.ok();
+    /// agent.shutdown().await;
+    /// # }
+    /// ```
     pub async fn shutdown(self) {
         let _ = self.state.send(HealthState::Paused);
         let instance_id = self.instance_id();
@@ -528,7 +711,20 @@ impl AgentService for AgentImpl {
     }
 }
 
-/// A call delivered to a handler.
+/// A call delivered to a handler: the payload and what the caller said about it.
+///
+/// # Examples
+///
+/// ```
+/// use agent_reach::{Call, HandlerError, Reply};
+///
+/// async fn summarize(call: Call) -> Result<Reply, HandlerError> {
+///     let words: Vec<&str> = call.text()?.split_whitespace().take(3).collect();
+///     Ok(Reply::text(words.join(" ")).metadata("session", call.session_id()))
+/// }
+/// # let reply = futures_util::FutureExt::now_or_never(summarize(Call::new("text.summarize", "one two three four"))).unwrap().unwrap();
+/// # assert_eq!(reply.payload().as_ref(), b"one two three");
+/// ```
 #[derive(Clone, Debug)]
 pub struct Call {
     inner: proto::HandleRequest,
@@ -539,6 +735,17 @@ pub struct Call {
 
 impl Call {
     /// Builds a call by hand, e.g. to unit-test a handler.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use agent_reach::{Call, Reply};
+    ///
+    /// let call = Call::new("text.upper", "hello");
+    /// assert_eq!((call.capability(), call.text().unwrap()), ("text.upper", "hello"));
+    /// let reply = Reply::text(call.text().unwrap().to_uppercase());
+    /// assert_eq!(reply.payload().as_ref(), b"HELLO");
+    /// ```
     pub fn new(capability: impl Into<String>, payload: impl Into<Bytes>) -> Call {
         Call {
             inner: proto::HandleRequest { payload: payload.into(), ..Default::default() },
@@ -547,14 +754,24 @@ impl Call {
             traceparent: None,
         }
     }
+    /// The payload, as the caller sent it.
     pub fn payload(&self) -> &Bytes {
         &self.inner.payload
     }
-    /// The payload as UTF-8.
+    /// The payload as UTF-8; an INVALID_ARGUMENT [`HandlerError`] when it is not, so a
+    /// handler can use `call.text()?`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let call = agent_reach::Call::new("c", vec![0xff, 0xfe]);
+    /// assert!(call.text().is_err());
+    /// ```
     pub fn text(&self) -> Result<&str, HandlerError> {
         std::str::from_utf8(&self.inner.payload)
             .map_err(|_| HandlerError::new(Code::InvalidArgument, "payload is not valid UTF-8"))
     }
+    /// The payload's content type, as the caller set it (may be empty).
     pub fn content_type(&self) -> &str {
         &self.inner.content_type
     }
@@ -562,15 +779,19 @@ impl Call {
     pub fn capability(&self) -> &str {
         &self.capability
     }
+    /// The session the caller named (empty if none).
     pub fn session_id(&self) -> &str {
         &self.inner.session_id
     }
+    /// The call's message id: the caller's, or one its sidecar assigned.
     pub fn message_id(&self) -> &str {
         &self.inner.message_id
     }
+    /// The call's priority (NORMAL unless the caller said otherwise).
     pub fn priority(&self) -> Priority {
         crate::convert::priority_from_i32(self.inner.priority)
     }
+    /// The caller's metadata entries.
     pub fn metadata(&self) -> &HashMap<String, String> {
         &self.inner.metadata
     }
@@ -590,16 +811,28 @@ impl Call {
     pub fn deadline(&self) -> Option<Instant> {
         self.deadline
     }
-    /// The W3C trace context of the call.
+    /// The W3C trace context of the call; pass the call to
+    /// [`InvokeBuilder::within`](crate::InvokeBuilder::within) to continue it.
     pub fn traceparent(&self) -> Option<&str> {
         self.traceparent.as_deref()
     }
+    /// The request as delivered, for fields this type does not expose.
     pub fn as_proto(&self) -> &proto::HandleRequest {
         &self.inner
     }
 }
 
 /// A handler's answer (or one chunk of a streamed answer).
+///
+/// # Examples
+///
+/// ```
+/// use agent_reach::Reply;
+///
+/// let reply = Reply::bytes(vec![1, 2, 3]).content_type("application/octet-stream").metadata("model", "small");
+/// assert_eq!(reply.payload().as_ref(), [1, 2, 3]);
+/// assert_eq!(Reply::text("done").payload().as_ref(), b"done");
+/// ```
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Reply {
     payload: Bytes,
@@ -608,9 +841,11 @@ pub struct Reply {
 }
 
 impl Reply {
+    /// A binary answer, without a content type.
     pub fn bytes(payload: impl Into<Bytes>) -> Reply {
         Reply { payload: payload.into(), ..Default::default() }
     }
+    /// A UTF-8 text answer (content type `text/plain; charset=utf-8`).
     pub fn text(text: impl Into<String>) -> Reply {
         Reply {
             payload: Bytes::from(text.into()),
@@ -618,14 +853,18 @@ impl Reply {
             metadata: HashMap::new(),
         }
     }
+    /// Sets the answer's content type.
     pub fn content_type(mut self, content_type: impl Into<String>) -> Reply {
         self.content_type = content_type.into();
         self
     }
+    /// Adds a metadata entry the caller reads from
+    /// [`InvokeReply::metadata`](crate::InvokeReply::metadata).
     pub fn metadata(mut self, key: impl Into<String>, value: impl Into<String>) -> Reply {
         self.metadata.insert(key.into(), value.into());
         self
     }
+    /// The answer's payload.
     pub fn payload(&self) -> &Bytes {
         &self.payload
     }
@@ -633,6 +872,30 @@ impl Reply {
 
 /// A handler's failure: a gRPC code and a message the caller will see. Any error converts
 /// into one with code INTERNAL, so `?` works in handlers.
+///
+/// The code matters to the mesh: UNAVAILABLE, INTERNAL, UNKNOWN and DEADLINE_EXCEEDED count
+/// against the instance's circuit breaker in the caller's sidecar, and UNAVAILABLE is
+/// retried on another instance when the call may run twice (idempotent by policy, or with
+/// an idempotency key); INVALID_ARGUMENT is the caller's fault and counts for neither.
+///
+/// # Examples
+///
+/// ```
+/// use agent_reach::HandlerError;
+///
+/// fn parse(text: &str) -> Result<u32, HandlerError> {
+///     Ok(text.parse::<u32>()?) // a ParseIntError becomes INTERNAL
+/// }
+/// assert!(parse("x").is_err());
+///
+/// fn check_lang(lang: &str) -> Result<(), HandlerError> {
+///     match lang {
+///         "en" | "zh" => Ok(()),
+///         _ => Err(HandlerError::invalid_argument("lang must be one of en, zh")),
+///     }
+/// }
+/// assert!(check_lang("fr").is_err());
+/// ```
 #[derive(Debug)]
 pub struct HandlerError {
     code: Code,
@@ -640,12 +903,24 @@ pub struct HandlerError {
 }
 
 impl HandlerError {
+    /// A failure with any gRPC `code`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let e = agent_reach::HandlerError::new(tonic::Code::DeadlineExceeded, "the model took too long");
+    /// # drop(e);
+    /// ```
     pub fn new(code: Code, message: impl Into<String>) -> HandlerError {
         HandlerError { code, message: message.into() }
     }
+    /// The caller sent something this handler cannot use (INVALID_ARGUMENT); the mesh does
+    /// not retry it elsewhere.
     pub fn invalid_argument(message: impl Into<String>) -> HandlerError {
         HandlerError::new(Code::InvalidArgument, message)
     }
+    /// This instance cannot serve now (UNAVAILABLE): counts against its circuit breaker,
+    /// and an idempotent call is retried on another instance.
     pub fn unavailable(message: impl Into<String>) -> HandlerError {
         HandlerError::new(Code::Unavailable, message)
     }
@@ -660,13 +935,32 @@ impl<E: Into<Box<dyn std::error::Error + Send + Sync>>> From<E> for HandlerError
     }
 }
 
-/// Why an agent could not start.
+/// Why an agent could not start ([`AgentBuilder::start`], [`AgentBuilder::serve`]).
+///
+/// # Examples
+///
+/// ```no_run
+/// use agent_reach::{Agent, AgentError, Reply};
+///
+/// # async fn example() {
+/// match Agent::builder("echo").handle("echo", |c| async move { Ok(Reply::text(c.text()?)) }).start().await {
+///     Ok(agent) => agent.shutdown().await,
+///     Err(AgentError::Invalid(field)) => eprintln!("fix the registration: {field}"),
+///     Err(AgentError::Sidecar(e)) if e.reason() == Some("CONTROL_UNAVAILABLE") => eprintln!("retry later: {e}"),
+///     Err(e) => eprintln!("{e}"),
+/// }
+/// # }
+/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
+    /// The builder's settings cannot work: a capability without a handler, an address that
+    /// cannot be bound, a malformed sidecar address.
     #[error("agent configuration: {0}")]
     Config(String),
+    /// The registration is invalid; names the field.
     #[error("invalid registration: {0}")]
     Invalid(FieldError),
+    /// The sidecar refused the registration, or was unreachable past the register timeout.
     #[error("sidecar refused the registration: {0}")]
     Sidecar(InvokeError),
 }

@@ -93,6 +93,14 @@ pub async fn start_sidecar(config: SidecarConfig) -> Sidecar {
     Sidecar::start(config, listener().await, listener().await).await.expect("sidecar start")
 }
 
+/// A sidecar on free ports with an admin port (`/metrics`, `/healthz`, `/readyz`,
+/// `/traces/{id}`).
+pub async fn start_sidecar_with_admin(config: SidecarConfig) -> Sidecar {
+    Sidecar::start_with_admin(config, listener().await, listener().await, Some(listener().await))
+        .await
+        .expect("sidecar start")
+}
+
 /// An agent whose handlers answer "<agent>@<instance>:<payload>" for each capability,
 /// registered through the sidecar at `sidecar`.
 pub async fn echo_agent(sidecar: SocketAddr, agent: &str, capabilities: &[(&str, &[&str])]) -> RunningAgent {
@@ -344,18 +352,14 @@ pub fn table_matches(
         && policies.iter().all(|(k, p)| table.policies.get(k).is_some_and(|t| **t == *p))
 }
 
-/// A registration of `agent` with one capability and its tags.
+/// A registration of `agent` with one capability and its tags, on the wire (built by
+/// [`agent_reach::model::fixture`], the one builder of instance records for tests).
 pub fn registration(agent: &str, version: &str, capability: &str, tags: &[&str]) -> proto::AgentRegistration {
-    proto::AgentRegistration {
-        agent: agent.into(),
-        version: version.into(),
-        capabilities: vec![proto::Capability {
-            name: capability.into(),
-            tags: tags.iter().map(|t| t.to_string()).collect(),
-        }],
-        endpoint: "http://127.0.0.1:9".into(),
-        ..Default::default()
-    }
+    agent_reach::model::fixture::registration(agent)
+        .version(version)
+        .capability(capability, tags)
+        .endpoint("http://127.0.0.1:9")
+        .proto_registration()
 }
 
 /// What a [`ManualAgent`] answers to health probes.

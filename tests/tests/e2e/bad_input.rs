@@ -6,8 +6,8 @@ use agent_reach::proto;
 use agent_reach::reason::error_info;
 use agent_reach::{Agent, Client, Reply};
 use agent_reach_e2e::{
-    Backend, TestStore, echo_agent, init_logging, listener, sidecar_config, start_control, start_control_on,
-    start_sidecar, wait_for_instances,
+    Backend, TestStore, echo_agent, init_logging, listener, registration, sidecar_config, start_control,
+    start_control_on, start_sidecar, wait_for_instances,
 };
 use tonic::Code;
 
@@ -29,18 +29,13 @@ async fn malformed_requests_name_the_field() {
     let client = Client::connect(&a.local_addr().to_string()).await.unwrap();
     let mut raw = client.raw();
 
-    let registration = |agent: &str, capability: &str| proto::RegisterRequest {
-        registration: Some(proto::AgentRegistration {
-            agent: agent.into(),
-            capabilities: vec![proto::Capability { name: capability.into(), tags: vec![] }],
-            endpoint: "http://127.0.0.1:9".into(),
-            ..Default::default()
-        }),
+    let request = |agent: &str, capability: &str| proto::RegisterRequest {
+        registration: Some(registration(agent, "", capability, &[])),
         ..Default::default()
     };
-    let err = raw.register(registration("", "text.summarize")).await.unwrap_err();
+    let err = raw.register(request("", "text.summarize")).await.unwrap_err();
     assert_invalid(&err, "registration.agent");
-    let err = raw.register(registration("summarizer", "")).await.unwrap_err();
+    let err = raw.register(request("summarizer", "")).await.unwrap_err();
     assert_invalid(&err, "registration.capabilities[0].name");
     let err = raw.register(proto::RegisterRequest { registration: None, ..Default::default() }).await.unwrap_err();
     assert_invalid(&err, "registration");
@@ -127,12 +122,7 @@ async fn control_down_at_sidecar_start() {
     let err = client
         .raw()
         .register(proto::RegisterRequest {
-            registration: Some(proto::AgentRegistration {
-                agent: "echo".into(),
-                capabilities: vec![proto::Capability { name: "echo".into(), tags: vec![] }],
-                endpoint: "http://127.0.0.1:9".into(),
-                ..Default::default()
-            }),
+            registration: Some(registration("echo", "", "echo", &[])),
             ..Default::default()
         })
         .await

@@ -4,6 +4,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use agent_reach::Client;
+use agent_reach::model::{Transport, fixture};
 use agent_reach::proto;
 use agent_reach_e2e::{
     Backend, TestStore, init_logging, sidecar_config, start_control, start_sidecar, wait_for_instances,
@@ -75,14 +76,14 @@ async fn http_json_agents_join_the_mesh() {
     let reply = sidecar_b
         .raw()
         .register(proto::RegisterRequest {
-            registration: Some(proto::AgentRegistration {
-                agent: "orders".into(),
-                version: "0.1".into(),
-                capabilities: vec![proto::Capability { name: "orders.lookup".into(), tags: vec![] }],
-                endpoint,
-                transport: proto::Transport::Http as i32,
-                ..Default::default()
-            }),
+            registration: Some(
+                fixture::registration("orders")
+                    .version("0.1")
+                    .capability("orders.lookup", &[])
+                    .endpoint(&endpoint)
+                    .transport(Transport::Http)
+                    .proto_registration(),
+            ),
             ..Default::default()
         })
         .await

@@ -10,6 +10,7 @@ mod lifecycle;
 mod observability;
 mod policies;
 mod replicas;
+mod reply_headers;
 mod resilience;
 mod routing;
 mod tenants;

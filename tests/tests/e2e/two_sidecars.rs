@@ -1,4 +1,4 @@
-//! A control service on the embedded store and two sidecars ("host-a", "host-b"), the
+//! A control service (on the embedded store, or on etcd) and two sidecars ("host-a", "host-b"), the
 //! setting most policy tests need.
 
 use std::time::Duration;
@@ -24,8 +24,13 @@ pub struct Mesh {
 
 impl Mesh {
     pub async fn start() -> Mesh {
+        Mesh::start_on(Backend::Embedded).await
+    }
+
+    /// The same mesh with control on `backend` (a real etcd process for [`Backend::Etcd`]).
+    pub async fn start_on(backend: Backend) -> Mesh {
         init_logging();
-        let ts = TestStore::start(Backend::Embedded).await;
+        let ts = TestStore::start(backend).await;
         let control = start_control(ts.store.clone(), Duration::from_secs(15)).await;
         let a = start_sidecar(sidecar_config(&control.endpoint(), "host-a")).await;
         let b = start_sidecar(sidecar_config(&control.endpoint(), "host-b")).await;
