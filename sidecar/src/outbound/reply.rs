@@ -5,10 +5,10 @@
 
 use std::sync::Arc;
 
-use agent_reach::model::{Target, TargetKind};
+use agent_reach::model::Target;
 use agent_reach::proto;
 use agent_reach::reason::{self, Reason};
-use agent_reach_routing::{CallGuard, InstanceStats, Member, clock};
+use agent_reach_routing::{CallGuard, InstanceStats, Member, clock, resolve};
 use http::{HeaderMap, HeaderValue, Response};
 use prost::Message;
 use tonic::{Code, Status};
@@ -25,6 +25,8 @@ pub(crate) struct Served<'a> {
     pub member: &'a Member,
     pub attempts: u32,
     pub tried: &'a [String],
+    /// The target that was routed: the call's own, or its fallback.
+    pub target: &'a Target,
     pub fallback_from: Option<&'a Target>,
 }
 
@@ -150,11 +152,10 @@ fn stamp(h: &mut HeaderMap, served: &Served<'_>) -> CallOutcome {
     if let Ok(v) = HeaderValue::from_str(&rec.registration.version) {
         h.insert(header::AGENT_VERSION, v);
     }
-    let name = match &call.target.kind {
-        TargetKind::Capability(c) | TargetKind::Agent(c) => c,
-    };
-    let strategy = call.table.by_capability.get(name).map(|g| g.strategy().as_str()).unwrap_or("least_loaded");
-    let route = format!("{strategy} {} -> {} (attempt {})", call.target, rec.instance_id, served.attempts);
+    // The group of the target that was routed (the fallback's, when it served the call),
+    // looked up by agent or by capability as the router did.
+    let strategy = resolve(&call.table, served.target).map(|g| g.strategy().as_str()).unwrap_or("least_loaded");
+    let route = format!("{strategy} {} -> {} (attempt {})", served.target, rec.instance_id, served.attempts);
     if let Ok(v) = HeaderValue::from_str(&route) {
         h.insert(header::ROUTE, v);
     }

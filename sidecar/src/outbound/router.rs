@@ -350,8 +350,14 @@ impl Router {
             Some(Attempt::Answered(resp, hold)) => (resp, hold),
         };
         let now = clock();
-        let served =
-            Served { call, member: &member, attempts: attempt, tried: &tries.tried, fallback_from: plan.fallback_from };
+        let served = Served {
+            call,
+            member: &member,
+            attempts: attempt,
+            tried: &tries.tried,
+            target: plan.target,
+            fallback_from: plan.fallback_from,
+        };
         match finish(resp, hold, guard, &served, self.limit).await {
             Finished::Done(resp) => {
                 member.stats.observe(Duration::from_nanos(now.saturating_sub(sent_at)), now);

@@ -146,6 +146,11 @@ async fn a_fallback_serves_what_the_target_cannot_and_says_so() {
     assert_eq!(reply.instance(), backup.instance_id());
     assert_eq!(reply.fallback_from(), Some("capability text.summarize"));
     assert_eq!(reply.text(), format!("backup@{}:long text", backup.instance_id()));
+    // ar-route names the target that served the call: the fallback, not the original.
+    assert_eq!(
+        reply.route(),
+        format!("least_loaded capability text.summarize.cheap -> {} (attempt 1)", backup.instance_id())
+    );
 
     // A failing primary also falls back, once its instances cannot take the call.
     let bad = failing_agent(&mesh.b, "text.summarize").await;

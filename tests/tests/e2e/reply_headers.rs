@@ -159,6 +159,19 @@ async fn ar_route_names_the_strategy_target_instance_and_attempt() {
     assert_eq!((reply.instance(), reply.attempts()), (alive_id.as_str(), 2));
     assert_eq!(reply.route(), format!("round_robin capability work -> {alive_id} (attempt 2)"));
 
+    // A call by agent name takes the agent's policy, and ar-route names it (not the
+    // strategy of a capability that happens to share the name).
+    mesh.policy(Policy {
+        tenant: "default".into(),
+        kind: PolicyKind::Agent,
+        name: "summarizer".into(),
+        spec: PolicySpec { strategy: Some(Strategy::RoundRobin), ..Default::default() },
+        description: String::new(),
+    })
+    .await;
+    let reply = client.invoke_agent("summarizer").text("x").send().await.unwrap();
+    assert_eq!(reply.route(), format!("round_robin agent summarizer -> {} (attempt 1)", reply.instance()));
+
     mesh.stop(vec![sum_a, sum_b, alive]).await;
 }
 
