@@ -81,13 +81,7 @@ pub struct AlertConfig {
 
 impl Default for AlertConfig {
     fn default() -> Self {
-        AlertConfig {
-            lost_window: Duration::from_secs(15),
-            lost_count: 2,
-            min_healthy: 1,
-            history: 200,
-            webhook: None,
-        }
+        AlertConfig { lost_window: Duration::from_secs(15), lost_count: 2, min_healthy: 1, history: 200, webhook: None }
     }
 }
 
@@ -425,7 +419,8 @@ impl Alerts {
                 Ok(feed) => feed,
                 Err(e) => {
                     tracing::warn!(%tenant, "alert rules cannot read the tenant's state: {e}");
-                    let wait = agent_reach_support::backoff::jittered(failures, Duration::from_millis(200), Duration::from_secs(5));
+                    let wait =
+                        agent_reach_support::backoff::jittered(failures, Duration::from_millis(200), Duration::from_secs(5));
                     failures += 1;
                     tokio::select! {
                         _ = agent_reach_support::process::stopped(&mut shutdown) => return,
@@ -556,7 +551,9 @@ async fn deliver(
                     }
                 }
                 Ok(Err(e)) => tracing::warn!(alert = %alert.id, attempt, "alert webhook: {e}"),
-                Err(_) => tracing::warn!(alert = %alert.id, attempt, "alert webhook did not answer in {:?}", hook.timeout),
+                Err(_) => {
+                    tracing::warn!(alert = %alert.id, attempt, "alert webhook did not answer in {:?}", hook.timeout)
+                }
             }
         }
         ControlStats::inc(if delivered { &counters.webhook_delivered } else { &counters.webhook_failed });

@@ -174,9 +174,10 @@ impl TryFrom<&ControlArgs> for ControlConfig {
             return Err("--watch-history must be at least 1".into());
         }
         if a.dashboard_listen != "off" {
-            let addr = a.dashboard_listen.parse::<SocketAddr>().map_err(|_| {
-                format!("--dashboard-listen: {:?} is not host:port or \"off\"", a.dashboard_listen)
-            })?;
+            let addr = a
+                .dashboard_listen
+                .parse::<SocketAddr>()
+                .map_err(|_| format!("--dashboard-listen: {:?} is not host:port or \"off\"", a.dashboard_listen))?;
             crate::dashboard::check_listen_address(addr)?;
         }
         if a.alert_lost_count == 0 {

@@ -127,8 +127,12 @@ pub async fn run(args: ControlArgs, config: ControlConfig) -> Result<(), String>
         listen = %args.listen, admin = %args.admin_listen, store = store.backend(), lease_ttl = ?config.lease_ttl,
         "control service started"
     );
+<<<<<<< HEAD
     let served =
         serve_parts(store, config, stats, listener, dashboard, agent_reach_support::process::shutdown_signal()).await;
+=======
+    let served = serve_parts(store, config, stats, listener, dashboard, agent_reach::process::shutdown_signal()).await;
+>>>>>>> c14287b (Dashboard browser test (headless Chromium over WebDriver on a real mesh and etcd), alert webhook test, Grafana dashboard shipped with the chart and checked against real scrapes; agent-reach up prints the dashboard URL; README Dashboard section with screenshots)
     let _ = stop_admin.send(true);
     served.map_err(|e| e.to_string())
 }
@@ -178,9 +182,11 @@ pub async fn serve_parts(
         feeds.clone(),
     ));
     let janitor = tokio::spawn(feeds.clone().run_janitor(stop_rx.clone()));
-    let alerts = alerts::Alerts::start(config.alerts.clone(), feeds.clone(), store.clone(), stats.clone(), stop_rx.clone());
+    let alerts =
+        alerts::Alerts::start(config.alerts.clone(), feeds.clone(), store.clone(), stats.clone(), stop_rx.clone());
     if let Some(listener) = dashboard {
-        let page = dashboard::Dashboard::new(feeds.clone(), registry.clone(), alerts, Box::new(dashboard::LoopbackOnly));
+        let page =
+            dashboard::Dashboard::new(feeds.clone(), registry.clone(), alerts, Box::new(dashboard::LoopbackOnly));
         tokio::spawn(dashboard::serve(listener, Arc::new(page), stop_rx.clone()));
     }
     let control = ControlService::new(registry.clone(), feeds, store, stats, stop_rx);

@@ -196,15 +196,15 @@ fn harden(response: &mut Response<Body>) {
 
 impl Dashboard {
     /// The tenant named by `?tenant=` ("default" when absent), validated.
-    fn tenant(query: Option<&str>) -> Result<String, Response<Body>> {
+    fn tenant(query: Option<&str>) -> Result<String, Refusal> {
         let tenant = query_param(query, "tenant").unwrap_or_else(|| "default".to_string());
         validate_tenant("tenant", &tenant)
-            .map_err(|e| error(StatusCode::BAD_REQUEST, &format!("{}: {}", e.field, e.reason)))?;
+            .map_err(|e| Refusal(StatusCode::BAD_REQUEST, format!("{}: {}", e.field, e.reason)))?;
         Ok(tenant)
     }
 
-    async fn feed(&self, tenant: &str) -> Result<Arc<Feed>, Response<Body>> {
-        self.feeds.get(tenant).await.map_err(|e| error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()))
+    async fn feed(&self, tenant: &str) -> Result<Arc<Feed>, Refusal> {
+        self.feeds.get(tenant).await.map_err(|e| Refusal(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))
     }
 
     async fn route(self: &Arc<Self>, request: Request<Incoming>, shutdown: watch::Receiver<bool>) -> Response<Body> {
@@ -217,7 +217,7 @@ impl Dashboard {
         let tenant = match path.starts_with("/api/") && path != "/api/tenants" {
             true => match Self::tenant(query.as_deref()) {
                 Ok(t) => t,
-                Err(response) => return response,
+                Err(refusal) => return refusal.into(),
             },
             false => String::new(),
         };
@@ -240,14 +240,14 @@ impl Dashboard {
             },
             "/api/state" => match self.feed(&tenant).await {
                 Ok(feed) => json(&view::state(&tenant, &feed, &self.alerts)),
-                Err(response) => response,
+                Err(refusal) => refusal.into(),
             },
             "/api/search" => match self.feed(&tenant).await {
                 Ok(feed) => {
                     let q = query_param(query.as_deref(), "q").unwrap_or_default();
                     json(&view::search(&feed, &q))
                 }
-                Err(response) => response,
+                Err(refusal) => refusal.into(),
             },
             "/api/events" => self.events(tenant, shutdown).await,
             _ => error(StatusCode::NOT_FOUND, &format!("no such page: {path}")),
@@ -263,7 +263,7 @@ impl Dashboard {
         let guard = StreamGuard(self.clone());
         let feed = match self.feed(&tenant).await {
             Ok(feed) => feed,
-            Err(response) => return response,
+            Err(refusal) => return refusal.into(),
         };
         let mut head = feed.subscribe();
         let mut alerts = self.alerts.subscribe();
@@ -303,6 +303,15 @@ impl Dashboard {
         let mut response = Response::new(BodyExt::boxed(body));
         response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
         response
+    }
+}
+
+/// A request refused with a status and why.
+struct Refusal(StatusCode, String);
+
+impl From<Refusal> for Response<Body> {
+    fn from(r: Refusal) -> Self {
+        error(r.0, &r.1)
     }
 }
 

@@ -98,14 +98,13 @@ pub fn search(feed: &Feed, query: &str) -> Search {
 
 fn search_in(instances: &[InstanceStatus], query: &str) -> Search {
     let query: String = query.trim().chars().take(MAX_QUERY).collect();
-    let capabilities: BTreeSet<&str> = instances
-        .iter()
-        .flat_map(|s| s.record.registration.capabilities.iter().map(|c| c.name.as_str()))
-        .collect();
+    let capabilities: BTreeSet<&str> =
+        instances.iter().flat_map(|s| s.record.registration.capabilities.iter().map(|c| c.name.as_str())).collect();
     let agents: BTreeSet<&str> = instances.iter().map(|s| s.record.registration.agent.as_str()).collect();
     let lower = query.to_lowercase();
-    let containing =
-        |names: &BTreeSet<&str>| names.iter().filter(|n| n.to_lowercase().contains(&lower)).map(|n| n.to_string()).collect();
+    let containing = |names: &BTreeSet<&str>| {
+        names.iter().filter(|n| n.to_lowercase().contains(&lower)).map(|n| n.to_string()).collect()
+    };
     let (found_caps, found_agents): (Vec<String>, Vec<String>) = (containing(&capabilities), containing(&agents));
     let suggestions = if query.is_empty() || !found_caps.is_empty() || !found_agents.is_empty() {
         Vec::new()
@@ -146,7 +145,8 @@ mod tests {
 
     #[test]
     fn search_finds_names_containing_the_query_else_suggests_close_ones() {
-        let all = [instance("translator", &["text.translate", "text.detect"]), instance("summarizer", &["text.summarize"])];
+        let all =
+            [instance("translator", &["text.translate", "text.detect"]), instance("summarizer", &["text.summarize"])];
         let found = search_in(&all, "TEXT.");
         assert_eq!(found.capabilities, ["text.detect", "text.summarize", "text.translate"]);
         assert!(found.agents.is_empty() && found.suggestions.is_empty());

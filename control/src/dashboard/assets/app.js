@@ -14,7 +14,7 @@ function el(tag, attrs = {}, ...children) {
     if (k === 'onclick') node.addEventListener('click', v);
     else if (v !== undefined && v !== null) node.setAttribute(k, v);
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined) continue;
     node.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }
@@ -23,7 +23,7 @@ function el(tag, attrs = {}, ...children) {
 
 const tenant = () => $('#tenant').value || 'default';
 const stateBadge = (s) => el('span', { class: `state state-${s}` }, s);
-const tags = (caps) => caps.map((c) => el('span', { class: 'tag' }, c.tags.length ? `${c.name}[${c.tags.join(',')}]` : c.name));
+const tags = (caps) => caps.map((c) => el('span', { class: 'tag' }, c.tags && c.tags.length ? `${c.name}[${c.tags.join(',')}]` : c.name));
 const time = (ms) => (ms ? new Date(ms).toLocaleString() : '');
 const ago = (ms) => {
   if (!ms) return '';
