@@ -389,3 +389,77 @@ async fn every_metric_of_the_grafana_dashboard_is_in_a_real_scrape() {
     let missing: Vec<&String> = queried.iter().filter(|name| !scraped.contains(*name)).collect();
     assert!(missing.is_empty(), "the dashboard queries metrics no scrape has: {missing:?}\nscraped: {scraped:?}");
 }
+
+/// One raw HTTP/1.1 request: status, head and as much body as comes within a second.
+async fn raw(addr: std::net::SocketAddr, method: &str, path: &str, host: &str) -> (u16, String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("{method} {path} HTTP/1.1\r\nhost: {host}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+    // Event streams never end: read what comes within the second.
+    while let Ok(Ok(n)) = tokio::time::timeout_at(deadline, tcp.read(&mut buf)).await {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (head[9..12].parse().unwrap(), head.to_ascii_lowercase(), body.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_answers_loopback_hosts_reads_only_and_checks_tenants() {
+    init_logging();
+    let ts = TestStore::start(Backend::Embedded).await;
+    let dashboard = listener().await;
+    let addr = dashboard.local_addr().unwrap();
+    let host = addr.to_string();
+    let control =
+        ControlHandle::spawn_with_dashboard(ts.store.clone(), ControlConfig::default(), listener().await, dashboard)
+            .unwrap();
+    let sidecar = start_sidecar(sidecar_config(&control.endpoint(), "host-a")).await;
+    let agent = echo_agent(sidecar.local_addr(), "translator", &[("text.translate", &["zh"])]).await;
+    wait_for_instances(&sidecar, &[agent.instance_id()]).await;
+
+    let (status, head, body) = raw(addr, "GET", "/", &host).await;
+    assert_eq!(status, 200);
+    assert!(head.contains("content-type: text/html"), "{head}");
+    assert!(head.contains("content-security-policy: default-src 'none'; script-src 'self'"), "{head}");
+    assert!(head.contains("x-frame-options: deny"), "{head}");
+    assert!(body.contains("/assets/app.js"));
+    assert_eq!(raw(addr, "GET", "/assets/app.js", "localhost").await.0, 200);
+    // A page elsewhere that rebinds its name to 127.0.0.1 is refused.
+    let (status, _, body) = raw(addr, "GET", "/api/state", "dashboard.evil.example").await;
+    assert_eq!(status, 403, "{body}");
+    // Nothing changes through the dashboard yet.
+    assert_eq!(raw(addr, "POST", "/api/state", &host).await.0, 405);
+    let (status, _, body) = raw(addr, "GET", "/api/state?tenant=Bad%2Fname", &host).await;
+    assert_eq!(status, 400);
+    assert!(body.contains("tenant"), "{body}");
+    assert_eq!(raw(addr, "GET", "/nope", &host).await.0, 404);
+
+    let (status, _, body) = raw(addr, "GET", "/api/search?q=text.tranlsate", &host).await;
+    assert_eq!(status, 200);
+    let found: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(found["suggestions"], serde_json::json!(["text.translate"]));
+    assert_eq!(found["capabilities"], serde_json::json!([]));
+
+    let (status, _, body) = raw(addr, "GET", "/api/state", &host).await;
+    assert_eq!(status, 200);
+    let state: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(state["instances"][0]["instance_id"], Value::String(agent.instance_id()));
+    assert_eq!(state["agents"][0]["agent"], "translator");
+
+    // The event stream starts with the whole state, its revision as the event id.
+    let (status, head, body) = raw(addr, "GET", "/api/events", &host).await;
+    assert_eq!(status, 200);
+    assert!(head.contains("content-type: text/event-stream"), "{head}");
+    let event = body.split("\n\n").find(|e| e.contains("event: state")).expect("a state event");
+    let revision = state["revision"].as_i64().unwrap();
+    assert!(event.contains(&format!("id: {revision}\n")), "{event}");
+    assert!(event.contains(&agent.instance_id()), "{event}");
+}
