@@ -46,6 +46,9 @@ const CLAIM_TTL: Duration = Duration::from_secs(60);
 const WEBHOOK_QUEUE: usize = 256;
 /// The rules also re-evaluate this often without a state change (windows run out).
 const TICK: Duration = Duration::from_secs(1);
+/// At most one evaluation per tenant this often: changes in between are evaluated together
+/// (a large tenant whose loads change often costs at most this many passes).
+const MIN_EVALUATION_GAP: Duration = Duration::from_millis(250);
 
 /// Root of the delivery claims: `/agent-reach/v1/alert-claims/{tenant}/{rule}/{agent}`.
 pub const CLAIMS_ROOT: &str = "/agent-reach/v1/alert-claims/";
@@ -435,7 +438,12 @@ impl Alerts {
             loop {
                 let (revision, instances, _) = feed.view();
                 let findings = rules.evaluate(Instant::now(), now_ms(), revision, &instances);
+                drop(instances);
                 self.record(&tenant, findings);
+                tokio::select! {
+                    _ = agent_reach_support::process::stopped(&mut shutdown) => return,
+                    _ = tokio::time::sleep(MIN_EVALUATION_GAP) => {}
+                }
                 tokio::select! {
                     _ = agent_reach_support::process::stopped(&mut shutdown) => return,
                     changed = head.changed() => if changed.is_err() { break },
