@@ -422,8 +422,11 @@ impl Alerts {
                 Ok(feed) => feed,
                 Err(e) => {
                     tracing::warn!(%tenant, "alert rules cannot read the tenant's state: {e}");
-                    let wait =
-                        agent_reach_support::backoff::jittered(failures, Duration::from_millis(200), Duration::from_secs(5));
+                    let wait = agent_reach_support::backoff::jittered(
+                        failures,
+                        Duration::from_millis(200),
+                        Duration::from_secs(5),
+                    );
                     failures += 1;
                     tokio::select! {
                         _ = agent_reach_support::process::stopped(&mut shutdown) => return,

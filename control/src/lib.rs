@@ -127,12 +127,8 @@ pub async fn run(args: ControlArgs, config: ControlConfig) -> Result<(), String>
         listen = %args.listen, admin = %args.admin_listen, store = store.backend(), lease_ttl = ?config.lease_ttl,
         "control service started"
     );
-<<<<<<< HEAD
     let served =
         serve_parts(store, config, stats, listener, dashboard, agent_reach_support::process::shutdown_signal()).await;
-=======
-    let served = serve_parts(store, config, stats, listener, dashboard, agent_reach_support::process::shutdown_signal()).await;
->>>>>>> c14287b (Dashboard browser test (headless Chromium over WebDriver on a real mesh and etcd), alert webhook test, Grafana dashboard shipped with the chart and checked against real scrapes; agent-reach up prints the dashboard URL; README Dashboard section with screenshots)
     let _ = stop_admin.send(true);
     served.map_err(|e| e.to_string())
 }
