@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The full test run, as CI runs it: installs etcd (Debian's etcd-server), nginx, h2load,
-# Envoy, helm, Chromium and chromedriver when they are missing (see scripts/install-*.sh), then checks formatting,
-# runs clippy with warnings as errors, and runs every test of the workspace. The end-to-end
-# tests start their own etcd processes on free ports.
+# Envoy, helm, Chromium and chromedriver when they are missing (see scripts/install-*.sh),
+# then checks formatting, runs clippy with warnings as errors, and runs every test of the
+# workspace. The end-to-end tests start their own etcd processes on free ports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
