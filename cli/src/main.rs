@@ -70,6 +70,9 @@ struct UpArgs {
     /// Sidecar admin HTTP address (/metrics, /healthz, /readyz, /traces).
     #[arg(long, env = "AGENT_REACH_ADMIN_LISTEN", default_value = "127.0.0.1:7702")]
     admin_listen: SocketAddr,
+    /// Dashboard address (loopback only: the dashboard has no login yet).
+    #[arg(long, env = "AGENT_REACH_DASHBOARD_LISTEN", default_value = "127.0.0.1:7802")]
+    dashboard_listen: SocketAddr,
     /// Lease TTL of registrations.
     #[arg(long, env = "AGENT_REACH_LEASE_TTL", default_value = "20s", value_parser = agent_reach_support::duration::parse)]
     lease_ttl: Duration,
@@ -134,16 +137,21 @@ async fn up(args: UpArgs) -> Result<(), String> {
     let local = bind(args.listen, "--listen").await?;
     let mesh = bind(args.mesh_listen, "--mesh-listen").await?;
     let admin = bind(args.admin_listen, "--admin-listen").await?;
-    let control = ControlHandle::spawn(
+    agent_reach_control::dashboard::check_listen_address(args.dashboard_listen)?;
+    let dashboard = bind(args.dashboard_listen, "--dashboard-listen").await?;
+    let dashboard_addr = dashboard.local_addr().map_err(|e| e.to_string())?;
+    let control = ControlHandle::spawn_with_dashboard(
         std::sync::Arc::new(EmbeddedStore::default()),
         ControlConfig { lease_ttl: args.lease_ttl, ..ControlConfig::default() },
         control_listener,
+        dashboard,
     )
     .map_err(|e| e.to_string())?;
     let config = SidecarConfig::new(vec![control.endpoint()]);
     let sidecar = Sidecar::start_with_admin(config, local, mesh, Some(admin)).await.map_err(|e| e.to_string())?;
     println!("Agent-Reach dev mesh is up (embedded store: state lives in this process only).");
     println!("  control   {}   (Control API, grpc.health.v1)", control.addr());
+    println!("  dashboard http://{dashboard_addr}/   (loopback only: no login yet)");
     println!("  sidecar   {}   (local API: agents Register and Invoke here)", sidecar.local_addr());
     println!("            {}   (mesh API)", sidecar.mesh_addr());
     if let Some(admin) = sidecar.admin_addr() {

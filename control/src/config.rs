@@ -19,6 +19,8 @@ use std::time::Duration;
 
 use clap::Parser;
 
+use crate::alerts::{AlertConfig, WebhookConfig};
+
 /// agent-reach-control: holds registrations on etcd leases and streams routing state to
 /// every sidecar.
 #[derive(Clone, Debug, Parser)]
@@ -31,6 +33,40 @@ pub struct ControlArgs {
     /// Admin HTTP address: /metrics, /healthz, /readyz (the store answers); "off" disables it.
     #[arg(long, env = "AGENT_REACH_ADMIN_LISTEN", default_value = "0.0.0.0:7801")]
     pub admin_listen: String,
+
+    /// Dashboard HTTP address (the operators' web page); "off" disables it. Loopback
+    /// addresses only until the dashboard has logins.
+    #[arg(long, env = "AGENT_REACH_DASHBOARD_LISTEN", default_value = "127.0.0.1:7802")]
+    pub dashboard_listen: String,
+
+    /// Alert when an agent has fewer healthy (UP, DEGRADED, STARTING or operator-held)
+    /// instances than this; 0 disables the rule.
+    #[arg(long, env = "AGENT_REACH_ALERT_MIN_HEALTHY", default_value_t = 1)]
+    pub alert_min_healthy: u32,
+
+    /// Alert when this many instances of one agent are lost within --alert-lost-window.
+    #[arg(long, env = "AGENT_REACH_ALERT_LOST_COUNT", default_value_t = 2)]
+    pub alert_lost_count: usize,
+
+    /// The window of --alert-lost-count.
+    #[arg(long, env = "AGENT_REACH_ALERT_LOST_WINDOW", default_value = "15s", value_parser = agent_reach_support::duration::parse)]
+    pub alert_lost_window: Duration,
+
+    /// POST every alert as JSON to this http:// URL, signed with --alert-webhook-secret-file.
+    #[arg(long, env = "AGENT_REACH_ALERT_WEBHOOK_URL", requires = "alert_webhook_secret_file")]
+    pub alert_webhook_url: Option<String>,
+
+    /// File holding the webhook's HMAC-SHA256 key (its bytes, trailing newline removed).
+    #[arg(long, env = "AGENT_REACH_ALERT_WEBHOOK_SECRET_FILE", requires = "alert_webhook_url")]
+    pub alert_webhook_secret_file: Option<PathBuf>,
+
+    /// Attempts per alert to deliver it to the webhook (retries back off exponentially).
+    #[arg(long, env = "AGENT_REACH_ALERT_WEBHOOK_ATTEMPTS", default_value_t = 6)]
+    pub alert_webhook_attempts: u32,
+
+    /// Timeout of one webhook attempt.
+    #[arg(long, env = "AGENT_REACH_ALERT_WEBHOOK_TIMEOUT", default_value = "5s", value_parser = agent_reach_support::duration::parse)]
+    pub alert_webhook_timeout: Duration,
 
     /// etcd endpoints, comma-separated ("http://etcd-0:2379,..."). Without it the control
     /// service keeps its state in memory (embedded store, for development: state is lost
@@ -90,6 +126,7 @@ pub struct ControlConfig {
     pub load_step: f64,
     pub load_report_interval: Duration,
     pub watch_history: usize,
+    pub alerts: AlertConfig,
 }
 
 impl Default for ControlConfig {
@@ -99,6 +136,7 @@ impl Default for ControlConfig {
             load_step: 0.1,
             load_report_interval: Duration::from_secs(5),
             watch_history: 4096,
+            alerts: AlertConfig::default(),
         }
     }
 }
@@ -135,13 +173,65 @@ impl TryFrom<&ControlArgs> for ControlConfig {
         if a.watch_history == 0 {
             return Err("--watch-history must be at least 1".into());
         }
+        if a.dashboard_listen != "off" {
+            let addr = a
+                .dashboard_listen
+                .parse::<SocketAddr>()
+                .map_err(|_| format!("--dashboard-listen: {:?} is not host:port or \"off\"", a.dashboard_listen))?;
+            crate::dashboard::check_listen_address(addr)?;
+        }
+        if a.alert_lost_count == 0 {
+            return Err("--alert-lost-count must be at least 1".into());
+        }
+        if a.alert_lost_window.is_zero() {
+            return Err("--alert-lost-window must be greater than 0".into());
+        }
+        let webhook = match (&a.alert_webhook_url, &a.alert_webhook_secret_file) {
+            (Some(url), Some(secret_file)) => Some(webhook(a, url, secret_file)?),
+            _ => None,
+        };
         Ok(ControlConfig {
             lease_ttl: a.lease_ttl,
             load_step: a.load_step,
             load_report_interval: a.load_report_interval,
             watch_history: a.watch_history,
+            alerts: AlertConfig {
+                lost_window: a.alert_lost_window,
+                lost_count: a.alert_lost_count,
+                min_healthy: a.alert_min_healthy,
+                webhook,
+                ..AlertConfig::default()
+            },
         })
     }
+}
+
+fn webhook(a: &ControlArgs, url: &str, secret_file: &std::path::Path) -> Result<WebhookConfig, String> {
+    let uri: http::Uri = url.parse().map_err(|e| format!("--alert-webhook-url {url}: {e}"))?;
+    if uri.scheme_str() != Some("http") || uri.host().is_none() {
+        return Err(format!("--alert-webhook-url {url}: must be an http:// URL (https is not supported yet)"));
+    }
+    let mut secret = std::fs::read(secret_file)
+        .map_err(|e| format!("--alert-webhook-secret-file {}: {e}", secret_file.display()))?;
+    while secret.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+        secret.pop();
+    }
+    if secret.len() < 16 {
+        return Err("--alert-webhook-secret-file: the key must be at least 16 bytes".into());
+    }
+    if a.alert_webhook_attempts == 0 {
+        return Err("--alert-webhook-attempts must be at least 1".into());
+    }
+    if a.alert_webhook_timeout.is_zero() {
+        return Err("--alert-webhook-timeout must be greater than 0".into());
+    }
+    Ok(WebhookConfig {
+        url: uri,
+        secret,
+        attempts: a.alert_webhook_attempts,
+        timeout: a.alert_webhook_timeout,
+        backoff: Duration::from_millis(500),
+    })
 }
 
 #[cfg(test)]
@@ -157,6 +247,9 @@ mod tests {
             ("--load-step", "1.5"),
             ("--load-report-interval", "0s"),
             ("--watch-history", "0"),
+            ("--dashboard-listen", "0.0.0.0:7802"),
+            ("--dashboard-listen", "nowhere"),
+            ("--alert-lost-count", "0"),
         ] {
             let a = ControlArgs::parse_from(["control", flag, value]);
             let error = ControlConfig::try_from(&a).unwrap_err();

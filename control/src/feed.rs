@@ -27,6 +27,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use agent_reach::model::InstanceStatus;
+
 use crate::error::ControlError;
 use crate::keys;
 use crate::record::{self, StoredInstance};
@@ -317,6 +319,15 @@ impl Feed {
         self.state().instances.get(key).cloned()
     }
 
+    /// Every instance as operators see it (sorted by agent, then instance id) and every
+    /// policy, at the head revision, from memory (the dashboard and the alert rules read
+    /// this instead of the store).
+    pub fn view(&self) -> (Revision, Vec<InstanceStatus>, Vec<proto::Policy>) {
+        let state = self.state();
+        let instances = state.instances.values().map(|e| e.stored.status(e.mod_revision)).collect();
+        (state.head, instances, state.policies.values().cloned().collect())
+    }
+
     /// A snapshot of the whole state at the head revision.
     pub fn snapshot(&self, resync: bool) -> proto::Snapshot {
         let mut state = self.state();
@@ -379,12 +390,20 @@ pub struct Feeds {
     stats: Arc<ControlStats>,
     capacity: usize,
     feeds: Mutex<HashMap<String, (Arc<Feed>, Instant)>>,
+    /// Bumped whenever a feed starts (the alert rules follow every tenant with a feed).
+    started: watch::Sender<u64>,
 }
 
 impl Feeds {
     /// Feeds keeping up to `capacity` deltas of history each.
     pub fn new(store: Arc<dyn Store>, stats: Arc<ControlStats>, capacity: usize) -> Feeds {
-        Feeds { store, stats, capacity: capacity.max(1), feeds: Mutex::new(HashMap::new()) }
+        Feeds {
+            store,
+            stats,
+            capacity: capacity.max(1),
+            feeds: Mutex::new(HashMap::new()),
+            started: watch::channel(0).0,
+        }
     }
 
     /// The feed of `tenant` (a validated name), started if needed, once it has loaded.
@@ -400,6 +419,7 @@ impl Feeds {
                 _ => {
                     let feed = Arc::new(self.start(tenant));
                     feeds.insert(tenant.to_string(), (feed.clone(), now));
+                    self.started.send_modify(|n| *n += 1);
                     feed
                 }
             }
@@ -436,7 +456,12 @@ impl Feeds {
         lock(&self.feeds).clear();
     }
 
-    /// Tenants with a running feed (for tests).
+    /// A receiver woken whenever a feed starts.
+    pub fn subscribe_started(&self) -> watch::Receiver<u64> {
+        self.started.subscribe()
+    }
+
+    /// Tenants with a running feed.
     pub fn tenants(&self) -> Vec<String> {
         let mut tenants: Vec<String> = lock(&self.feeds).keys().cloned().collect();
         tenants.sort();

@@ -10,12 +10,18 @@
 //!   (`agentreach.v1.Admin`, for operators) on one gRPC port; [`error`] turns every
 //!   failure into a status.
 //!
+//! - [`dashboard`]: the operators' web page, live over server-sent events from the tenant
+//!   feeds; [`alerts`]: rules over the same feeds, to the dashboard, `/metrics` and a
+//!   signed webhook.
+//!
 //! All state lives in the store (`agent_reach_store`): etcd in production, the embedded
 //! store in development. Counters are in [`stats`]. [`serve`] takes an already-bound
 //! listener and a shutdown future; every watch stream ends on shutdown.
 
 pub mod admin;
+pub mod alerts;
 pub mod config;
+pub mod dashboard;
 pub mod error;
 pub mod feed;
 pub mod keys;
@@ -110,12 +116,19 @@ pub async fn run(args: ControlArgs, config: ControlConfig) -> Result<(), String>
         let state = metrics::admin_state(store.clone(), stats.clone(), admin_stopped.clone());
         tokio::spawn(agent_reach_telemetry::serve_admin(admin, Arc::new(state), admin_stopped));
     }
+    let dashboard = match args.dashboard_listen.as_str() {
+        "off" => None,
+        addr => Some(TcpListener::bind(addr).await.map_err(|e| format!("--dashboard-listen {addr}: {e}"))?),
+    };
+    if let Some(addr) = dashboard.as_ref().and_then(|l| l.local_addr().ok()) {
+        tracing::info!("dashboard at http://{addr}/ (loopback only: it has no login yet)");
+    }
     tracing::info!(
         listen = %args.listen, admin = %args.admin_listen, store = store.backend(), lease_ttl = ?config.lease_ttl,
         "control service started"
     );
     let served =
-        serve_with_stats(store, config, stats, listener, agent_reach_support::process::shutdown_signal()).await;
+        serve_parts(store, config, stats, listener, dashboard, agent_reach_support::process::shutdown_signal()).await;
     let _ = stop_admin.send(true);
     served.map_err(|e| e.to_string())
 }
@@ -139,6 +152,18 @@ pub async fn serve_with_stats(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
+    serve_parts(store, config, stats, listener, None, shutdown).await
+}
+
+/// [`serve_with_stats`], also serving the dashboard on `dashboard` when given.
+pub async fn serve_parts(
+    store: Arc<dyn Store>,
+    config: ControlConfig,
+    stats: Arc<ControlStats>,
+    listener: TcpListener,
+    dashboard: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), tonic::transport::Error> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let store: Arc<dyn Store> = Arc::new(CountingStore::new(store, stats.clone()));
     let feeds = Arc::new(feed::Feeds::new(store.clone(), stats.clone(), config.watch_history));
@@ -153,6 +178,13 @@ pub async fn serve_with_stats(
         feeds.clone(),
     ));
     let janitor = tokio::spawn(feeds.clone().run_janitor(stop_rx.clone()));
+    let alerts =
+        alerts::Alerts::start(config.alerts.clone(), feeds.clone(), store.clone(), stats.clone(), stop_rx.clone());
+    if let Some(listener) = dashboard {
+        let page =
+            dashboard::Dashboard::new(feeds.clone(), registry.clone(), alerts, Box::new(dashboard::LoopbackOnly));
+        tokio::spawn(dashboard::serve(listener, Arc::new(page), stop_rx.clone()));
+    }
     let control = ControlService::new(registry.clone(), feeds, store, stats, stop_rx);
     let admin = AdminService::new(registry);
     let (health_reporter, health) = tonic_health::server::health_reporter();
@@ -197,6 +229,23 @@ impl ControlHandle {
         let stats = Arc::new(ControlStats::default());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(serve_with_stats(store, config, stats.clone(), listener, async move {
+            let _ = stopped.await;
+        }));
+        Ok(ControlHandle { addr, stats, admin_stop: None, stop: Some(stop), task })
+    }
+
+    /// Like [`ControlHandle::spawn`], also serving the dashboard on `dashboard` (a loopback
+    /// listener).
+    pub fn spawn_with_dashboard(
+        store: Arc<dyn Store>,
+        config: ControlConfig,
+        listener: TcpListener,
+        dashboard: TcpListener,
+    ) -> std::io::Result<ControlHandle> {
+        let addr = listener.local_addr()?;
+        let stats = Arc::new(ControlStats::default());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(serve_parts(store, config, stats.clone(), listener, Some(dashboard), async move {
             let _ = stopped.await;
         }));
         Ok(ControlHandle { addr, stats, admin_stop: None, stop: Some(stop), task })

@@ -47,7 +47,36 @@ impl Collector for StatsCollector {
             let m = encoder.encode_descriptor(name, help, None, c.metric_type())?;
             c.encode(m)?;
         }
+        let a = &s.alerts;
+        let fired = ConstCounter::new(0u64);
+        let mut m = encoder.encode_descriptor("alerts_fired", "Alerts fired, by rule", None, fired.metric_type())?;
+        for (rule, value) in [("instances_lost", &a.instances_lost), ("below_min_healthy", &a.below_min_healthy)] {
+            ConstCounter::new(value.load(Ordering::Relaxed)).encode(m.encode_family(&[("rule", rule)])?)?;
+        }
+        let mut m2 = encoder.encode_descriptor(
+            "alert_webhook_deliveries",
+            "Alerts handed to the webhook, by outcome",
+            None,
+            fired.metric_type(),
+        )?;
+        for (outcome, value) in [
+            ("delivered", &a.webhook_delivered),
+            ("failed", &a.webhook_failed),
+            ("dropped", &a.webhook_dropped),
+            ("claimed_elsewhere", &a.webhook_claimed_elsewhere),
+        ] {
+            ConstCounter::new(value.load(Ordering::Relaxed)).encode(m2.encode_family(&[("outcome", outcome)])?)?;
+        }
+        let attempts = ConstCounter::new(a.webhook_attempts.load(Ordering::Relaxed));
+        let m3 = encoder.encode_descriptor(
+            "alert_webhook_attempts",
+            "POSTs to the alert webhook, retries included",
+            None,
+            attempts.metric_type(),
+        )?;
+        attempts.encode(m3)?;
         for (name, help, value) in [
+            ("alerts_active", "Alerts in force", &a.active),
             ("tenant_feeds", "Tenant feeds running (one store watch each)", &s.feeds),
             ("watch_streams", "Sidecar watch streams open", &s.watch_streams),
         ] {

@@ -50,6 +50,29 @@ pub struct ControlStats {
     /// Sidecars that resumed from a revision older than their feed's memory and were
     /// caught up from the store's history.
     pub catch_ups: AtomicU64,
+    /// Alerts fired and delivered (see [`crate::alerts`]).
+    pub alerts: AlertCounters,
+}
+
+/// Counters of the alert rules and the webhook.
+#[derive(Debug, Default)]
+pub struct AlertCounters {
+    /// Alerts fired by the rule "instances lost together".
+    pub instances_lost: AtomicU64,
+    /// Alerts fired by the rule "fewer healthy instances than the minimum".
+    pub below_min_healthy: AtomicU64,
+    /// Alerts of either rule in force now: gauge.
+    pub active: AtomicI64,
+    /// Alerts POSTed to the webhook and answered 2xx.
+    pub webhook_delivered: AtomicU64,
+    /// Alerts given up on (attempts exhausted or a 4xx answer).
+    pub webhook_failed: AtomicU64,
+    /// Alerts not queued for the webhook because its queue was full.
+    pub webhook_dropped: AtomicU64,
+    /// Alerts another replica claimed first (it delivers them).
+    pub webhook_claimed_elsewhere: AtomicU64,
+    /// POST attempts, including retries.
+    pub webhook_attempts: AtomicU64,
 }
 
 impl ControlStats {

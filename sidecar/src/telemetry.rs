@@ -22,6 +22,7 @@ use std::time::Duration;
 use agent_reach::model::TargetKind;
 use agent_reach::reason;
 use agent_reach_routing::{BreakerState, clock};
+use agent_reach_telemetry::semconv;
 use agent_reach_telemetry::trace::{FORCE_ATTRIBUTE, extract};
 use http::Response;
 use opentelemetry::trace::{Span, SpanKind, Status as SpanStatus, TraceContextExt, Tracer};
@@ -409,12 +410,14 @@ where
             .headers
             .get(header::TRACE)
             .is_some_and(|v| v.as_bytes() == agent_reach::headers::TRACE_FORCE.as_bytes());
+        let method = if call.shape == crate::call::Shape::Stream { "InvokeStream" } else { "Invoke" };
         let mut attrs = vec![
             KeyValue::new("agent_reach.tenant", self.tenant.to_string()),
             KeyValue::new("agent_reach.caller", caller.clone()),
             KeyValue::new("agent_reach.target", target.clone()),
             KeyValue::new("agent_reach.priority", call.priority.as_str()),
         ];
+        attrs.extend(semconv::grpc("agentreach.v1.Sidecar", method));
         if forced {
             attrs.push(KeyValue::new(FORCE_ATTRIBUTE, true));
         }
@@ -464,7 +467,17 @@ where
                 .observe(elapsed.as_secs_f64());
             let span = cx.span();
             span.set_attribute(KeyValue::new("agent_reach.outcome", outcome.clone()));
+            let code = match &result {
+                Ok(resp) => tonic::Status::from_header_map(resp.headers()).map(|s| s.code()).unwrap_or_else(|| {
+                    agent_reach::reason::Reason::parse(&outcome).map_or(tonic::Code::Ok, |r| r.code())
+                }),
+                Err(e) => e.reason().code(),
+            };
+            span.set_attribute(semconv::grpc_status(code as i32));
             if let Some(d) = &detail {
+                for kv in semconv::invoke_agent(&d.agent, &d.instance) {
+                    span.set_attribute(kv);
+                }
                 span.set_attribute(KeyValue::new("agent_reach.instance", d.instance.clone()));
                 span.set_attribute(KeyValue::new("agent_reach.agent", d.agent.clone()));
                 span.set_attribute(KeyValue::new("agent_reach.agent_version", d.agent_version.clone()));
@@ -528,16 +541,20 @@ where
     fn call(&mut self, mut call: InboundCall) -> Self::Future {
         let tracer = self.tracing.tracer();
         let reg = &call.local.registration;
+        let method = if call.shape == crate::call::Shape::Stream { "DeliverStream" } else { "Deliver" };
+        let mut attrs = vec![
+            KeyValue::new("agent_reach.tenant", call.tenant.clone()),
+            KeyValue::new("agent_reach.instance", call.local.instance_id.clone()),
+            KeyValue::new("agent_reach.agent", reg.agent.clone()),
+            KeyValue::new("agent_reach.agent_version", reg.version.clone()),
+            KeyValue::new("agent_reach.priority", call.priority.as_str()),
+        ];
+        attrs.extend(semconv::grpc("agentreach.v1.Mesh", method));
+        attrs.extend(semconv::invoke_agent(&reg.agent, &call.local.instance_id));
         let span = tracer
             .span_builder(format!("deliver {}", reg.agent))
             .with_kind(SpanKind::Server)
-            .with_attributes([
-                KeyValue::new("agent_reach.tenant", call.tenant.clone()),
-                KeyValue::new("agent_reach.instance", call.local.instance_id.clone()),
-                KeyValue::new("agent_reach.agent", reg.agent.clone()),
-                KeyValue::new("agent_reach.agent_version", reg.version.clone()),
-                KeyValue::new("agent_reach.priority", call.priority.as_str()),
-            ])
+            .with_attributes(attrs)
             .start_with_context(tracer, &call.trace);
         let cx = call.trace.with_span(span);
         call.trace = cx.clone();
@@ -547,14 +564,16 @@ where
             let attempt = service.oneshot(call).await?;
             let elapsed = Duration::from_nanos(clock().saturating_sub(started));
             metrics.hop_duration.get_or_create(&HopLabels { hop: "inbound" }).observe(elapsed.as_secs_f64());
-            let outcome = match &attempt {
-                Attempt::Answered(resp, _) => tonic::Status::from_header_map(resp.headers())
-                    .map(|s| outcome_of(&s))
-                    .unwrap_or_else(|| "OK".into()),
-                Attempt::NotDelivered(e) | Attempt::Failed(e) => delivery_outcome(e),
+            let (outcome, code) = match &attempt {
+                Attempt::Answered(resp, _) => match tonic::Status::from_header_map(resp.headers()) {
+                    Some(s) => (outcome_of(&s), s.code()),
+                    None => ("OK".to_string(), tonic::Code::Ok),
+                },
+                Attempt::NotDelivered(e) | Attempt::Failed(e) => (delivery_outcome(e), e.code()),
             };
             let span = cx.span();
             span.set_attribute(KeyValue::new("agent_reach.outcome", outcome.clone()));
+            span.set_attribute(semconv::grpc_status(code as i32));
             if outcome != "OK" {
                 span.set_status(SpanStatus::error(outcome));
             }

@@ -23,6 +23,8 @@ use agent_reach_store::{EmbeddedStore, EtcdOptions, EtcdStore, Store};
 use tokio::net::TcpListener;
 use tonic::transport::Channel;
 
+pub mod browser;
+
 /// Which store the control service runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {

@@ -410,6 +410,23 @@ fn lint_every_ci_values_file() {
 }
 
 #[test]
+fn grafana_dashboard_configmap() {
+    let m = render(
+        &chart(),
+        &[&ci("default-values.yaml")],
+        &["grafanaDashboard.enabled=true", "grafanaDashboard.annotations.grafana_folder=Mesh"],
+    );
+    let cm = m.one("ConfigMap");
+    assert_eq!(name(cm), format!("{RELEASE}-agent-reach-grafana-dashboard"));
+    assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");
+    assert_eq!(cm["metadata"]["annotations"]["grafana_folder"], "Mesh");
+    let shipped = std::fs::read_to_string(chart().join("dashboards/agent-reach.json")).unwrap();
+    let rendered = cm["data"]["agent-reach.json"].as_str().expect("the dashboard JSON");
+    let parse = |t: &str| serde_json::from_str::<serde_json::Value>(t).expect("dashboard JSON parses");
+    assert_eq!(parse(rendered), parse(&shipped));
+}
+
+#[test]
 fn default_scenario() {
     let m = render(&chart(), &[&ci("default-values.yaml")], &[]);
     check_control_common(&m);
@@ -436,6 +453,7 @@ fn default_scenario() {
     m.none("DaemonSet");
     m.none("ServiceMonitor");
     m.none("Secret");
+    m.none("ConfigMap");
     let c = container(d, "control");
     assert!(c["volumeMounts"].is_null(), "no etcd TLS mount without TLS");
 

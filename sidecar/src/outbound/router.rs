@@ -15,7 +15,7 @@ use agent_reach::model::{Target, TargetKind};
 use agent_reach::policy::{CircuitBreaker, Fallback, RetryPolicy, Strategy};
 use agent_reach::proto;
 use agent_reach_routing::{self as route, CallGuard, GroupState, Member, PickRequest, RouteError, clock};
-use agent_reach_telemetry::Tracing;
+use agent_reach_telemetry::{Tracing, semconv};
 use http::Response;
 use opentelemetry::KeyValue;
 use opentelemetry::trace::{SpanKind, TraceContextExt, Tracer};
@@ -430,19 +430,24 @@ impl Router {
     ) -> opentelemetry::Context {
         let rec = &member.instance.record;
         let tracer = self.tracing.tracer();
+        let mut attrs = vec![
+            KeyValue::new("agent_reach.tenant", self.tenant.to_string()),
+            KeyValue::new("agent_reach.target", target.to_string()),
+            KeyValue::new("agent_reach.instance", member.id().to_string()),
+            KeyValue::new("agent_reach.agent", rec.registration.agent.clone()),
+            KeyValue::new("agent_reach.agent_version", rec.registration.version.clone()),
+            KeyValue::new("agent_reach.attempt", i64::from(attempt)),
+            KeyValue::new("agent_reach.priority", call.priority.as_str()),
+            KeyValue::new("agent_reach.sidecar", rec.sidecar_id.clone()),
+        ];
+        let method = if call.shape == crate::call::Shape::Stream { "DeliverStream" } else { "Deliver" };
+        attrs.extend(semconv::grpc("agentreach.v1.Mesh", method));
+        attrs.extend(semconv::server(&rec.sidecar_address));
+        attrs.extend(semconv::invoke_agent(&rec.registration.agent, member.id()));
         let span = tracer
             .span_builder(format!("attempt {target}"))
             .with_kind(SpanKind::Client)
-            .with_attributes([
-                KeyValue::new("agent_reach.tenant", self.tenant.to_string()),
-                KeyValue::new("agent_reach.target", target.to_string()),
-                KeyValue::new("agent_reach.instance", member.id().to_string()),
-                KeyValue::new("agent_reach.agent", rec.registration.agent.clone()),
-                KeyValue::new("agent_reach.agent_version", rec.registration.version.clone()),
-                KeyValue::new("agent_reach.attempt", i64::from(attempt)),
-                KeyValue::new("agent_reach.priority", call.priority.as_str()),
-                KeyValue::new("agent_reach.sidecar", rec.sidecar_id.clone()),
-            ])
+            .with_attributes(attrs)
             .start_with_context(tracer, &call.trace);
         call.trace.with_span(span)
     }
@@ -458,9 +463,9 @@ impl Router {
 }
 
 /// Ends an attempt's span with how the attempt ended (`None`: the deadline passed).
-fn end_attempt_span(cx: &opentelemetry::Context, outcome: Option<&Attempt>) {
+fn end_attempt_span(cx: &opentelemetry::Context, attempt: Option<&Attempt>) {
     let span = cx.span();
-    let (outcome, error) = match outcome {
+    let (outcome, error) = match attempt {
         None => ("DEADLINE_EXCEEDED".to_string(), true),
         Some(Attempt::Answered(resp, _)) => match Status::from_header_map(resp.headers()) {
             Some(s) if s.code() != Code::Ok => (outcome_of(&s), true),
@@ -472,6 +477,12 @@ fn end_attempt_span(cx: &opentelemetry::Context, outcome: Option<&Attempt>) {
     if error {
         span.set_status(opentelemetry::trace::Status::error(outcome.clone()));
     }
+    let code = match attempt {
+        None => Code::DeadlineExceeded,
+        Some(Attempt::Answered(resp, _)) => Status::from_header_map(resp.headers()).map_or(Code::Ok, |s| s.code()),
+        Some(Attempt::NotDelivered(e) | Attempt::Failed(e)) => e.code(),
+    };
+    span.set_attribute(semconv::grpc_status(code as i32));
     span.set_attribute(KeyValue::new("agent_reach.outcome", outcome));
     span.end();
 }

@@ -3,6 +3,7 @@
 
 mod admin;
 mod bad_input;
+mod dashboard;
 mod governance;
 mod health;
 mod http_agent;

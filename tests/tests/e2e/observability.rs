@@ -179,6 +179,31 @@ async fn a_chain_of_three_agents_is_one_trace_with_the_retry_as_its_own_span() {
     let deliver_c = find("deliver agent-c", &|s| attr(s, "agent_reach.instance") == Some(alive_id.clone()));
     assert_eq!(parent(deliver_c).map(|p| p.span_id.clone()), Some(retry.span_id.clone()));
 
+    // OpenTelemetry semantic conventions, besides the agent_reach.* attributes.
+    let conventions = |s: &Span| -> Vec<Option<String>> {
+        ["rpc.system", "rpc.service", "rpc.method", "rpc.grpc.status_code", "gen_ai.operation.name"]
+            .iter()
+            .map(|k| attr(s, k))
+            .collect()
+    };
+    let some = |v: &[&str]| v.iter().map(|s| Some(s.to_string())).collect::<Vec<_>>();
+    assert_eq!(conventions(invoke_b), some(&["grpc", "agentreach.v1.Sidecar", "Invoke", "0", "invoke_agent"]));
+    assert_eq!(conventions(attempt_b), some(&["grpc", "agentreach.v1.Mesh", "Deliver", "0", "invoke_agent"]));
+    assert_eq!(conventions(deliver_b), some(&["grpc", "agentreach.v1.Mesh", "Deliver", "0", "invoke_agent"]));
+    for span in [invoke_b, attempt_b, deliver_b] {
+        assert_eq!(attr(span, "gen_ai.agent.name").as_deref(), Some("agent-b"), "{}", span.name);
+        assert_eq!(attr(span, "gen_ai.agent.id"), Some(agent_b.instance_id()), "{}", span.name);
+    }
+    // A client span names the sidecar it called.
+    assert_eq!(attr(attempt_b, "server.address").as_deref(), Some("127.0.0.1"));
+    assert_eq!(attr(attempt_b, "server.port"), Some(b.mesh_addr().port().to_string()));
+    // The attempt that never reached the dead instance failed UNAVAILABLE (14); its retry
+    // and the call as a whole succeeded.
+    assert_eq!(attr(first, "rpc.grpc.status_code").as_deref(), Some("14"));
+    assert_eq!(attr(first, "gen_ai.agent.id"), Some(dead_id.clone()));
+    assert_eq!(attr(retry, "rpc.grpc.status_code").as_deref(), Some("0"));
+    assert_eq!(attr(invoke_c, "gen_ai.agent.id"), Some(alive_id.clone()));
+
     agent_b.abort();
     alive.abort();
     for sc in [a, b, c] {

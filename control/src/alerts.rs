@@ -1,0 +1,682 @@
+//! Alert rules over each tenant's routing state, evaluated by every control replica from
+//! its own tenant feeds ([`crate::feed`]), with no store reads of their own.
+//!
+//! Rules (defaults in [`AlertConfig`]):
+//! - **instances lost together**: two or more instances of one agent lost within 15 s. An
+//!   instance is lost when its state turns DOWN, or when its record disappears (lease
+//!   expired, or removed) without having been PAUSED or DOWN first — a graceful shutdown
+//!   pauses first, a crash does not. Resolved once 15 s pass without another loss.
+//! - **below minimum healthy**: an agent with fewer instances UP, DEGRADED or STARTING than
+//!   the minimum (1 by default; instances held by an operator count as healthy, the hold is
+//!   deliberate). An agent whose last instance was lost stays watched until one returns.
+//!
+//! The rules that need what only callers' sidecars know (traffic served by a fallback,
+//! breakers open on most instances of an agent) are not evaluated here: sidecars do not
+//! report those numbers to control yet.
+//!
+//! Alerts are kept in memory (the newest [`AlertConfig::history`]), counted in `/metrics`,
+//! shown on the dashboard and, when a webhook is configured, POSTed to it as JSON, signed
+//! with HMAC-SHA256 and retried with jittered exponential back-off. Every replica evaluates
+//! the same rules on the same state; before POSTing, a replica claims the alert in the
+//! store (a create-only key on a short lease), so one replica delivers each alert.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use agent_reach::model::{HealthState, InstanceStatus};
+use agent_reach_store::{Compare, Op, Store, Txn};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde::Serialize;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use crate::feed::Feeds;
+use crate::stats::ControlStats;
+
+/// How long a replica's claim on delivering an alert lasts: other replicas that fire the
+/// same rule for the same agent within it leave the delivery to the claimant.
+const CLAIM_TTL: Duration = Duration::from_secs(60);
+/// Alerts waiting for the webhook, at most.
+const WEBHOOK_QUEUE: usize = 256;
+/// The rules also re-evaluate this often without a state change (windows run out).
+const TICK: Duration = Duration::from_secs(1);
+/// At most one evaluation per tenant this often: changes in between are evaluated together
+/// (a large tenant whose loads change often costs at most this many passes).
+const MIN_EVALUATION_GAP: Duration = Duration::from_millis(250);
+
+/// Root of the delivery claims: `/agent-reach/v1/alert-claims/{tenant}/{rule}/{agent}`.
+pub const CLAIMS_ROOT: &str = "/agent-reach/v1/alert-claims/";
+
+/// Where alerts are POSTed.
+#[derive(Clone, Debug)]
+pub struct WebhookConfig {
+    /// An `http://` URL.
+    pub url: http::Uri,
+    /// The HMAC-SHA256 key that signs each body.
+    pub secret: Vec<u8>,
+    /// Attempts per alert (the first POST included).
+    pub attempts: u32,
+    /// Timeout of one attempt.
+    pub timeout: Duration,
+    /// First retry delay; doubled per retry (jittered), at most 30 s.
+    pub backoff: Duration,
+}
+
+/// The alert rules' settings.
+#[derive(Clone, Debug)]
+pub struct AlertConfig {
+    /// Losses of one agent's instances counted together within this window.
+    pub lost_window: Duration,
+    /// Losses within the window that fire the alert.
+    pub lost_count: usize,
+    /// Fewer healthy instances than this fires "below minimum healthy"; 0 disables it.
+    pub min_healthy: u32,
+    /// Alerts kept in memory for the dashboard.
+    pub history: usize,
+    pub webhook: Option<WebhookConfig>,
+}
+
+impl Default for AlertConfig {
+    fn default() -> Self {
+        AlertConfig { lost_window: Duration::from_secs(15), lost_count: 2, min_healthy: 1, history: 200, webhook: None }
+    }
+}
+
+/// Which rule fired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Rule {
+    InstancesLost,
+    BelowMinHealthy,
+}
+
+impl Rule {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rule::InstancesLost => "instances_lost",
+            Rule::BelowMinHealthy => "below_min_healthy",
+        }
+    }
+}
+
+/// One alert, as the dashboard shows it and the webhook receives it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Alert {
+    /// `{tenant}/{rule}/{agent}/{fired_at_ms}`.
+    pub id: String,
+    pub tenant: String,
+    pub rule: Rule,
+    pub agent: String,
+    pub message: String,
+    /// The instances concerned (lost ones, or the unhealthy ones).
+    pub instances: Vec<String>,
+    /// The tenant's store revision when the rule fired.
+    pub revision: i64,
+    pub fired_at_ms: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resolved_at_ms: Option<i64>,
+}
+
+/// What evaluating the rules found.
+#[derive(Debug, PartialEq)]
+pub enum Finding {
+    Fired(Alert),
+    Resolved { rule: Rule, agent: String },
+}
+
+/// What the rules remember of one instance.
+#[derive(Clone, Debug)]
+struct Seen {
+    agent: String,
+    state: HealthState,
+}
+
+/// The rules of one tenant: state kept between evaluations. Pure (no I/O), so the unit
+/// tests drive it with their own clock.
+pub struct Rules {
+    tenant: String,
+    config: AlertConfig,
+    /// None until the first evaluation (which only records what exists).
+    seen: Option<HashMap<String, Seen>>,
+    /// Recent losses per agent: (when, instance id).
+    losses: HashMap<String, VecDeque<(Instant, String)>>,
+    /// Agents whose last instance was lost (still watched by the minimum rule).
+    orphaned: BTreeSet<String>,
+    /// Alerts in force, by (rule, agent).
+    active: BTreeMap<(Rule, String), ()>,
+}
+
+fn healthy(status: &InstanceStatus) -> bool {
+    !status.holds.is_empty()
+        || matches!(status.record.state, HealthState::Up | HealthState::Degraded | HealthState::Starting)
+}
+
+impl Rules {
+    pub fn new(tenant: &str, config: AlertConfig) -> Rules {
+        Rules {
+            tenant: tenant.to_string(),
+            config,
+            seen: None,
+            losses: HashMap::new(),
+            orphaned: BTreeSet::new(),
+            active: BTreeMap::new(),
+        }
+    }
+
+    /// Evaluates the rules on the tenant's instances at `revision` (`now` drives the
+    /// windows, `now_ms` is wall-clock time for the alerts).
+    pub fn evaluate(&mut self, now: Instant, now_ms: i64, revision: i64, instances: &[InstanceStatus]) -> Vec<Finding> {
+        let current: HashMap<String, Seen> = instances
+            .iter()
+            .map(|s| {
+                let seen = Seen { agent: s.record.registration.agent.clone(), state: s.record.state };
+                (s.record.instance_id.clone(), seen)
+            })
+            .collect();
+        let mut lost_now: Vec<(String, String)> = Vec::new();
+        if let Some(before) = &self.seen {
+            for (id, now_seen) in &current {
+                let was_down = before.get(id).is_some_and(|b| b.state == HealthState::Down);
+                if now_seen.state == HealthState::Down && !was_down {
+                    lost_now.push((now_seen.agent.clone(), id.clone()));
+                }
+            }
+            for (id, old) in before {
+                if !current.contains_key(id) && !matches!(old.state, HealthState::Paused | HealthState::Down) {
+                    lost_now.push((old.agent.clone(), id.clone()));
+                }
+            }
+        }
+        let agents_now: BTreeSet<&str> = current.values().map(|s| s.agent.as_str()).collect();
+        for (agent, id) in &lost_now {
+            self.losses.entry(agent.clone()).or_default().push_back((now, id.clone()));
+            if !agents_now.contains(agent.as_str()) {
+                self.orphaned.insert(agent.clone());
+            }
+        }
+        self.orphaned.retain(|a| !agents_now.contains(a.as_str()));
+        self.seen = Some(current);
+
+        let mut findings = Vec::new();
+        // Instances lost together.
+        let window = self.config.lost_window;
+        let mut agents: Vec<String> = self.losses.keys().cloned().collect();
+        agents.sort();
+        for agent in agents {
+            let Some(list) = self.losses.get_mut(&agent) else { continue };
+            while list.front().is_some_and(|(at, _)| now.saturating_duration_since(*at) > window) {
+                list.pop_front();
+            }
+            let key = (Rule::InstancesLost, agent.clone());
+            let active = self.active.contains_key(&key);
+            if list.len() >= self.config.lost_count.max(1) && !active {
+                let mut ids: Vec<String> = list.iter().map(|(_, id)| id.clone()).collect();
+                ids.dedup();
+                let message =
+                    format!("{} instances of {agent} lost within {}s", ids.len(), self.config.lost_window.as_secs());
+                findings.push(Finding::Fired(self.alert(Rule::InstancesLost, &agent, message, ids, revision, now_ms)));
+                self.active.insert(key, ());
+            } else if list.is_empty() {
+                self.losses.remove(&agent);
+                if active {
+                    self.active.remove(&key);
+                    findings.push(Finding::Resolved { rule: Rule::InstancesLost, agent });
+                }
+            }
+        }
+        // Below the minimum of healthy instances.
+        if self.config.min_healthy > 0 {
+            let mut by_agent: BTreeMap<&str, Vec<&InstanceStatus>> = BTreeMap::new();
+            for s in instances {
+                by_agent.entry(s.record.registration.agent.as_str()).or_default().push(s);
+            }
+            for orphan in &self.orphaned {
+                by_agent.entry(orphan.as_str()).or_default();
+            }
+            for (agent, list) in &by_agent {
+                let healthy_count = list.iter().filter(|s| healthy(s)).count() as u32;
+                let key = (Rule::BelowMinHealthy, agent.to_string());
+                let active = self.active.contains_key(&key);
+                if healthy_count < self.config.min_healthy && !active {
+                    let unhealthy: Vec<String> =
+                        list.iter().filter(|s| !healthy(s)).map(|s| s.record.instance_id.clone()).collect();
+                    let message = format!(
+                        "{agent} has {healthy_count} healthy instance(s), fewer than the minimum {}",
+                        self.config.min_healthy
+                    );
+                    findings.push(Finding::Fired(self.alert(
+                        Rule::BelowMinHealthy,
+                        agent,
+                        message,
+                        unhealthy,
+                        revision,
+                        now_ms,
+                    )));
+                    self.active.insert(key, ());
+                } else if healthy_count >= self.config.min_healthy && active {
+                    self.active.remove(&key);
+                    findings.push(Finding::Resolved { rule: Rule::BelowMinHealthy, agent: agent.to_string() });
+                }
+            }
+            // Agents gone for good (gracefully) resolve their alert.
+            let gone: Vec<(Rule, String)> = self
+                .active
+                .keys()
+                .filter(|(rule, agent)| *rule == Rule::BelowMinHealthy && !by_agent.contains_key(agent.as_str()))
+                .cloned()
+                .collect();
+            for key in gone {
+                self.active.remove(&key);
+                findings.push(Finding::Resolved { rule: key.0, agent: key.1 });
+            }
+        }
+        findings
+    }
+
+    fn alert(&self, rule: Rule, agent: &str, message: String, instances: Vec<String>, revision: i64, at: i64) -> Alert {
+        Alert {
+            id: format!("{}/{}/{agent}/{at}", self.tenant, rule.as_str()),
+            tenant: self.tenant.clone(),
+            rule,
+            agent: agent.to_string(),
+            message,
+            instances,
+            revision,
+            fired_at_ms: at,
+            resolved_at_ms: None,
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Poisoning only means a panic elsewhere; the list stays valid.
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The alerts of one control replica: the rules of every tenant it has a feed for.
+pub struct Alerts {
+    config: AlertConfig,
+    stats: Arc<ControlStats>,
+    /// Newest last, at most `config.history`.
+    recent: Mutex<VecDeque<Alert>>,
+    /// Bumped on every fired or resolved alert.
+    changed: watch::Sender<u64>,
+    webhook: Option<mpsc::Sender<Alert>>,
+}
+
+impl Alerts {
+    /// Starts following every tenant `feeds` starts a feed for (and the webhook sender,
+    /// when one is configured), until `shutdown`.
+    pub fn start(
+        config: AlertConfig,
+        feeds: Arc<Feeds>,
+        store: Arc<dyn Store>,
+        stats: Arc<ControlStats>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Arc<Alerts> {
+        let (webhook, queue) = match &config.webhook {
+            Some(hook) => {
+                let (tx, rx) = mpsc::channel(WEBHOOK_QUEUE);
+                (Some(tx), Some((hook.clone(), rx)))
+            }
+            None => (None, None),
+        };
+        let alerts = Arc::new(Alerts {
+            config,
+            stats: stats.clone(),
+            recent: Mutex::new(VecDeque::new()),
+            changed: watch::channel(0).0,
+            webhook,
+        });
+        if let Some((hook, rx)) = queue {
+            tokio::spawn(deliver(hook, rx, store, stats, shutdown.clone()));
+        }
+        tokio::spawn(alerts.clone().follow_tenants(feeds, shutdown));
+        alerts
+    }
+
+    /// Recent alerts of `tenant`, newest first.
+    pub fn recent(&self, tenant: &str) -> Vec<Alert> {
+        lock(&self.recent).iter().rev().filter(|a| a.tenant == tenant).cloned().collect()
+    }
+
+    /// A receiver woken on every fired or resolved alert.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    fn record(&self, tenant: &str, findings: Vec<Finding>) {
+        if findings.is_empty() {
+            return;
+        }
+        let counters = &self.stats.alerts;
+        let mut recent = lock(&self.recent);
+        for finding in findings {
+            match finding {
+                Finding::Fired(alert) => {
+                    tracing::warn!(tenant, rule = alert.rule.as_str(), agent = %alert.agent, "alert: {}", alert.message);
+                    let counter = match alert.rule {
+                        Rule::InstancesLost => &counters.instances_lost,
+                        Rule::BelowMinHealthy => &counters.below_min_healthy,
+                    };
+                    ControlStats::inc(counter);
+                    counters.active.fetch_add(1, Ordering::Relaxed);
+                    if let Some(queue) = &self.webhook
+                        && queue.try_send(alert.clone()).is_err()
+                    {
+                        ControlStats::inc(&counters.webhook_dropped);
+                    }
+                    recent.push_back(alert);
+                    while recent.len() > self.config.history.max(1) {
+                        recent.pop_front();
+                    }
+                }
+                Finding::Resolved { rule, agent } => {
+                    tracing::info!(tenant, rule = rule.as_str(), agent = %agent, "alert resolved");
+                    counters.active.fetch_sub(1, Ordering::Relaxed);
+                    let at = now_ms();
+                    if let Some(alert) = recent.iter_mut().rev().find(|a| {
+                        a.tenant == tenant && a.rule == rule && a.agent == agent && a.resolved_at_ms.is_none()
+                    }) {
+                        alert.resolved_at_ms = Some(at);
+                    }
+                }
+            }
+        }
+        drop(recent);
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    async fn follow_tenants(self: Arc<Self>, feeds: Arc<Feeds>, mut shutdown: watch::Receiver<bool>) {
+        let mut started = feeds.subscribe_started();
+        let mut following: BTreeSet<String> = BTreeSet::new();
+        loop {
+            for tenant in feeds.tenants() {
+                if following.insert(tenant.clone()) {
+                    tokio::spawn(self.clone().follow(tenant, feeds.clone(), shutdown.clone()));
+                }
+            }
+            tokio::select! {
+                _ = agent_reach_support::process::stopped(&mut shutdown) => return,
+                changed = started.changed() => if changed.is_err() { return },
+            }
+        }
+    }
+
+    /// Evaluates one tenant's rules on every change of its feed and every [`TICK`].
+    async fn follow(self: Arc<Self>, tenant: String, feeds: Arc<Feeds>, mut shutdown: watch::Receiver<bool>) {
+        let mut rules = Rules::new(&tenant, self.config.clone());
+        let mut failures = 0;
+        loop {
+            let feed = match feeds.get(&tenant).await {
+                Ok(feed) => feed,
+                Err(e) => {
+                    tracing::warn!(%tenant, "alert rules cannot read the tenant's state: {e}");
+                    let wait = agent_reach_support::backoff::jittered(
+                        failures,
+                        Duration::from_millis(200),
+                        Duration::from_secs(5),
+                    );
+                    failures += 1;
+                    tokio::select! {
+                        _ = agent_reach_support::process::stopped(&mut shutdown) => return,
+                        _ = tokio::time::sleep(wait) => continue,
+                    }
+                }
+            };
+            failures = 0;
+            let mut head = feed.subscribe();
+            let mut tick = tokio::time::interval(TICK);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                let (revision, instances, _) = feed.view();
+                let findings = rules.evaluate(Instant::now(), now_ms(), revision, &instances);
+                drop(instances);
+                self.record(&tenant, findings);
+                tokio::select! {
+                    _ = agent_reach_support::process::stopped(&mut shutdown) => return,
+                    _ = tokio::time::sleep(MIN_EVALUATION_GAP) => {}
+                }
+                tokio::select! {
+                    _ = agent_reach_support::process::stopped(&mut shutdown) => return,
+                    changed = head.changed() => if changed.is_err() { break },
+                    _ = tick.tick() => {}
+                }
+            }
+        }
+    }
+}
+
+/// The signature header's value for `body` sent at `timestamp` (Unix seconds):
+/// `sha256=` and the hex HMAC-SHA256 of `"{timestamp}.{body}"` under `secret`.
+pub fn signature(secret: &[u8], timestamp: u64, body: &[u8]) -> String {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
+    let mut ctx = ring::hmac::Context::with_key(&key);
+    ctx.update(timestamp.to_string().as_bytes());
+    ctx.update(b".");
+    ctx.update(body);
+    let tag = ctx.sign();
+    let mut out = String::from("sha256=");
+    for b in tag.as_ref() {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+/// Claims the delivery of `alert` for this replica; true when no other replica has.
+async fn claim(store: &dyn Store, alert: &Alert) -> bool {
+    let key = format!("{CLAIMS_ROOT}{}/{}/{}", alert.tenant, alert.rule.as_str(), alert.agent);
+    let lease = match store.grant_lease(CLAIM_TTL).await {
+        Ok(grant) => grant.id,
+        Err(e) => {
+            // Better twice than never: without the store, deliver anyway.
+            tracing::warn!("cannot claim the alert's delivery ({e}); delivering it anyway");
+            return true;
+        }
+    };
+    let value = Bytes::from(alert.id.clone());
+    let txn = Txn {
+        compares: vec![Compare::ModRevision(key.clone(), 0)],
+        success: vec![Op::Put { key, value, lease: Some(lease) }],
+        failure: vec![],
+    };
+    match store.txn(txn).await {
+        Ok(result) => {
+            if !result.succeeded {
+                let _ = store.revoke_lease(lease).await;
+            }
+            result.succeeded
+        }
+        Err(e) => {
+            tracing::warn!("cannot claim the alert's delivery ({e}); delivering it anyway");
+            true
+        }
+    }
+}
+
+/// POSTs each queued alert to the webhook (see the module documentation).
+async fn deliver(
+    hook: WebhookConfig,
+    mut queue: mpsc::Receiver<Alert>,
+    store: Arc<dyn Store>,
+    stats: Arc<ControlStats>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let counters = &stats.alerts;
+    loop {
+        let alert = tokio::select! {
+            _ = agent_reach_support::process::stopped(&mut shutdown) => return,
+            alert = queue.recv() => match alert { Some(a) => a, None => return },
+        };
+        if !claim(store.as_ref(), &alert).await {
+            ControlStats::inc(&counters.webhook_claimed_elsewhere);
+            continue;
+        }
+        let body = match serde_json::to_vec(&alert) {
+            Ok(body) => Bytes::from(body),
+            Err(_) => continue,
+        };
+        let mut delivered = false;
+        for attempt in 0..hook.attempts.max(1) {
+            if attempt > 0 {
+                let wait = agent_reach_support::backoff::jittered(attempt - 1, hook.backoff, Duration::from_secs(30));
+                tokio::select! {
+                    _ = agent_reach_support::process::stopped(&mut shutdown) => return,
+                    _ = tokio::time::sleep(wait) => {}
+                }
+            }
+            ControlStats::inc(&counters.webhook_attempts);
+            let timestamp = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+            let request = http::Request::post(hook.url.clone())
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .header("x-agent-reach-timestamp", timestamp.to_string())
+                .header("x-agent-reach-signature", signature(&hook.secret, timestamp, &body))
+                .header("x-agent-reach-alert-id", alert.id.as_str())
+                .body(Full::new(body.clone()));
+            let Ok(request) = request else { break };
+            match tokio::time::timeout(hook.timeout, client.request(request)).await {
+                Ok(Ok(response)) if response.status().is_success() => {
+                    delivered = true;
+                    break;
+                }
+                Ok(Ok(response)) => {
+                    let status = response.status();
+                    tracing::warn!(alert = %alert.id, %status, attempt, "alert webhook refused the alert");
+                    // Other client errors will not get better by retrying.
+                    if status.is_client_error()
+                        && status != http::StatusCode::REQUEST_TIMEOUT
+                        && status != http::StatusCode::TOO_MANY_REQUESTS
+                    {
+                        break;
+                    }
+                }
+                Ok(Err(e)) => tracing::warn!(alert = %alert.id, attempt, "alert webhook: {e}"),
+                Err(_) => {
+                    tracing::warn!(alert = %alert.id, attempt, "alert webhook did not answer in {:?}", hook.timeout)
+                }
+            }
+        }
+        ControlStats::inc(if delivered { &counters.webhook_delivered } else { &counters.webhook_failed });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use agent_reach::model::{InstanceRecord, Load, Registration, StateHold};
+
+    use super::*;
+
+    fn instance(agent: &str, id: &str, state: HealthState) -> InstanceStatus {
+        InstanceStatus {
+            record: InstanceRecord {
+                instance_id: id.into(),
+                tenant: "t".into(),
+                registration: Registration { agent: agent.into(), ..Default::default() },
+                sidecar_id: "s".into(),
+                sidecar_address: "127.0.0.1:1".into(),
+                state,
+                load: Load::default(),
+                registered_at_ms: 0,
+            },
+            revision: 1,
+            reported_state: state,
+            holds: vec![],
+            generation: 1,
+        }
+    }
+
+    fn fired(findings: &[Finding]) -> Vec<(Rule, String, Vec<String>)> {
+        findings
+            .iter()
+            .filter_map(|f| match f {
+                Finding::Fired(a) => Some((a.rule, a.agent.clone(), a.instances.clone())),
+                Finding::Resolved { .. } => None,
+            })
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn two_losses_within_the_window_fire_once_then_resolve() {
+        let mut rules = Rules::new("t", AlertConfig::default());
+        let up = |id: &str| instance("tr", id, HealthState::Up);
+        let t0 = Instant::now();
+        assert!(rules.evaluate(t0, 0, 1, &[up("a"), up("b"), up("c")]).is_empty());
+        // One instance lost: nothing yet.
+        let one_down = [instance("tr", "a", HealthState::Down), up("b"), up("c")];
+        assert!(rules.evaluate(t0 + Duration::from_secs(1), 0, 2, &one_down).is_empty());
+        // A second one (removed without pausing) 10 s later: fired, once.
+        let two_lost = [instance("tr", "a", HealthState::Down), up("c")];
+        let findings = rules.evaluate(t0 + Duration::from_secs(11), 0, 3, &two_lost);
+        assert_eq!(fired(&findings), [(Rule::InstancesLost, "tr".to_string(), vec!["a".to_string(), "b".to_string()])]);
+        assert!(rules.evaluate(t0 + Duration::from_secs(12), 0, 3, &two_lost).is_empty());
+        // 15 s after the last loss: resolved.
+        let findings = rules.evaluate(t0 + Duration::from_secs(27), 0, 3, &two_lost);
+        assert_eq!(findings, [Finding::Resolved { rule: Rule::InstancesLost, agent: "tr".into() }]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn losses_further_apart_than_the_window_and_graceful_exits_do_not_fire() {
+        let config = AlertConfig { min_healthy: 0, ..AlertConfig::default() };
+        let mut rules = Rules::new("t", config.clone());
+        let t0 = Instant::now();
+        let up = |id: &str| instance("tr", id, HealthState::Up);
+        let down = |id: &str| instance("tr", id, HealthState::Down);
+        rules.evaluate(t0, 0, 1, &[up("a"), up("b"), up("c")]);
+        rules.evaluate(t0, 0, 2, &[down("a"), up("b"), up("c")]);
+        // 16 s later the second loss: the first one is out of the window.
+        let later = rules.evaluate(t0 + Duration::from_secs(16), 0, 3, &[down("a"), down("b"), up("c")]);
+        assert!(fired(&later).is_empty(), "{later:?}");
+        // Two instances pausing, then leaving together: a graceful exit, not a loss.
+        let mut rules = Rules::new("t", config);
+        rules.evaluate(t0, 0, 1, &[up("a"), up("b")]);
+        rules.evaluate(t0, 0, 2, &[instance("tr", "a", HealthState::Paused), instance("tr", "b", HealthState::Paused)]);
+        let gone = rules.evaluate(t0, 0, 3, &[]);
+        assert!(gone.is_empty(), "{gone:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn below_minimum_counts_holds_as_healthy_and_watches_lost_agents() {
+        let mut rules = Rules::new("t", AlertConfig { min_healthy: 2, lost_count: 99, ..AlertConfig::default() });
+        let t0 = Instant::now();
+        let mut held = instance("tr", "b", HealthState::Paused);
+        held.holds.push(StateHold {
+            state: HealthState::Paused,
+            reason: "disk swap".into(),
+            scope: agent_reach::model::HoldScope::Instance,
+            set_at_ms: 0,
+        });
+        assert!(rules.evaluate(t0, 0, 1, &[instance("tr", "a", HealthState::Up), held.clone()]).is_empty());
+        let findings = rules.evaluate(t0, 0, 2, &[instance("tr", "a", HealthState::Unknown), held.clone()]);
+        assert_eq!(fired(&findings), [(Rule::BelowMinHealthy, "tr".to_string(), vec!["a".to_string()])]);
+        let findings = rules.evaluate(t0, 0, 3, &[instance("tr", "a", HealthState::Up), held]);
+        assert_eq!(findings, [Finding::Resolved { rule: Rule::BelowMinHealthy, agent: "tr".into() }]);
+        // Every instance lost: the agent stays watched and below its minimum.
+        let findings = rules.evaluate(t0, 0, 4, &[]);
+        assert_eq!(fired(&findings), [(Rule::BelowMinHealthy, "tr".to_string(), vec![])]);
+    }
+
+    #[test]
+    fn signature_is_hmac_sha256_of_timestamp_and_body() {
+        // RFC 4231 test case 2 ("Jefe"), with the message split as "{timestamp}.{body}".
+        let sig = signature(b"Jefe", 0, b"");
+        assert_eq!(sig.len(), "sha256=".len() + 64);
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, b"Jefe");
+        assert!(ring::hmac::verify(&key, b"17.{}", &hex(&signature(b"Jefe", 17, b"{}")["sha256=".len()..])).is_ok());
+        assert_ne!(signature(b"Jefe", 17, b"{}"), signature(b"Jefe", 18, b"{}"));
+    }
+
+    fn hex(s: &str) -> Vec<u8> {
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+    }
+}

@@ -1,0 +1,174 @@
+// Agent-Reach dashboard: renders one tenant's state, kept live by server-sent events from
+// the control service (/api/events). Plain module, no dependencies; every value reaches
+// the page as text nodes, never as HTML.
+
+const $ = (sel) => document.querySelector(sel);
+let state = null;
+let source = null;
+let searchTimer = null;
+let searchResult = null;
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === 'onclick') node.addEventListener('click', v);
+    else if (v !== undefined && v !== null) node.setAttribute(k, v);
+  }
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+const tenant = () => $('#tenant').value || 'default';
+const stateBadge = (s) => el('span', { class: `state state-${s}` }, s);
+const tags = (caps) => caps.map((c) => el('span', { class: 'tag' }, c.tags && c.tags.length ? `${c.name}[${c.tags.join(',')}]` : c.name));
+const time = (ms) => (ms ? new Date(ms).toLocaleString() : '');
+const ago = (ms) => {
+  if (!ms) return '';
+  const s = Math.max(0, Math.round((Date.now() - ms) / 1000));
+  return s < 60 ? `${s}s ago` : s < 3600 ? `${Math.round(s / 60)}m ago` : `${Math.round(s / 3600)}h ago`;
+};
+const holdText = (holds) => (holds || []).map((h) => `${h.state} by operator (${h.scope.toLowerCase()}): ${h.reason || 'no reason'}`).join('; ');
+
+function table(headers, rows) {
+  return el('table', {}, el('thead', {}, el('tr', {}, headers.map((h) => el('th', {}, h)))), el('tbody', {}, rows));
+}
+
+// What the filters let through.
+function matches(instance) {
+  const wanted = $('#state-filter').value;
+  if (wanted && instance.state !== wanted) return false;
+  const q = $('#search').value.trim().toLowerCase();
+  if (!q) return true;
+  const reg = instance.registration;
+  return reg.agent.toLowerCase().includes(q) || reg.capabilities.some((c) => c.name.toLowerCase().includes(q));
+}
+
+function viewAgents() {
+  const shown = new Set(state.instances.filter(matches).map((i) => i.registration.agent));
+  const rows = state.agents.filter((a) => shown.has(a.agent)).map((a) =>
+    el('tr', { 'data-agent': a.agent, class: 'clickable', onclick: () => { $('#search').value = a.agent; location.hash = '#/instances'; } },
+      el('td', {}, a.agent),
+      el('td', {}, a.versions.join(', ')),
+      el('td', {}, tags(a.capabilities)),
+      el('td', { class: 'instances' }, a.instances),
+      el('td', {}, Object.entries(a.instances_by_state).map(([s, n]) => el('span', {}, stateBadge(s), ` ${n} `))),
+      el('td', {}, a.hold ? `${a.hold.state}: ${a.hold.reason}` : '')));
+  return [el('h2', {}, `Agents (${rows.length})`), table(['Agent', 'Versions', 'Capabilities', 'Instances', 'States', 'Hold'], rows)];
+}
+
+function viewInstances() {
+  const rows = state.instances.filter(matches).map((i) =>
+    el('tr', { 'data-instance': i.instance_id, class: 'clickable', onclick: () => { location.hash = `#/instance/${encodeURIComponent(i.instance_id)}`; } },
+      el('td', {}, i.instance_id),
+      el('td', {}, i.registration.agent),
+      el('td', {}, i.registration.version),
+      el('td', { class: 'state-cell' }, stateBadge(i.state), i.reported_state !== i.state ? el('span', { class: 'muted' }, ` reports ${i.reported_state}`) : null),
+      el('td', {}, `${Math.round(i.load.load_ratio * 100)}% · ${i.load.in_flight} in flight`),
+      el('td', {}, tags(i.registration.capabilities)),
+      el('td', {}, i.sidecar_id, el('div', { class: 'muted' }, i.sidecar_address)),
+      el('td', {}, ago(i.registered_at_ms)),
+      el('td', { class: 'hold' }, holdText(i.holds))));
+  return [el('h2', {}, `Instances (${rows.length})`),
+    table(['Instance', 'Agent', 'Version', 'State', 'Load', 'Capabilities', 'Sidecar', 'Registered', 'Hold'], rows)];
+}
+
+function viewInstance(id) {
+  const i = state.instances.find((x) => x.instance_id === id);
+  if (!i) return [el('h2', {}, `Instance ${id}`), el('p', { class: 'muted' }, 'Not registered (any more).')];
+  const reg = i.registration;
+  const rows = [
+    ['Instance', i.instance_id], ['Agent', reg.agent], ['Version', reg.version], ['State', stateBadge(i.state)],
+    ['Reported state', i.reported_state], ['Hold', holdText(i.holds) || 'none'],
+    ['Load', `ratio ${i.load.load_ratio.toFixed(2)}, ${i.load.in_flight} in flight, queue ${i.load.queue_length}, avg ${i.load.avg_latency_ms} ms`],
+    ['Capabilities', tags(reg.capabilities)], ['Endpoint', `${reg.endpoint} (${reg.transport})`],
+    ['Max concurrency', reg.max_concurrency || 'unlimited'], ['Sidecar', `${i.sidecar_id} at ${i.sidecar_address}`],
+    ['Registered', `${time(i.registered_at_ms)} (generation ${i.generation})`], ['Record revision', i.revision],
+    ['Metadata', el('pre', {}, JSON.stringify(reg.metadata || {}, null, 2))],
+  ];
+  return [el('h2', {}, `Instance ${id}`), el('dl', { id: 'instance-details' }, rows.map(([k, v]) => [el('dt', {}, k), el('dd', {}, v)]))];
+}
+
+function viewPolicies() {
+  const rows = state.policies.map((p) =>
+    el('tr', { 'data-policy': `${p.kind}/${p.name}` }, el('td', {}, p.kind), el('td', {}, p.name), el('td', {}, p.description || ''),
+      el('td', {}, el('pre', {}, JSON.stringify(p.spec, null, 2))), el('td', {}, p.revision)));
+  return [el('h2', {}, `Policies (${rows.length})`), table(['Kind', 'Name', 'Description', 'Spec', 'Revision'], rows)];
+}
+
+function viewTenants() {
+  const names = [...$('#tenant').options].map((o) => o.value);
+  return [el('h2', {}, `Tenants (${names.length})`), table(['Tenant', ''], names.map((n) =>
+    el('tr', { 'data-tenant': n }, el('td', {}, n), el('td', {}, n === tenant() ? 'shown' : el('a', { href: '#/agents', onclick: () => switchTenant(n) }, 'show')))))];
+}
+
+function viewAlerts() {
+  const rows = state.alerts.map((a) =>
+    el('tr', { 'data-alert': a.rule, class: a.resolved_at_ms ? '' : 'alert-firing' },
+      el('td', {}, a.resolved_at_ms ? 'resolved' : 'firing'), el('td', {}, a.rule), el('td', {}, a.agent),
+      el('td', { class: 'message' }, a.message), el('td', {}, a.instances.join(', ')), el('td', {}, time(a.fired_at_ms))));
+  return [el('h2', {}, `Alerts (${rows.length})`), table(['Status', 'Rule', 'Agent', 'Message', 'Instances', 'Fired'], rows)];
+}
+
+function render() {
+  const [view, arg] = location.hash.replace(/^#\//, '').split('/');
+  const name = view || 'agents';
+  for (const a of document.querySelectorAll('nav a')) a.classList.toggle('active', a.dataset.view === name);
+  const firing = state ? state.alerts.filter((a) => !a.resolved_at_ms).length : 0;
+  $('#alert-count').textContent = firing ? `(${firing})` : '';
+  if (!state) return;
+  const views = { agents: viewAgents, instances: viewInstances, policies: viewPolicies, tenants: viewTenants, alerts: viewAlerts };
+  const content = name === 'instance' ? viewInstance(decodeURIComponent(arg || '')) : (views[name] || viewAgents)();
+  $('#view').replaceChildren(...content);
+  $('#status').textContent = `tenant ${state.tenant} · revision ${state.revision} · updated ${new Date(state.generated_at_ms).toLocaleTimeString()}`;
+}
+
+function connect() {
+  if (source) source.close();
+  state = null;
+  $('#view').replaceChildren(el('p', { class: 'muted' }, 'Loading…'));
+  source = new EventSource(`/api/events?tenant=${encodeURIComponent(tenant())}`);
+  source.addEventListener('state', (e) => {
+    state = JSON.parse(e.data);
+    $('#live').textContent = 'live';
+    $('#live').className = 'live on';
+    render();
+  });
+  source.addEventListener('error', () => {
+    $('#live').textContent = 'reconnecting';
+    $('#live').className = 'live off';
+  });
+}
+
+function switchTenant(name) {
+  $('#tenant').value = name;
+  connect();
+}
+
+async function search() {
+  const q = $('#search').value.trim();
+  render();
+  if (!q) { $('#suggestions').replaceChildren(); return; }
+  const response = await fetch(`/api/search?tenant=${encodeURIComponent(tenant())}&q=${encodeURIComponent(q)}`);
+  if (!response.ok) return;
+  searchResult = await response.json();
+  $('#search-list').replaceChildren(...[...searchResult.capabilities, ...searchResult.agents].map((n) => el('option', { value: n })));
+  $('#suggestions').replaceChildren(...(searchResult.suggestions.length
+    ? ['No match. Did you mean', ...searchResult.suggestions.map((s) => el('button', { type: 'button', onclick: () => { $('#search').value = s; search(); } }, s))]
+    : []));
+}
+
+async function start() {
+  const response = await fetch('/api/tenants');
+  const { tenants } = response.ok ? await response.json() : { tenants: ['default'] };
+  $('#tenant').replaceChildren(...tenants.map((t) => el('option', { value: t }, t)));
+  $('#tenant').addEventListener('change', connect);
+  $('#state-filter').addEventListener('change', render);
+  $('#search').addEventListener('input', () => { clearTimeout(searchTimer); searchTimer = setTimeout(search, 200); });
+  window.addEventListener('hashchange', render);
+  connect();
+}
+
+start();

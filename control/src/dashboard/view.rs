@@ -1,0 +1,159 @@
+//! What the dashboard's JSON endpoints answer, built from a tenant feed's memory: the
+//! tenant's whole state, the tenant list, and capability search with suggestions.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use agent_reach::convert::policy_from_proto;
+use agent_reach::model::{AgentSummary, HoldScope, InstanceStatus};
+use agent_reach::policy::Policy;
+use serde::Serialize;
+
+use crate::alerts::{Alert, Alerts};
+use crate::feed::Feed;
+
+/// One tenant as the page shows it.
+#[derive(Debug, Serialize)]
+pub struct State {
+    pub tenant: String,
+    /// The store revision the state is at.
+    pub revision: i64,
+    pub generated_at_ms: i64,
+    /// Sorted by agent, then instance id.
+    pub instances: Vec<InstanceStatus>,
+    pub agents: Vec<AgentSummary>,
+    /// Each with the revision it was written at.
+    pub policies: Vec<PolicyView>,
+    /// Newest first.
+    pub alerts: Vec<Alert>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PolicyView {
+    #[serde(flatten)]
+    pub policy: Policy,
+    pub revision: i64,
+}
+
+pub fn state(tenant: &str, feed: &Feed, alerts: &Alerts) -> State {
+    let (revision, instances, policies) = feed.view();
+    let mut by_agent: BTreeMap<&str, Vec<&InstanceStatus>> = BTreeMap::new();
+    for status in &instances {
+        by_agent.entry(status.record.registration.agent.as_str()).or_default().push(status);
+    }
+    let agents = by_agent
+        .into_iter()
+        .map(|(agent, list)| {
+            let hold = list.iter().flat_map(|s| s.holds.iter()).find(|h| h.scope == HoldScope::Agent).cloned();
+            let mut summary = AgentSummary::of(agent, list);
+            summary.hold = hold;
+            summary
+        })
+        .collect();
+    let policies = policies
+        .into_iter()
+        .filter_map(|p| {
+            let revision = p.revision;
+            policy_from_proto(p).ok().map(|policy| PolicyView { policy, revision })
+        })
+        .collect();
+    State {
+        tenant: tenant.to_string(),
+        revision,
+        generated_at_ms: crate::registry::now_ms(),
+        instances,
+        agents,
+        policies,
+        alerts: alerts.recent(tenant),
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct Tenants<'a> {
+    pub tenants: &'a [String],
+}
+
+pub fn tenants(names: &[String]) -> Tenants<'_> {
+    Tenants { tenants: names }
+}
+
+/// What a search for a capability or agent name found.
+#[derive(Debug, PartialEq, Serialize)]
+pub struct Search {
+    pub query: String,
+    /// Capability names containing the query (case-insensitive), sorted.
+    pub capabilities: Vec<String>,
+    /// Agent names containing the query, sorted.
+    pub agents: Vec<String>,
+    /// When nothing contains it: the closest names, as `AGENT_NOT_FOUND` suggests them.
+    pub suggestions: Vec<String>,
+}
+
+/// Longest query searched.
+const MAX_QUERY: usize = 253;
+
+pub fn search(feed: &Feed, query: &str) -> Search {
+    let (_, instances, _) = feed.view();
+    search_in(&instances, query)
+}
+
+fn search_in(instances: &[InstanceStatus], query: &str) -> Search {
+    let query: String = query.trim().chars().take(MAX_QUERY).collect();
+    let capabilities: BTreeSet<&str> =
+        instances.iter().flat_map(|s| s.record.registration.capabilities.iter().map(|c| c.name.as_str())).collect();
+    let agents: BTreeSet<&str> = instances.iter().map(|s| s.record.registration.agent.as_str()).collect();
+    let lower = query.to_lowercase();
+    let containing = |names: &BTreeSet<&str>| {
+        names.iter().filter(|n| n.to_lowercase().contains(&lower)).map(|n| n.to_string()).collect()
+    };
+    let (found_caps, found_agents): (Vec<String>, Vec<String>) = (containing(&capabilities), containing(&agents));
+    let suggestions = if query.is_empty() || !found_caps.is_empty() || !found_agents.is_empty() {
+        Vec::new()
+    } else {
+        agent_reach_routing::suggestions(capabilities.iter().chain(agents.iter()).copied(), &query)
+    };
+    Search { query, capabilities: found_caps, agents: found_agents, suggestions }
+}
+
+#[cfg(test)]
+mod tests {
+    use agent_reach::model::{Capability, HealthState, InstanceRecord, Load, Registration};
+
+    use super::*;
+
+    fn instance(agent: &str, caps: &[&str]) -> InstanceStatus {
+        InstanceStatus {
+            record: InstanceRecord {
+                instance_id: format!("{agent}-1"),
+                tenant: "t".into(),
+                registration: Registration {
+                    agent: agent.into(),
+                    capabilities: caps.iter().map(|c| Capability { name: c.to_string(), tags: vec![] }).collect(),
+                    ..Default::default()
+                },
+                sidecar_id: "s".into(),
+                sidecar_address: "127.0.0.1:1".into(),
+                state: HealthState::Up,
+                load: Load::default(),
+                registered_at_ms: 0,
+            },
+            revision: 1,
+            reported_state: HealthState::Up,
+            holds: vec![],
+            generation: 1,
+        }
+    }
+
+    #[test]
+    fn search_finds_names_containing_the_query_else_suggests_close_ones() {
+        let all =
+            [instance("translator", &["text.translate", "text.detect"]), instance("summarizer", &["text.summarize"])];
+        let found = search_in(&all, "TEXT.");
+        assert_eq!(found.capabilities, ["text.detect", "text.summarize", "text.translate"]);
+        assert!(found.agents.is_empty() && found.suggestions.is_empty());
+        assert_eq!(search_in(&all, "summ").agents, ["summarizer"]);
+        let typo = search_in(&all, "text.tranlsate");
+        assert!(typo.capabilities.is_empty() && typo.agents.is_empty());
+        assert_eq!(typo.suggestions, ["text.translate"]);
+        assert_eq!(search_in(&all, "zzzzzz").suggestions, Vec::<String>::new());
+    }
+}
