@@ -13,6 +13,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/agentreach/v1/mesh.proto",
         "proto/agentreach/v1/control.proto",
         "proto/agentreach/v1/admin.proto",
+        "proto/agentreach/v1/identity.proto",
     ];
     tonic_prost_build::configure()
         // Payloads stay `Bytes`: decoding from a `Bytes` buffer then slices instead of copying.

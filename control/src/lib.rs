@@ -6,9 +6,10 @@
 //! - [`feed`] and [`watch`]: each replica watches the store once per tenant and streams the
 //!   tenant's routing state to its sidecars: a snapshot, then deltas strictly in revision
 //!   order, resumable from any revision the store still has.
-//! - [`service`] (`agentreach.v1.Control`, for sidecars) and [`admin`]
-//!   (`agentreach.v1.Admin`, for operators) on one gRPC port; [`error`] turns every
-//!   failure into a status.
+//! - [`service`] (`agentreach.v1.Control`, for sidecars), [`identity`]
+//!   (`agentreach.v1.Identity`: the CA signing sidecars' certificates, join tokens) and
+//!   [`admin`] (`agentreach.v1.Admin`, for operators) on one gRPC port; [`error`] turns
+//!   every failure into a status.
 //!
 //! All state lives in the store (`agent_reach_store`): etcd in production, the embedded
 //! store in development. Counters are in [`stats`]. [`serve`] takes an already-bound
@@ -18,6 +19,7 @@ pub mod admin;
 pub mod config;
 pub mod error;
 pub mod feed;
+pub mod identity;
 pub mod keys;
 pub mod load;
 pub mod metrics;
@@ -32,6 +34,7 @@ use std::sync::Arc;
 
 use agent_reach::proto::admin_server::AdminServer;
 use agent_reach::proto::control_server::ControlServer;
+use agent_reach::proto::identity_server::IdentityServer;
 use agent_reach_store::{EmbeddedStore, EtcdOptions, EtcdStore, EtcdTls, Store};
 use tokio::net::TcpListener;
 
@@ -134,7 +137,7 @@ pub async fn serve(
 /// [`serve`], counting into `stats`.
 pub async fn serve_with_stats(
     store: Arc<dyn Store>,
-    config: ControlConfig,
+    mut config: ControlConfig,
     stats: Arc<ControlStats>,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -153,23 +156,67 @@ pub async fn serve_with_stats(
         feeds.clone(),
     ));
     let janitor = tokio::spawn(feeds.clone().run_janitor(stop_rx.clone()));
-    let control = ControlService::new(registry.clone(), feeds, store, stats, stop_rx);
-    let admin = AdminService::new(registry);
+    let handshakes = stats.tls.clone();
+    let tokens = Arc::new(identity::JoinTokens::new(store.clone()));
+    let identity_config = config.identity.get_or_insert_with(identity::IdentityConfig::development).clone();
+    let authz = Arc::new(identity::Authorizer::new(config.mtls, stats.clone()));
+    let identity = identity::IdentityService::new(
+        identity_config.clone(),
+        Arc::new(identity::JoinTokenAuthenticator::new(tokens.clone())),
+    );
+    let control = ControlService::new(registry.clone(), feeds, store.clone(), stats, stop_rx, authz);
+    let operator_auth = match &config.admin_token {
+        Some(token) => identity::OperatorAuth::new(store.clone(), &token.0),
+        None => {
+            tracing::warn!("no --admin-token-file: the Admin API is open to anyone who reaches the control port");
+            identity::OperatorAuth::off(store.clone())
+        }
+    };
+    let admin = AdminService::new(registry, tokens, Arc::new(operator_auth));
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<ControlServer<ControlService>>().await;
     health_reporter.set_serving::<AdminServer<AdminService>>().await;
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    let served = tonic::transport::Server::builder()
+    health_reporter.set_serving::<IdentityServer<identity::IdentityService>>().await;
+    let router = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .add_service(health)
         .add_service(ControlServer::new(control))
         .add_service(AdminServer::new(admin))
-        .serve_with_incoming_shutdown(incoming, async move {
-            shutdown.await;
-            // End every watch stream so the graceful shutdown does not wait on them.
-            let _ = stop_tx.send(true);
-        })
-        .await;
+        .add_service(IdentityServer::new(identity));
+    let shutdown = async move {
+        shutdown.await;
+        // End every watch stream so the graceful shutdown does not wait on them.
+        let _ = stop_tx.send(true);
+    };
+    let served = match config.mtls {
+        identity::Mtls::Off => {
+            tracing::warn!("mutual TLS is off: anyone who reaches the control port can act for any sidecar");
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            router.serve_with_incoming_shutdown(incoming, shutdown).await
+        }
+        mode => {
+            if mode == identity::Mtls::Permissive {
+                tracing::warn!(
+                    "mutual TLS is PERMISSIVE: Control calls without a sidecar certificate are let through as \
+                     anonymous (migration only; use --mtls required)"
+                );
+            }
+            let tls = match identity::server_tls(&identity_config) {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::error!("cannot serve TLS: {e}");
+                    janitor.abort();
+                    return Ok(());
+                }
+            };
+            let renew = tokio::spawn(identity::renew_own_certificate(identity_config.clone(), tls.clone()));
+            let accepted = agent_reach_identity::net::accept_tls(listener, tls, handshakes);
+            let incoming = tokio_stream::wrappers::ReceiverStream::new(accepted);
+            let served = router.serve_with_incoming_shutdown(incoming, shutdown).await;
+            renew.abort();
+            served
+        }
+    };
     janitor.abort();
     served
 }
@@ -178,6 +225,7 @@ pub async fn serve_with_stats(
 pub struct ControlHandle {
     addr: std::net::SocketAddr,
     stats: Arc<ControlStats>,
+    identity: identity::IdentityConfig,
     /// Stops the admin port, when there is one.
     admin_stop: Option<tokio::sync::watch::Sender<bool>>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -188,16 +236,17 @@ impl ControlHandle {
     /// Starts serving on `listener` in a background task.
     pub fn spawn(
         store: Arc<dyn Store>,
-        config: ControlConfig,
+        mut config: ControlConfig,
         listener: TcpListener,
     ) -> std::io::Result<ControlHandle> {
         let addr = listener.local_addr()?;
         let stats = Arc::new(ControlStats::default());
+        let identity = config.identity.get_or_insert_with(identity::IdentityConfig::development).clone();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(serve_with_stats(store, config, stats.clone(), listener, async move {
             let _ = stopped.await;
         }));
-        Ok(ControlHandle { addr, stats, admin_stop: None, stop: Some(stop), task })
+        Ok(ControlHandle { addr, stats, identity, admin_stop: None, stop: Some(stop), task })
     }
 
     /// Like [`ControlHandle::spawn`], also serving the admin HTTP port on `admin` (it stops
@@ -228,6 +277,11 @@ impl ControlHandle {
     /// This replica's counters.
     pub fn stats(&self) -> &Arc<ControlStats> {
         &self.stats
+    }
+
+    /// The CA signing sidecars' certificates (its bundle is what sidecars trust).
+    pub fn ca(&self) -> &Arc<agent_reach_identity::Ca> {
+        &self.identity.ca
     }
 
     /// Stops serving: ends every watch stream and closes the listener.

@@ -6,6 +6,7 @@ mod bad_input;
 mod governance;
 mod health;
 mod http_agent;
+mod identity;
 mod lifecycle;
 mod observability;
 mod policies;
