@@ -63,6 +63,17 @@ reasons! {
     PermissionDenied => "PERMISSION_DENIED", PermissionDenied;
     ShuttingDown => "SHUTTING_DOWN", Unavailable;
     IdempotentReplyNotStored => "IDEMPOTENT_REPLY_NOT_STORED", FailedPrecondition;
+    Unauthenticated => "UNAUTHENTICATED", Unauthenticated;
+    JoinTokenInvalid => "JOIN_TOKEN_INVALID", Unauthenticated;
+    JoinTokenExpired => "JOIN_TOKEN_EXPIRED", Unauthenticated;
+    JoinTokenRevoked => "JOIN_TOKEN_REVOKED", Unauthenticated;
+    JoinTokenUsed => "JOIN_TOKEN_USED", Unauthenticated;
+    JoinTokenNotFound => "JOIN_TOKEN_NOT_FOUND", NotFound;
+    TenantMismatch => "TENANT_MISMATCH", PermissionDenied;
+    SidecarMismatch => "SIDECAR_MISMATCH", PermissionDenied;
+    InstanceNotOwned => "INSTANCE_NOT_OWNED", PermissionDenied;
+    RoleNotAllowed => "ROLE_NOT_ALLOWED", PermissionDenied;
+    TenantNotAllowed => "TENANT_NOT_ALLOWED", PermissionDenied;
     Internal => "INTERNAL", Internal;
 }
 

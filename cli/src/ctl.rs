@@ -37,6 +37,16 @@ pub struct CtlArgs {
     /// Timeout of each request.
     #[arg(long, default_value = "5s", value_parser = agent_reach_support::duration::parse)]
     pub timeout: Duration,
+    /// Trust bundle (PEM) to check the control service's certificate with: connects over
+    /// TLS (for control running with --mtls required or permissive).
+    #[arg(long, env = "AGENT_REACH_TRUST_BUNDLE_FILE")]
+    pub trust_bundle_file: Option<std::path::PathBuf>,
+    /// Trust domain of the control service's identity.
+    #[arg(long, env = "AGENT_REACH_TRUST_DOMAIN", default_value = agent_reach_identity::DEFAULT_TRUST_DOMAIN)]
+    pub trust_domain: String,
+    /// File holding the operator token to send (default: $AGENT_REACH_TOKEN).
+    #[arg(long)]
+    pub token_file: Option<std::path::PathBuf>,
     #[command(subcommand)]
     pub command: CtlCommand,
 }
@@ -56,6 +66,9 @@ pub enum CtlCommand {
     Agent { name: String },
     /// Instances of the tenant, one line per instance.
     Instances(Filter),
+    /// Join tokens: what sidecars buy their first certificate with.
+    #[command(subcommand, name = "join-token")]
+    JoinToken(JoinTokenCommand),
     /// One instance.
     Instance { id: String },
     /// Hold an instance or a whole agent PAUSED (drain) with a reason, until resumed.
@@ -149,6 +162,25 @@ pub enum PolicyCommand {
         kind: KindArg,
         name: String,
     },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum JoinTokenCommand {
+    /// Create a join token of the tenant; prints the token (shown only once).
+    Create {
+        /// Lifetime, e.g. "24h" (at most 30 days).
+        #[arg(long, default_value = "24h", value_parser = agent_reach_support::duration::parse)]
+        ttl: Duration,
+        /// The token buys one certificate only.
+        #[arg(long)]
+        single_use: bool,
+        #[arg(long, default_value = "")]
+        description: String,
+    },
+    /// The tenant's join tokens (never their secrets).
+    List,
+    /// Revoke a join token by id.
+    Revoke { id: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -256,7 +288,34 @@ fn describe(status: &Status) -> String {
 
 /// Runs one `ctl` command, printing to `out`.
 pub async fn run(args: CtlArgs, out: &mut dyn Write) -> Result<(), CtlError> {
-    let mut admin = Admin::new(&args.control, args.timeout)?;
+    let tls = match &args.trust_bundle_file {
+        Some(path) => {
+            let bundle = std::fs::read_to_string(path)
+                .map_err(|e| CtlError::Usage(format!("--trust-bundle-file {}: {e}", path.display())))?;
+            let config = agent_reach_identity::tls::bootstrap_client(&bundle, &args.trust_domain)
+                .map_err(|e| CtlError::Usage(format!("--trust-bundle-file: {e}")))?;
+            Some(std::sync::Arc::new(config))
+        }
+        None => None,
+    };
+    let mut admin = Admin::new(&args.control, args.timeout, tls)?;
+    let token = match (&args.token_file, std::env::var("AGENT_REACH_TOKEN").ok()) {
+        (Some(path), _) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| CtlError::Usage(format!("--token-file {}: {e}", path.display())))?
+                .trim()
+                .to_string(),
+        ),
+        (None, Some(token)) if !token.trim().is_empty() => Some(token.trim().to_string()),
+        _ => None,
+    };
+    if let Some(token) = token {
+        admin.bearer = Some(
+            format!("Bearer {token}")
+                .parse()
+                .map_err(|_| CtlError::Usage("the operator token has characters a header cannot carry".into()))?,
+        );
+    }
     let tenant = args.tenant.clone();
     let json = args.output == Output::Json;
     match args.command {
@@ -321,6 +380,7 @@ pub async fn run(args: CtlArgs, out: &mut dyn Write) -> Result<(), CtlError> {
         }
         CtlCommand::Policy(command) => policy(&mut admin, tenant, command, json, out).await?,
         CtlCommand::Tenant(command) => tenants(&mut admin, command, json, out).await?,
+        CtlCommand::JoinToken(command) => join_tokens(&mut admin, tenant, command, json, out).await?,
         CtlCommand::Explain { target, agent, tags, priority, session, max } => {
             let target =
                 Target { kind: if agent { TargetKind::Agent(target) } else { TargetKind::Capability(target) }, tags };
@@ -468,6 +528,71 @@ fn policy_of(p: Option<proto::Policy>) -> Result<(Policy, i64), CtlError> {
     let policy =
         policy_from_proto(p).map_err(|e| CtlError::Api(Status::internal(format!("unreadable policy: {e}"))))?;
     Ok((policy, revision))
+}
+
+async fn join_tokens(
+    admin: &mut Admin,
+    tenant: String,
+    command: JoinTokenCommand,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<(), CtlError> {
+    let show = |t: &proto::JoinToken| {
+        let state = if t.revoked_unix_ms != 0 {
+            "revoked".to_string()
+        } else if !t.used_by.is_empty() {
+            format!("used by {}", t.used_by)
+        } else {
+            "active".to_string()
+        };
+        serde_json::json!({
+            "id": t.id, "tenant": t.tenant, "created_unix_ms": t.created_unix_ms,
+            "expires_unix_ms": t.expires_unix_ms, "single_use": t.single_use, "state": state,
+            "description": t.description,
+        })
+    };
+    let write = |out: &mut dyn Write, text: String| writeln!(out, "{text}").map_err(CtlError::from);
+    match command {
+        JoinTokenCommand::Create { ttl, single_use, description } => {
+            let request =
+                proto::CreateJoinTokenRequest { tenant, ttl_ms: ttl.as_millis() as u64, single_use, description };
+            let reply = admin.call(request, |mut c, r| async move { c.create_join_token(r).await }).await?;
+            if json {
+                let mut value = reply.token.as_ref().map(show).unwrap_or_default();
+                value["token"] = serde_json::Value::String(reply.secret.clone());
+                write(out, value.to_string())?;
+            } else {
+                write(out, reply.secret)?;
+            }
+        }
+        JoinTokenCommand::List => {
+            let request = proto::ListJoinTokensRequest { tenant };
+            let reply = admin.call(request, |mut c, r| async move { c.list_join_tokens(r).await }).await?;
+            for t in &reply.tokens {
+                let v = show(t);
+                if json {
+                    write(out, v.to_string())?;
+                } else {
+                    write(
+                        out,
+                        format!(
+                            "{}  expires {}  {}  {}",
+                            t.id,
+                            t.expires_unix_ms,
+                            v["state"].as_str().unwrap_or(""),
+                            t.description
+                        ),
+                    )?;
+                }
+            }
+        }
+        JoinTokenCommand::Revoke { id } => {
+            let request = proto::RevokeJoinTokenRequest { tenant, id };
+            let reply = admin.call(request, |mut c, r| async move { c.revoke_join_token(r).await }).await?;
+            write(out, format!("revoked {}", reply.token.map(|t| t.id).unwrap_or_default()))?;
+        }
+    }
+    Ok(())
 }
 
 async fn tenants(admin: &mut Admin, command: TenantCommand, json: bool, out: &mut dyn Write) -> Result<(), CtlError> {
@@ -694,10 +819,16 @@ fn format_ms(ms: i64) -> String {
 struct Admin {
     clients: Vec<(String, AdminClient<Channel>)>,
     timeout: Duration,
+    /// "Bearer <operator token>", when one is given.
+    bearer: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
 }
 
 impl Admin {
-    fn new(endpoints: &[String], timeout: Duration) -> Result<Admin, CtlError> {
+    fn new(
+        endpoints: &[String],
+        timeout: Duration,
+        tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    ) -> Result<Admin, CtlError> {
         let clients = endpoints
             .iter()
             .map(|e| {
@@ -706,23 +837,33 @@ impl Admin {
                     .map_err(|err| CtlError::Usage(format!("--control: bad endpoint {e:?}: {err}")))?
                     .connect_timeout(timeout)
                     .timeout(timeout);
-                Ok((uri, AdminClient::new(endpoint.connect_lazy())))
+                let channel = match &tls {
+                    Some(config) => endpoint.connect_with_connector_lazy(
+                        agent_reach_sidecar::identity::TlsConnector::fixed(config.clone()),
+                    ),
+                    None => endpoint.connect_lazy(),
+                };
+                Ok((uri, AdminClient::new(channel)))
             })
             .collect::<Result<Vec<_>, CtlError>>()?;
         if clients.is_empty() {
             return Err(CtlError::Usage("--control: at least one endpoint is required".into()));
         }
-        Ok(Admin { clients, timeout })
+        Ok(Admin { clients, timeout, bearer: None })
     }
 
     async fn call<R: Clone, T, F, Fut>(&mut self, request: R, f: F) -> Result<T, CtlError>
     where
-        F: Fn(AdminClient<Channel>, R) -> Fut,
+        F: Fn(AdminClient<Channel>, tonic::Request<R>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let mut last = None;
         for (uri, client) in &self.clients {
-            match tokio::time::timeout(self.timeout, f(client.clone(), request.clone())).await {
+            let mut request = tonic::Request::new(request.clone());
+            if let Some(bearer) = &self.bearer {
+                request.metadata_mut().insert("authorization", bearer.clone());
+            }
+            match tokio::time::timeout(self.timeout, f(client.clone(), request)).await {
                 Ok(Ok(reply)) => return Ok(reply.into_inner()),
                 Ok(Err(status)) if status.code() != Code::Unavailable => return Err(CtlError::Api(status)),
                 Ok(Err(status)) => last = Some(Status::unavailable(format!("{uri}: {}", status.message()))),

@@ -23,8 +23,9 @@ async fn bind() -> Result<TcpListener, String> {
     TcpListener::bind("127.0.0.1:0").await.map_err(|e| format!("cannot bind 127.0.0.1: {e}"))
 }
 
-async fn sidecar(control: &ControlHandle, id: &str) -> Result<Sidecar, String> {
+async fn sidecar(store: &Arc<dyn Store>, control: &ControlHandle, id: &str) -> Result<Sidecar, String> {
     let mut config = SidecarConfig::new(vec![control.endpoint()]);
+    config.identity = Some(crate::dev::identity(store, control, &config.tenant).await?);
     config.sidecar_id = id.to_string();
     config.heartbeat_interval = Duration::from_millis(500);
     config.probe_interval = Duration::from_millis(500);
@@ -128,10 +129,11 @@ pub async fn run() -> Result<(), String> {
     let started = Instant::now();
     println!("Agent-Reach demo: a control service, two sidecars and five agents in this process, on 127.0.0.1.\n");
     let store: Arc<dyn Store> = Arc::new(EmbeddedStore::default());
-    let control =
-        ControlHandle::spawn(store.clone(), ControlConfig::default(), bind().await?).map_err(|e| e.to_string())?;
-    let a = sidecar(&control, "host-a").await?;
-    let b = sidecar(&control, "host-b").await?;
+    // Mutual TLS between everything, with a CA generated here (secure by default).
+    let config = ControlConfig { mtls: agent_reach_control::identity::Mtls::Required, ..ControlConfig::default() };
+    let control = ControlHandle::spawn(store.clone(), config, bind().await?).map_err(|e| e.to_string())?;
+    let a = sidecar(&store, &control, "host-a").await?;
+    let b = sidecar(&store, &control, "host-b").await?;
     println!("  control    {}  (embedded store: registrations on 20 s leases)", control.addr());
     println!("  sidecar A  host-a  local API {}  mesh API {}", a.local_addr(), a.mesh_addr());
     println!("  sidecar B  host-b  local API {}  mesh API {}", b.local_addr(), b.mesh_addr());

@@ -14,6 +14,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod ctl;
 mod demo;
+mod dev;
 mod trace;
 
 use std::net::SocketAddr;
@@ -140,14 +141,25 @@ async fn up(args: UpArgs) -> Result<(), String> {
     agent_reach_control::dashboard::check_listen_address(args.dashboard_listen)?;
     let dashboard = bind(args.dashboard_listen, "--dashboard-listen").await?;
     let dashboard_addr = dashboard.local_addr().map_err(|e| e.to_string())?;
+    let store: std::sync::Arc<dyn agent_reach_store::Store> = std::sync::Arc::new(EmbeddedStore::default());
+    let (admin_token, admin_token_file) = dev::admin_token()?;
+    // Secure by default: mutual TLS on the control port with a CA generated here, and the
+    // sidecar buying its certificate with a join token made here.
     let control = ControlHandle::spawn_with_dashboard(
-        std::sync::Arc::new(EmbeddedStore::default()),
-        ControlConfig { lease_ttl: args.lease_ttl, ..ControlConfig::default() },
+        store.clone(),
+        ControlConfig {
+            lease_ttl: args.lease_ttl,
+            mtls: agent_reach_control::identity::Mtls::Required,
+            admin_token: Some(admin_token),
+            ..ControlConfig::default()
+        },
         control_listener,
         dashboard,
     )
     .map_err(|e| e.to_string())?;
-    let config = SidecarConfig::new(vec![control.endpoint()]);
+    let mut config = SidecarConfig::new(vec![control.endpoint()]);
+    config.identity = Some(dev::identity(&store, &control, &config.tenant).await?);
+    let bundle = dev::write_bundle(&control)?;
     let sidecar = Sidecar::start_with_admin(config, local, mesh, Some(admin)).await.map_err(|e| e.to_string())?;
     println!("Agent-Reach dev mesh is up (embedded store: state lives in this process only).");
     println!("  control   {}   (Control API, grpc.health.v1)", control.addr());
@@ -157,6 +169,16 @@ async fn up(args: UpArgs) -> Result<(), String> {
     if let Some(admin) = sidecar.admin_addr() {
         println!("            {admin}   (admin: /metrics /healthz /readyz /traces/<trace-id>)");
     }
+    println!();
+    println!("  identity  mutual TLS on the control and mesh ports; development CA generated at start");
+    println!("            trust bundle written to {}", bundle.display());
+    println!("  admin     bootstrap admin token written to {}", admin_token_file.display());
+    println!(
+        "            agent-reach ctl --control {} --trust-bundle-file {} --token-file {} agents",
+        control.addr(),
+        bundle.display(),
+        admin_token_file.display()
+    );
     println!();
     println!("Point agents at it with AGENT_REACH_SIDECAR={} (the SDK's default). Ctrl-C stops.", sidecar.local_addr());
     agent_reach_support::process::shutdown_signal().await;

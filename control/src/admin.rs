@@ -25,6 +25,8 @@ use agent_reach_routing::RoutingTable;
 use tonic::{Request, Response, Status};
 
 use crate::error::ControlError;
+use crate::identity::JoinTokens;
+use crate::identity::operators::{self, Action, OperatorAuth, Principal, Role};
 use crate::registry::{Registry, TenantView, hold_from_request};
 
 /// Candidates an explanation returns when the request does not say.
@@ -33,11 +35,53 @@ const DEFAULT_CANDIDATES: usize = 5;
 /// The Admin service.
 pub struct AdminService {
     registry: Arc<Registry>,
+    tokens: Arc<JoinTokens>,
+    auth: Arc<OperatorAuth>,
+}
+
+/// The `authorization` header of a request.
+fn authorization<T>(request: &Request<T>) -> Option<String> {
+    request.metadata().get("authorization").and_then(|v| v.to_str().ok()).map(str::to_string)
 }
 
 impl AdminService {
-    pub fn new(registry: Arc<Registry>) -> AdminService {
-        AdminService { registry }
+    pub fn new(registry: Arc<Registry>, tokens: Arc<JoinTokens>, auth: Arc<OperatorAuth>) -> AdminService {
+        AdminService { registry, tokens, auth }
+    }
+
+    /// Checks a read of `tenant` (`None`: cluster-wide).
+    async fn read(&self, authorization: Option<String>, tenant: Option<&str>) -> Result<Principal, ControlError> {
+        let who = self.auth.principal(authorization.as_deref()).await?;
+        who.authorize(Action::Read, tenant)?;
+        Ok(who)
+    }
+
+    /// Runs a change of `tenant` after checking the caller may make it, and writes the
+    /// audit line (also of a refusal).
+    async fn change<R>(
+        &self,
+        authorization: Option<String>,
+        what: &str,
+        tenant: Option<&str>,
+        action: Action,
+        change: impl std::future::Future<Output = Result<R, ControlError>>,
+    ) -> Result<Response<R>, Status> {
+        let scope = tenant.unwrap_or("(cluster)");
+        let who = match self.auth.principal(authorization.as_deref()).await {
+            Ok(who) => who,
+            Err(e) => {
+                let nobody = Principal { name: "unauthenticated".into(), role: Role::Viewer, tenants: vec![] };
+                operators::audit(&nobody, what, scope, &Err::<(), _>(&e));
+                return Err(e.into());
+            }
+        };
+        if let Err(e) = who.authorize(action, tenant) {
+            operators::audit(&who, what, scope, &Err::<(), _>(&e));
+            return Err(e.into());
+        }
+        let result = change.await;
+        operators::audit(&who, what, scope, &result);
+        result.map(Response::new).map_err(Status::from)
     }
 
     async fn view(&self, tenant: &str) -> Result<TenantView, ControlError> {
@@ -137,7 +181,9 @@ impl Admin for AdminService {
         &self,
         request: Request<proto::ListAgentsRequest>,
     ) -> Result<Response<proto::ListAgentsReply>, Status> {
+        let auth = authorization(&request);
         let r = request.into_inner();
+        self.read(auth, Some(&r.tenant)).await?;
         let view = self.view(&r.tenant).await?;
         let filter = Filter::from_proto(r.filter).map_err(ControlError::from)?;
         let matching: Vec<&InstanceStatus> = view.instances.iter().filter(|s| filter.matches(s)).collect();
@@ -149,7 +195,9 @@ impl Admin for AdminService {
         &self,
         request: Request<proto::GetAgentRequest>,
     ) -> Result<Response<proto::GetAgentReply>, Status> {
+        let auth = authorization(&request);
         let r = request.into_inner();
+        self.read(auth, Some(&r.tenant)).await?;
         let view = self.view(&r.tenant).await?;
         validate_name("agent", &r.agent).map_err(ControlError::from)?;
         let instances: Vec<&InstanceStatus> =
@@ -168,7 +216,9 @@ impl Admin for AdminService {
         &self,
         request: Request<proto::ListInstancesRequest>,
     ) -> Result<Response<proto::ListInstancesReply>, Status> {
+        let auth = authorization(&request);
         let r = request.into_inner();
+        self.read(auth, Some(&r.tenant)).await?;
         let view = self.view(&r.tenant).await?;
         let filter = Filter::from_proto(r.filter).map_err(ControlError::from)?;
         let instances = view.instances.iter().filter(|s| filter.matches(s)).map(proto::Instance::from).collect();
@@ -179,7 +229,9 @@ impl Admin for AdminService {
         &self,
         request: Request<proto::GetInstanceRequest>,
     ) -> Result<Response<proto::GetInstanceReply>, Status> {
+        let auth = authorization(&request);
         let r = request.into_inner();
+        self.read(auth, Some(&r.tenant)).await?;
         let view = self.view(&r.tenant).await?;
         validate_name("instance_id", &r.instance_id).map_err(ControlError::from)?;
         let status = find_instance(&view, &r.instance_id)?;
@@ -193,49 +245,63 @@ impl Admin for AdminService {
         &self,
         request: Request<proto::SetInstanceStateRequest>,
     ) -> Result<Response<proto::SetStateReply>, Status> {
+        let auth = authorization(&request);
         let r = request.into_inner();
-        validate_tenant("tenant", &r.tenant).map_err(ControlError::from)?;
-        let hold = hold_from_request(health_state_from_i32(r.state), r.reason, HoldScope::Instance)
-            .map_err(ControlError::from)?;
-        let (status, revision) = self.registry.set_instance_hold(&r.tenant, &r.instance_id, hold).await?;
-        Ok(Response::new(proto::SetStateReply { instances: vec![proto::Instance::from(&status)], revision }))
+        let tenant = r.tenant.clone();
+        self.change(auth, "SetInstanceState", Some(&tenant), Action::Change, async move {
+            validate_tenant("tenant", &r.tenant)?;
+            let hold = hold_from_request(health_state_from_i32(r.state), r.reason, HoldScope::Instance)?;
+            let (status, revision) = self.registry.set_instance_hold(&r.tenant, &r.instance_id, hold).await?;
+            Ok(proto::SetStateReply { instances: vec![proto::Instance::from(&status)], revision })
+        })
+        .await
     }
 
     async fn set_agent_state(
         &self,
         request: Request<proto::SetAgentStateRequest>,
     ) -> Result<Response<proto::SetStateReply>, Status> {
+        let auth = authorization(&request);
         let r = request.into_inner();
-        validate_tenant("tenant", &r.tenant).map_err(ControlError::from)?;
-        let hold = hold_from_request(health_state_from_i32(r.state), r.reason, HoldScope::Agent)
-            .map_err(ControlError::from)?;
-        let (instances, revision) = self.registry.set_agent_hold(&r.tenant, &r.agent, hold).await?;
-        Ok(Response::new(proto::SetStateReply {
-            instances: instances.iter().map(proto::Instance::from).collect(),
-            revision,
-        }))
+        let tenant = r.tenant.clone();
+        self.change(auth, "SetAgentState", Some(&tenant), Action::Change, async move {
+            validate_tenant("tenant", &r.tenant)?;
+            let hold = hold_from_request(health_state_from_i32(r.state), r.reason, HoldScope::Agent)?;
+            let (instances, revision) = self.registry.set_agent_hold(&r.tenant, &r.agent, hold).await?;
+            Ok(proto::SetStateReply { instances: instances.iter().map(proto::Instance::from).collect(), revision })
+        })
+        .await
     }
 
     async fn put_policy(
         &self,
         request: Request<proto::PutPolicyRequest>,
     ) -> Result<Response<proto::PutPolicyReply>, Status> {
+        let auth = authorization(&request);
         let wire =
             request.into_inner().policy.ok_or_else(|| ControlError::from(FieldError::new("policy", "is required")))?;
-        let policy = policy_from_proto(wire)
-            .map_err(|e| ControlError::from(FieldError::new(format!("policy.{}", e.field), e.reason)))?;
-        let revision = self.registry.put_policy(&policy).await.map_err(|e| match e {
-            ControlError::Invalid(f) => ControlError::Invalid(FieldError::new(format!("policy.{}", f.field), f.reason)),
-            other => other,
-        })?;
-        Ok(Response::new(proto::PutPolicyReply { policy: Some(policy_to_proto(&policy, revision)) }))
+        let tenant = wire.tenant.clone();
+        self.change(auth, "PutPolicy", Some(&tenant), Action::Change, async move {
+            let policy = policy_from_proto(wire)
+                .map_err(|e| ControlError::from(FieldError::new(format!("policy.{}", e.field), e.reason)))?;
+            let revision = self.registry.put_policy(&policy).await.map_err(|e| match e {
+                ControlError::Invalid(f) => {
+                    ControlError::Invalid(FieldError::new(format!("policy.{}", f.field), f.reason))
+                }
+                other => other,
+            })?;
+            Ok(proto::PutPolicyReply { policy: Some(policy_to_proto(&policy, revision)) })
+        })
+        .await
     }
 
     async fn get_policy(
         &self,
         request: Request<proto::GetPolicyRequest>,
     ) -> Result<Response<proto::GetPolicyReply>, Status> {
+        let auth = authorization(&request);
         let r = request.into_inner();
+        self.read(auth, Some(&r.tenant)).await?;
         let kind = policy_kind_from_i32("kind", r.kind).map_err(ControlError::from)?;
         let (policy, revision) = self.registry.get_policy(&r.tenant, kind, &r.name).await?;
         Ok(Response::new(proto::GetPolicyReply { policy: Some(policy_to_proto(&policy, revision)) }))
@@ -245,7 +311,9 @@ impl Admin for AdminService {
         &self,
         request: Request<proto::ListPoliciesRequest>,
     ) -> Result<Response<proto::ListPoliciesReply>, Status> {
+        let auth = authorization(&request);
         let r = request.into_inner();
+        self.read(auth, Some(&r.tenant)).await?;
         let kind = match r.kind {
             0 => None,
             k => Some(policy_kind_from_i32("kind", k).map_err(ControlError::from)?),
@@ -264,37 +332,130 @@ impl Admin for AdminService {
         &self,
         request: Request<proto::DeletePolicyRequest>,
     ) -> Result<Response<proto::DeletePolicyReply>, Status> {
+        let auth = authorization(&request);
         let r = request.into_inner();
-        let kind = policy_kind_from_i32("kind", r.kind).map_err(ControlError::from)?;
-        let revision = self.registry.delete_policy(&r.tenant, kind, &r.name).await?;
-        Ok(Response::new(proto::DeletePolicyReply { revision }))
+        let tenant = r.tenant.clone();
+        self.change(auth, "DeletePolicy", Some(&tenant), Action::Change, async move {
+            let kind = policy_kind_from_i32("kind", r.kind)?;
+            let revision = self.registry.delete_policy(&r.tenant, kind, &r.name).await?;
+            Ok(proto::DeletePolicyReply { revision })
+        })
+        .await
     }
 
     async fn put_tenant(
         &self,
         request: Request<proto::PutTenantRequest>,
     ) -> Result<Response<proto::PutTenantReply>, Status> {
+        let auth = authorization(&request);
         let tenant =
             request.into_inner().tenant.ok_or_else(|| ControlError::from(FieldError::new("tenant", "is required")))?;
-        let (tenant, revision) = self.registry.put_tenant(tenant_from_proto(tenant)).await?;
-        Ok(Response::new(proto::PutTenantReply { tenant: Some(tenant_to_proto(&tenant, revision)) }))
+        let name = tenant.name.clone();
+        self.change(auth, "PutTenant", Some(&name), Action::Change, async move {
+            let (tenant, revision) = self.registry.put_tenant(tenant_from_proto(tenant)).await?;
+            Ok(proto::PutTenantReply { tenant: Some(tenant_to_proto(&tenant, revision)) })
+        })
+        .await
     }
 
     async fn list_tenants(
         &self,
-        _request: Request<proto::ListTenantsRequest>,
+        request: Request<proto::ListTenantsRequest>,
     ) -> Result<Response<proto::ListTenantsReply>, Status> {
+        self.read(authorization(&request), None).await?;
         let tenants = self.registry.list_tenants().await?;
         Ok(Response::new(proto::ListTenantsReply {
             tenants: tenants.iter().map(|(t, revision)| tenant_to_proto(t, *revision)).collect(),
         }))
     }
 
+    async fn create_join_token(
+        &self,
+        request: Request<proto::CreateJoinTokenRequest>,
+    ) -> Result<Response<proto::CreateJoinTokenReply>, Status> {
+        let auth = authorization(&request);
+        let r = request.into_inner();
+        let tenant = r.tenant.clone();
+        self.change(auth, "CreateJoinToken", Some(&tenant), Action::Change, async move {
+            let ttl = std::time::Duration::from_millis(r.ttl_ms);
+            let created = self.tokens.create(&r.tenant, ttl, r.single_use, &r.description).await?;
+            Ok(proto::CreateJoinTokenReply { token: Some(join_token_to_proto(&created.token)), secret: created.secret })
+        })
+        .await
+    }
+
+    async fn list_join_tokens(
+        &self,
+        request: Request<proto::ListJoinTokensRequest>,
+    ) -> Result<Response<proto::ListJoinTokensReply>, Status> {
+        let auth = authorization(&request);
+        let r = request.into_inner();
+        self.read(auth, Some(&r.tenant)).await?;
+        let tokens = self.tokens.list(&r.tenant).await?;
+        Ok(Response::new(proto::ListJoinTokensReply { tokens: tokens.iter().map(join_token_to_proto).collect() }))
+    }
+
+    async fn revoke_join_token(
+        &self,
+        request: Request<proto::RevokeJoinTokenRequest>,
+    ) -> Result<Response<proto::RevokeJoinTokenReply>, Status> {
+        let auth = authorization(&request);
+        let r = request.into_inner();
+        let tenant = r.tenant.clone();
+        self.change(auth, "RevokeJoinToken", Some(&tenant), Action::Change, async move {
+            let token = self.tokens.revoke(&r.tenant, &r.id).await?;
+            Ok(proto::RevokeJoinTokenReply { token: Some(join_token_to_proto(&token)) })
+        })
+        .await
+    }
+
+    async fn create_operator_token(
+        &self,
+        request: Request<proto::CreateOperatorTokenRequest>,
+    ) -> Result<Response<proto::CreateOperatorTokenReply>, Status> {
+        let auth = authorization(&request);
+        let r = request.into_inner();
+        self.change(auth, "CreateOperatorToken", None, Action::ManageTokens, async move {
+            let role = role_from_proto(r.role)?;
+            let ttl = std::time::Duration::from_millis(r.ttl_ms);
+            let (token, secret) = self.auth.create(role, r.tenants, ttl, &r.description).await?;
+            Ok(proto::CreateOperatorTokenReply { token: Some(operator_token_to_proto(&token)), secret })
+        })
+        .await
+    }
+
+    async fn list_operator_tokens(
+        &self,
+        request: Request<proto::ListOperatorTokensRequest>,
+    ) -> Result<Response<proto::ListOperatorTokensReply>, Status> {
+        let who = self.auth.principal(authorization(&request).as_deref()).await?;
+        who.authorize(Action::ManageTokens, None)?;
+        let tokens = self.auth.list().await?;
+        Ok(Response::new(proto::ListOperatorTokensReply {
+            tokens: tokens.iter().map(operator_token_to_proto).collect(),
+        }))
+    }
+
+    async fn revoke_operator_token(
+        &self,
+        request: Request<proto::RevokeOperatorTokenRequest>,
+    ) -> Result<Response<proto::RevokeOperatorTokenReply>, Status> {
+        let auth = authorization(&request);
+        let r = request.into_inner();
+        self.change(auth, "RevokeOperatorToken", None, Action::ManageTokens, async move {
+            let token = self.auth.revoke(&r.id).await?;
+            Ok(proto::RevokeOperatorTokenReply { token: Some(operator_token_to_proto(&token)) })
+        })
+        .await
+    }
+
     async fn explain_route(
         &self,
         request: Request<proto::ExplainRouteRequest>,
     ) -> Result<Response<proto::ExplainRouteReply>, Status> {
+        let auth = authorization(&request);
         let r = request.into_inner();
+        self.read(auth, Some(&r.tenant)).await?;
         validate_tenant("tenant", &r.tenant).map_err(ControlError::from)?;
         let target = target_from_proto(r.target).map_err(ControlError::from)?;
         let view = self.view(&r.tenant).await?;
@@ -338,6 +499,46 @@ impl Admin for AdminService {
             revision: view.revision,
             strategy: explanation.strategy.unwrap_or_default().as_str().to_string(),
         }))
+    }
+}
+
+/// A stored join token on the wire (never with its secret or hash).
+fn join_token_to_proto(t: &crate::identity::JoinToken) -> proto::JoinToken {
+    proto::JoinToken {
+        id: t.id.clone(),
+        tenant: t.tenant.clone(),
+        created_unix_ms: t.created_ms as i64,
+        expires_unix_ms: t.expires_ms as i64,
+        single_use: t.single_use,
+        used_by: t.used_by.clone().unwrap_or_default(),
+        revoked_unix_ms: t.revoked_ms.unwrap_or(0) as i64,
+        description: t.description.clone(),
+    }
+}
+
+fn role_from_proto(role: i32) -> Result<Role, FieldError> {
+    match proto::OperatorRole::try_from(role) {
+        Ok(proto::OperatorRole::Viewer) => Ok(Role::Viewer),
+        Ok(proto::OperatorRole::Operator) => Ok(Role::Operator),
+        Ok(proto::OperatorRole::Admin) => Ok(Role::Admin),
+        _ => Err(FieldError::new("role", "must be viewer, operator or admin")),
+    }
+}
+
+/// A stored operator token on the wire (never with its secret or hash).
+fn operator_token_to_proto(t: &operators::OperatorToken) -> proto::OperatorToken {
+    proto::OperatorToken {
+        id: t.id.clone(),
+        role: match t.role {
+            Role::Viewer => proto::OperatorRole::Viewer,
+            Role::Operator => proto::OperatorRole::Operator,
+            Role::Admin => proto::OperatorRole::Admin,
+        } as i32,
+        tenants: t.tenants.clone(),
+        created_unix_ms: t.created_ms as i64,
+        expires_unix_ms: t.expires_ms as i64,
+        revoked_unix_ms: t.revoked_ms.unwrap_or(0) as i64,
+        description: t.description.clone(),
     }
 }
 

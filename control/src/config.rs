@@ -17,9 +17,13 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use std::sync::Arc;
+
+use agent_reach_identity::Ca;
 use clap::Parser;
 
 use crate::alerts::{AlertConfig, WebhookConfig};
+use crate::identity::{IdentityConfig, Mtls};
 
 /// agent-reach-control: holds registrations on etcd leases and streams routing state to
 /// every sidecar.
@@ -114,6 +118,42 @@ pub struct ControlArgs {
     #[arg(long, env = "AGENT_REACH_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
 
+    /// Trust domain of the mesh's SPIFFE ids
+    /// (spiffe://<trust-domain>/tenant/<tenant>/sidecar/<id>).
+    #[arg(long, env = "AGENT_REACH_TRUST_DOMAIN", default_value = agent_reach_identity::DEFAULT_TRUST_DOMAIN)]
+    pub trust_domain: String,
+
+    /// Certificate (PEM) of the CA that signs sidecars' certificates; needs --ca-key-file.
+    /// Without it, a CA is generated in memory at start (development: every replica and
+    /// every restart has its own).
+    #[arg(long, env = "AGENT_REACH_CA_CERT_FILE", requires = "ca_key_file")]
+    pub ca_cert_file: Option<PathBuf>,
+
+    /// Private key (PEM) of --ca-cert-file.
+    #[arg(long, env = "AGENT_REACH_CA_KEY_FILE", requires = "ca_cert_file")]
+    pub ca_key_file: Option<PathBuf>,
+
+    /// Trust bundle (PEM) handed to sidecars: the signing CA and, while a CA is rotated,
+    /// the other one. Default: the signing CA alone.
+    #[arg(long, env = "AGENT_REACH_TRUST_BUNDLE_FILE", requires = "ca_cert_file")]
+    pub trust_bundle_file: Option<PathBuf>,
+
+    /// Lifetime of the certificates issued to sidecars (they renew at two thirds of it).
+    #[arg(long, env = "AGENT_REACH_CERT_TTL", default_value = "24h", value_parser = agent_reach_support::duration::parse)]
+    pub cert_ttl: Duration,
+
+    /// File holding the bootstrap admin token (cluster-wide admin role). With it, every
+    /// Admin call needs an operator token (`authorization: Bearer <token>`); without it the
+    /// Admin API is open to anyone who reaches the port (warned about at start).
+    #[arg(long, env = "AGENT_REACH_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+
+    /// Mutual TLS on the gRPC port: "required" (every Control call needs a sidecar
+    /// certificate issued by this CA), "permissive" (migration only: calls without one pass
+    /// as anonymous and are counted), or "off" (plaintext, nothing checked).
+    #[arg(long, env = "AGENT_REACH_MTLS", default_value = "off", value_parser = ["required", "permissive", "off"])]
+    pub mtls: String,
+
     /// Log format: "text" or "json".
     #[arg(long, env = "AGENT_REACH_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
@@ -127,6 +167,22 @@ pub struct ControlConfig {
     pub load_report_interval: Duration,
     pub watch_history: usize,
     pub alerts: AlertConfig,
+    /// The CA and certificate lifetime; `None` generates a development CA at start.
+    pub identity: Option<IdentityConfig>,
+    /// Mutual TLS on the gRPC port.
+    pub mtls: Mtls,
+    /// The bootstrap admin token; `None`: the Admin API is not authenticated.
+    pub admin_token: Option<BootstrapToken>,
+}
+
+/// The bootstrap admin token (never printed).
+#[derive(Clone)]
+pub struct BootstrapToken(pub String);
+
+impl std::fmt::Debug for BootstrapToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BootstrapToken(..)")
+    }
 }
 
 impl Default for ControlConfig {
@@ -137,6 +193,9 @@ impl Default for ControlConfig {
             load_report_interval: Duration::from_secs(5),
             watch_history: 4096,
             alerts: AlertConfig::default(),
+            identity: None,
+            mtls: Mtls::Off,
+            admin_token: None,
         }
     }
 }
@@ -173,6 +232,34 @@ impl TryFrom<&ControlArgs> for ControlConfig {
         if a.watch_history == 0 {
             return Err("--watch-history must be at least 1".into());
         }
+        if a.cert_ttl < Duration::from_secs(60) || a.cert_ttl > Duration::from_secs(30 * 24 * 3600) {
+            return Err(format!("--cert-ttl must be between 1m and 30d, got {:?}", a.cert_ttl));
+        }
+        let identity = match (&a.ca_cert_file, &a.ca_key_file) {
+            (Some(cert), Some(key)) => {
+                let read = |flag: &str, path: &std::path::Path| {
+                    std::fs::read_to_string(path).map_err(|e| format!("{flag} {}: {e}", path.display()))
+                };
+                let bundle = a.trust_bundle_file.as_deref().map(|p| read("--trust-bundle-file", p)).transpose()?;
+                let ca = Ca::from_pem(
+                    &a.trust_domain,
+                    &read("--ca-cert-file", cert)?,
+                    &read("--ca-key-file", key)?,
+                    bundle.as_deref(),
+                )
+                .map_err(|e| format!("--ca-cert-file / --ca-key-file / --trust-bundle-file: {e}"))?;
+                Some(IdentityConfig { ca: Arc::new(ca), cert_ttl: a.cert_ttl })
+            }
+            _ => {
+                let ca = Ca::generate(&a.trust_domain).map_err(|e| format!("--trust-domain: {e}"))?;
+                tracing::warn!(
+                    trust_domain = %a.trust_domain,
+                    "no --ca-cert-file: generated a development CA in memory; other replicas and restarts have \
+                     their own, so give every replica the same CA files in production"
+                );
+                Some(IdentityConfig { ca: Arc::new(ca), cert_ttl: a.cert_ttl })
+            }
+        };
         if a.dashboard_listen != "off" {
             let addr = a
                 .dashboard_listen
@@ -201,6 +288,21 @@ impl TryFrom<&ControlArgs> for ControlConfig {
                 min_healthy: a.alert_min_healthy,
                 webhook,
                 ..AlertConfig::default()
+            },
+            identity,
+            mtls: Mtls::parse(&a.mtls).ok_or_else(|| format!("--mtls: unknown mode {:?}", a.mtls))?,
+            admin_token: match &a.admin_token_file {
+                Some(path) => {
+                    let token = std::fs::read_to_string(path)
+                        .map_err(|e| format!("--admin-token-file {}: {e}", path.display()))?
+                        .trim()
+                        .to_string();
+                    if token.len() < 16 {
+                        return Err("--admin-token-file: the token must be at least 16 characters".into());
+                    }
+                    Some(BootstrapToken(token))
+                }
+                None => None,
             },
         })
     }

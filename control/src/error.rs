@@ -29,6 +29,26 @@ pub enum ControlError {
     Conflict(String),
     #[error("the control service is shutting down")]
     ShuttingDown,
+    #[error(transparent)]
+    Refused(#[from] crate::identity::TokenRefusal),
+    #[error("join token {0} not found")]
+    JoinTokenNotFound(String),
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
+    #[error("{field} names tenant {claimed:?} but the caller's certificate is of tenant {verified:?}")]
+    TenantMismatch { field: String, claimed: String, verified: String },
+    #[error("sidecar_id {claimed:?} is not the caller's certificate's sidecar {verified:?}")]
+    SidecarMismatch { claimed: String, verified: String },
+    #[error(transparent)]
+    Identity(#[from] agent_reach_identity::IdentityError),
+    #[error("instance {instance} is not the caller's: {why}")]
+    NotOwned { instance: String, why: String },
+    #[error("lease {lease:x} is not the caller's (it belongs to {owner})")]
+    LeaseNotOwned { lease: LeaseId, owner: String },
+    #[error("{who} has role {}, this needs {}", .role.as_str(), .needed.as_str())]
+    RoleNotAllowed { who: String, role: crate::identity::Role, needed: crate::identity::Role },
+    #[error("{who} may not act on tenant {tenant}")]
+    TenantNotAllowed { who: String, tenant: String },
 }
 
 impl From<ControlError> for Status {
@@ -55,6 +75,50 @@ impl From<ControlError> for Status {
             }
             ControlError::Conflict(_) => reason::status(Reason::Conflict, message, &[]),
             ControlError::ShuttingDown => reason::status(Reason::ShuttingDown, message, &[]),
+            ControlError::Refused(refusal) => {
+                use crate::identity::TokenRefusal;
+                match refusal {
+                    TokenRefusal::Invalid => reason::status(Reason::JoinTokenInvalid, message, &[]),
+                    TokenRefusal::Expired(id) => reason::status(Reason::JoinTokenExpired, message, &[("id", id)]),
+                    TokenRefusal::Revoked(id) => reason::status(Reason::JoinTokenRevoked, message, &[("id", id)]),
+                    TokenRefusal::Used { id, by } => {
+                        reason::status(Reason::JoinTokenUsed, message, &[("id", id), ("used_by", by)])
+                    }
+                    TokenRefusal::WrongTenant { id, requested, .. } => reason::status(
+                        Reason::TenantMismatch,
+                        message,
+                        &[("field", "tenant".into()), ("id", id), ("tenant", requested)],
+                    ),
+                }
+            }
+            ControlError::JoinTokenNotFound(id) => reason::status(Reason::JoinTokenNotFound, message, &[("id", id)]),
+            ControlError::Unauthenticated(_) => reason::status(Reason::Unauthenticated, message, &[]),
+            ControlError::TenantMismatch { field, claimed, verified } => reason::status(
+                Reason::TenantMismatch,
+                message,
+                &[("field", field), ("claimed", claimed), ("verified", verified)],
+            ),
+            ControlError::SidecarMismatch { claimed, verified } => reason::status(
+                Reason::SidecarMismatch,
+                message,
+                &[("field", "sidecar_id".into()), ("claimed", claimed), ("verified", verified)],
+            ),
+            ControlError::Identity(agent_reach_identity::IdentityError::InvalidCsr(why)) => {
+                reason::invalid_argument("csr_pem", &why)
+            }
+            ControlError::Identity(_) => reason::status(Reason::Internal, message, &[]),
+            ControlError::RoleNotAllowed { needed, .. } => {
+                reason::status(Reason::RoleNotAllowed, message, &[("needed", needed.as_str().into())])
+            }
+            ControlError::TenantNotAllowed { tenant, .. } => {
+                reason::status(Reason::TenantNotAllowed, message, &[("tenant", tenant)])
+            }
+            ControlError::LeaseNotOwned { lease, .. } => {
+                reason::status(Reason::InstanceNotOwned, message, &[("lease", format!("{lease:x}"))])
+            }
+            ControlError::NotOwned { instance, .. } => {
+                reason::status(Reason::InstanceNotOwned, message, &[("instance", instance)])
+            }
         }
     }
 }

@@ -6,9 +6,10 @@
 //! - [`feed`] and [`watch`]: each replica watches the store once per tenant and streams the
 //!   tenant's routing state to its sidecars: a snapshot, then deltas strictly in revision
 //!   order, resumable from any revision the store still has.
-//! - [`service`] (`agentreach.v1.Control`, for sidecars) and [`admin`]
-//!   (`agentreach.v1.Admin`, for operators) on one gRPC port; [`error`] turns every
-//!   failure into a status.
+//! - [`service`] (`agentreach.v1.Control`, for sidecars), [`identity`]
+//!   (`agentreach.v1.Identity`: the CA signing sidecars' certificates, join tokens) and
+//!   [`admin`] (`agentreach.v1.Admin`, for operators) on one gRPC port; [`error`] turns
+//!   every failure into a status.
 //!
 //! - [`dashboard`]: the operators' web page, live over server-sent events from the tenant
 //!   feeds; [`alerts`]: rules over the same feeds, to the dashboard, `/metrics` and a
@@ -24,6 +25,7 @@ pub mod config;
 pub mod dashboard;
 pub mod error;
 pub mod feed;
+pub mod identity;
 pub mod keys;
 pub mod load;
 pub mod metrics;
@@ -38,6 +40,7 @@ use std::sync::Arc;
 
 use agent_reach::proto::admin_server::AdminServer;
 use agent_reach::proto::control_server::ControlServer;
+use agent_reach::proto::identity_server::IdentityServer;
 use agent_reach_store::{EmbeddedStore, EtcdOptions, EtcdStore, EtcdTls, Store};
 use tokio::net::TcpListener;
 
@@ -158,7 +161,7 @@ pub async fn serve_with_stats(
 /// [`serve_with_stats`], also serving the dashboard on `dashboard` when given.
 pub async fn serve_parts(
     store: Arc<dyn Store>,
-    config: ControlConfig,
+    mut config: ControlConfig,
     stats: Arc<ControlStats>,
     listener: TcpListener,
     dashboard: Option<TcpListener>,
@@ -178,6 +181,14 @@ pub async fn serve_parts(
         feeds.clone(),
     ));
     let janitor = tokio::spawn(feeds.clone().run_janitor(stop_rx.clone()));
+    let handshakes = stats.tls.clone();
+    let tokens = Arc::new(identity::JoinTokens::new(store.clone()));
+    let identity_config = config.identity.get_or_insert_with(identity::IdentityConfig::development).clone();
+    let authz = Arc::new(identity::Authorizer::new(config.mtls, stats.clone()));
+    let identity = identity::IdentityService::new(
+        identity_config.clone(),
+        Arc::new(identity::JoinTokenAuthenticator::new(tokens.clone())),
+    );
     let alerts =
         alerts::Alerts::start(config.alerts.clone(), feeds.clone(), store.clone(), stats.clone(), stop_rx.clone());
     if let Some(listener) = dashboard {
@@ -185,25 +196,61 @@ pub async fn serve_parts(
             dashboard::Dashboard::new(feeds.clone(), registry.clone(), alerts, Box::new(dashboard::LoopbackOnly));
         tokio::spawn(dashboard::serve(listener, Arc::new(page), stop_rx.clone()));
     }
-    let control = ControlService::new(registry.clone(), feeds, store, stats, stop_rx);
-    let admin = AdminService::new(registry);
+    let control = ControlService::new(registry.clone(), feeds, store.clone(), stats, stop_rx, authz);
+    let operator_auth = match &config.admin_token {
+        Some(token) => identity::OperatorAuth::new(store.clone(), &token.0),
+        None => {
+            tracing::warn!("no --admin-token-file: the Admin API is open to anyone who reaches the control port");
+            identity::OperatorAuth::off(store.clone())
+        }
+    };
+    let admin = AdminService::new(registry, tokens, Arc::new(operator_auth));
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<ControlServer<ControlService>>().await;
     health_reporter.set_serving::<AdminServer<AdminService>>().await;
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    let served = tonic::transport::Server::builder()
+    health_reporter.set_serving::<IdentityServer<identity::IdentityService>>().await;
+    let router = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .add_service(health)
         .add_service(ControlServer::new(control))
         .add_service(AdminServer::new(admin))
+        .add_service(IdentityServer::new(identity))
         .add_service(agent_reach::reflection::v1(agent_reach::reflection::CONTROL_SERVICES))
-        .add_service(agent_reach::reflection::v1alpha(agent_reach::reflection::CONTROL_SERVICES))
-        .serve_with_incoming_shutdown(incoming, async move {
-            shutdown.await;
-            // End every watch stream so the graceful shutdown does not wait on them.
-            let _ = stop_tx.send(true);
-        })
-        .await;
+        .add_service(agent_reach::reflection::v1alpha(agent_reach::reflection::CONTROL_SERVICES));
+    let shutdown = async move {
+        shutdown.await;
+        // End every watch stream so the graceful shutdown does not wait on them.
+        let _ = stop_tx.send(true);
+    };
+    let served = match config.mtls {
+        identity::Mtls::Off => {
+            tracing::warn!("mutual TLS is off: anyone who reaches the control port can act for any sidecar");
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            router.serve_with_incoming_shutdown(incoming, shutdown).await
+        }
+        mode => {
+            if mode == identity::Mtls::Permissive {
+                tracing::warn!(
+                    "mutual TLS is PERMISSIVE: Control calls without a sidecar certificate are let through as \
+                     anonymous (migration only; use --mtls required)"
+                );
+            }
+            let tls = match identity::server_tls(&identity_config) {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::error!("cannot serve TLS: {e}");
+                    janitor.abort();
+                    return Ok(());
+                }
+            };
+            let renew = tokio::spawn(identity::renew_own_certificate(identity_config.clone(), tls.clone()));
+            let accepted = agent_reach_identity::net::accept_tls(listener, tls, handshakes);
+            let incoming = tokio_stream::wrappers::ReceiverStream::new(accepted);
+            let served = router.serve_with_incoming_shutdown(incoming, shutdown).await;
+            renew.abort();
+            served
+        }
+    };
     janitor.abort();
     served
 }
@@ -212,6 +259,7 @@ pub async fn serve_parts(
 pub struct ControlHandle {
     addr: std::net::SocketAddr,
     stats: Arc<ControlStats>,
+    identity: identity::IdentityConfig,
     /// Stops the admin port, when there is one.
     admin_stop: Option<tokio::sync::watch::Sender<bool>>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -222,33 +270,35 @@ impl ControlHandle {
     /// Starts serving on `listener` in a background task.
     pub fn spawn(
         store: Arc<dyn Store>,
-        config: ControlConfig,
+        mut config: ControlConfig,
         listener: TcpListener,
     ) -> std::io::Result<ControlHandle> {
         let addr = listener.local_addr()?;
         let stats = Arc::new(ControlStats::default());
+        let identity = config.identity.get_or_insert_with(identity::IdentityConfig::development).clone();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(serve_with_stats(store, config, stats.clone(), listener, async move {
             let _ = stopped.await;
         }));
-        Ok(ControlHandle { addr, stats, admin_stop: None, stop: Some(stop), task })
+        Ok(ControlHandle { addr, stats, identity, admin_stop: None, stop: Some(stop), task })
     }
 
     /// Like [`ControlHandle::spawn`], also serving the dashboard on `dashboard` (a loopback
     /// listener).
     pub fn spawn_with_dashboard(
         store: Arc<dyn Store>,
-        config: ControlConfig,
+        mut config: ControlConfig,
         listener: TcpListener,
         dashboard: TcpListener,
     ) -> std::io::Result<ControlHandle> {
         let addr = listener.local_addr()?;
         let stats = Arc::new(ControlStats::default());
+        let identity = config.identity.get_or_insert_with(identity::IdentityConfig::development).clone();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(serve_parts(store, config, stats.clone(), listener, Some(dashboard), async move {
             let _ = stopped.await;
         }));
-        Ok(ControlHandle { addr, stats, admin_stop: None, stop: Some(stop), task })
+        Ok(ControlHandle { addr, stats, identity, admin_stop: None, stop: Some(stop), task })
     }
 
     /// Like [`ControlHandle::spawn`], also serving the admin HTTP port on `admin` (it stops
@@ -279,6 +329,11 @@ impl ControlHandle {
     /// This replica's counters.
     pub fn stats(&self) -> &Arc<ControlStats> {
         &self.stats
+    }
+
+    /// The CA signing sidecars' certificates (its bundle is what sidecars trust).
+    pub fn ca(&self) -> &Arc<agent_reach_identity::Ca> {
+        &self.identity.ca
     }
 
     /// Stops serving: ends every watch stream and closes the listener.

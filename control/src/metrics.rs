@@ -27,7 +27,14 @@ struct StatsCollector {
 impl Collector for StatsCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let s = &self.stats;
-        let counters: [(&str, &str, &std::sync::atomic::AtomicU64); 13] = [
+        let counters: [(&str, &str, &std::sync::atomic::AtomicU64); 16] = [
+            (
+                "anonymous_calls",
+                "Control calls without a certificate let through (permissive mTLS)",
+                &s.anonymous_calls,
+            ),
+            ("tls_handshakes", "TLS handshakes completed on the gRPC port", &s.tls.accepted),
+            ("tls_handshakes_failed", "TLS handshakes refused or timed out on the gRPC port", &s.tls.failed),
             ("registrations", "Registrations stored (new and re-registrations)", &s.registrations),
             ("heartbeats", "Instance heartbeats received from sidecars", &s.heartbeats),
             ("heartbeat_requests", "Heartbeat requests (batches) received", &s.heartbeat_requests),

@@ -14,6 +14,7 @@ use tonic::{Request, Response, Status};
 
 use crate::error::ControlError;
 use crate::feed::Feeds;
+use crate::identity::{Authorizer, authz, request_peer};
 use crate::registry::{Beat, NewInstance, Registry};
 use crate::stats::ControlStats;
 use crate::watch::{EventStream, Subscription};
@@ -25,6 +26,8 @@ pub struct ControlService {
     store: Arc<dyn Store>,
     stats: Arc<ControlStats>,
     shutdown: watch::Receiver<bool>,
+    authz: Arc<Authorizer>,
+    leases: authz::LeaseOwners,
 }
 
 impl ControlService {
@@ -34,8 +37,10 @@ impl ControlService {
         store: Arc<dyn Store>,
         stats: Arc<ControlStats>,
         shutdown: watch::Receiver<bool>,
+        authz: Arc<Authorizer>,
     ) -> ControlService {
-        ControlService { registry, feeds, store, stats, shutdown }
+        let leases = authz::LeaseOwners::new(store.clone());
+        ControlService { registry, feeds, store, stats, shutdown, authz, leases }
     }
 }
 
@@ -49,8 +54,14 @@ impl Control for ControlService {
         &self,
         request: Request<proto::ControlRegisterRequest>,
     ) -> Result<Response<proto::ControlRegisterReply>, Status> {
+        let peer = request_peer(&request);
         let r = request.into_inner();
         let sidecar = identity(r.sidecar)?;
+        let caller = self.authz.sidecar(peer, &r.tenant, Some(&sidecar.sidecar_id))?;
+        if let Some(caller) = &caller {
+            self.leases.check(r.lease_id, caller).await?;
+        }
+        let requested_lease = r.lease_id;
         let registration = registration_from_proto("registration", r.registration).map_err(ControlError::from)?;
         let registered = self
             .registry
@@ -64,6 +75,11 @@ impl Control for ControlService {
                 lease: r.lease_id,
             })
             .await?;
+        if let Some(caller) = &caller
+            && requested_lease == 0
+        {
+            self.leases.record(registered.lease, caller).await?;
+        }
         Ok(Response::new(proto::ControlRegisterReply {
             lease_id: registered.lease,
             lease_ttl_ms: u32::try_from(registered.lease_ttl.as_millis()).unwrap_or(u32::MAX),
@@ -76,7 +92,17 @@ impl Control for ControlService {
         &self,
         request: Request<proto::ControlHeartbeatRequest>,
     ) -> Result<Response<proto::ControlHeartbeatReply>, Status> {
+        let peer = request_peer(&request);
         let r = request.into_inner();
+        let caller = self.authz.sidecar(peer, &r.tenant, r.sidecar.as_ref().map(|s| s.sidecar_id.as_str()))?;
+        if let Some(caller) = &caller {
+            let mut leases: Vec<i64> = r.instances.iter().map(|i| i.lease_id).chain([r.lease_id]).collect();
+            leases.sort_unstable();
+            leases.dedup();
+            for lease in leases {
+                self.leases.check(lease, caller).await?;
+            }
+        }
         let beats = r
             .instances
             .into_iter()
@@ -100,17 +126,23 @@ impl Control for ControlService {
         &self,
         request: Request<proto::ControlDeregisterRequest>,
     ) -> Result<Response<proto::ControlDeregisterReply>, Status> {
+        let peer = request_peer(&request);
         let r = request.into_inner();
-        let revision =
-            self.registry.deregister(&r.tenant, &r.agent, &r.instance_id, r.lease_id, r.expected_lease_id).await?;
+        let mut expected = r.expected_lease_id;
+        if let Some(owner) = self.authz.sidecar(peer, &r.tenant, None)? {
+            expected = authz::check_owner(&self.store, &owner, &r.agent, &r.instance_id, r.lease_id, expected).await?;
+        }
+        let revision = self.registry.deregister(&r.tenant, &r.agent, &r.instance_id, r.lease_id, expected).await?;
         Ok(Response::new(proto::ControlDeregisterReply { revision }))
     }
 
     type WatchStream = EventStream;
 
     async fn watch(&self, request: Request<proto::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        let peer = request_peer(&request);
         let r = request.into_inner();
         validate_tenant("tenant", &r.tenant).map_err(ControlError::from)?;
+        self.authz.sidecar(peer, &r.tenant, r.sidecar.as_ref().map(|s| s.sidecar_id.as_str()))?;
         if r.from_revision < 0 {
             return Err(ControlError::from(FieldError::new("from_revision", "must not be negative")).into());
         }

@@ -15,6 +15,10 @@ use bytes::Bytes;
 /// Counters of one control replica. Gauges are `AtomicI64`, counters `AtomicU64`.
 #[derive(Debug, Default)]
 pub struct ControlStats {
+    /// Control calls let through without a certificate (permissive mTLS).
+    pub anonymous_calls: AtomicU64,
+    /// TLS handshakes on the gRPC port, completed and refused.
+    pub tls: Arc<agent_reach_identity::net::HandshakeStats>,
     /// Registrations stored (new and re-registrations).
     pub registrations: AtomicU64,
     /// Instance heartbeats received (one per instance entry of a Heartbeat request).

@@ -117,6 +117,20 @@ pub struct SidecarArgs {
     #[arg(long, env = "AGENT_REACH_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
 
+    /// Trust bundle (PEM) to check the control service's certificate with. With it, the
+    /// sidecar speaks mutual TLS to control: it buys a certificate with --join-token-file
+    /// and renews it at two thirds of its lifetime.
+    #[arg(long, env = "AGENT_REACH_TRUST_BUNDLE_FILE", requires = "join_token_file")]
+    pub trust_bundle_file: Option<PathBuf>,
+
+    /// File holding a join token of --tenant (from `agent-reach ctl join-token create`).
+    #[arg(long, env = "AGENT_REACH_JOIN_TOKEN_FILE", requires = "trust_bundle_file")]
+    pub join_token_file: Option<PathBuf>,
+
+    /// Trust domain of the mesh's SPIFFE ids.
+    #[arg(long, env = "AGENT_REACH_TRUST_DOMAIN", default_value = agent_reach_identity::DEFAULT_TRUST_DOMAIN)]
+    pub trust_domain: String,
+
     /// Log format: "text" or "json".
     #[arg(long, env = "AGENT_REACH_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
@@ -151,6 +165,9 @@ pub struct SidecarConfig {
     /// Spans kept in memory for /traces.
     pub recent_spans: usize,
     pub ready_max_stale: Duration,
+    /// Mutual TLS toward control with a certificate bought with a join token; `None`:
+    /// plaintext.
+    pub identity: Option<crate::identity::IdentitySettings>,
 }
 
 impl SidecarConfig {
@@ -179,6 +196,7 @@ impl SidecarConfig {
             trace_sample_ratio: 0.01,
             recent_spans: 4096,
             ready_max_stale: Duration::from_secs(300),
+            identity: None,
         }
     }
 }
@@ -252,6 +270,23 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
             trace_sample_ratio: a.trace_sample_ratio,
             recent_spans: 4096,
             ready_max_stale: a.ready_max_stale,
+            identity: match (&a.trust_bundle_file, &a.join_token_file) {
+                (Some(bundle), Some(token)) => {
+                    let read = |flag: &str, path: &std::path::Path| {
+                        std::fs::read_to_string(path).map_err(|e| format!("{flag} {}: {e}", path.display()))
+                    };
+                    let join_token = read("--join-token-file", token)?.trim().to_string();
+                    if join_token.is_empty() {
+                        return Err("--join-token-file: the file is empty".into());
+                    }
+                    Some(crate::identity::IdentitySettings {
+                        trust_domain: a.trust_domain.clone(),
+                        trust_bundle_pem: read("--trust-bundle-file", bundle)?,
+                        join_token,
+                    })
+                }
+                _ => None,
+            },
         })
     }
 }

@@ -21,6 +21,7 @@ use agent_reach::model::Instance;
 use agent_reach::policy::{Policy, PolicyKind};
 use agent_reach::proto;
 use agent_reach::proto::control_client::ControlClient;
+use agent_reach::proto::identity_client::IdentityClient;
 use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
@@ -30,6 +31,8 @@ use agent_reach_routing::{RoutingTable, TableHandle};
 /// Clients of every configured control endpoint.
 pub struct ControlClients {
     endpoints: Vec<(String, ControlClient<Channel>)>,
+    /// The identity service on the same channels, in the same order.
+    identity: Vec<IdentityClient<Channel>>,
     current: AtomicUsize,
     timeout: Duration,
 }
@@ -37,7 +40,16 @@ pub struct ControlClients {
 impl ControlClients {
     /// Lazily connecting clients; nothing is dialled until the first call.
     pub fn new(endpoints: &[String], timeout: Duration) -> Result<ControlClients, String> {
-        let endpoints = endpoints
+        ControlClients::with_tls(endpoints, timeout, None)
+    }
+
+    /// [`ControlClients::new`], over TLS with `tls`'s current configuration when given.
+    pub fn with_tls(
+        endpoints: &[String],
+        timeout: Duration,
+        tls: Option<Arc<crate::identity::ControlTls>>,
+    ) -> Result<ControlClients, String> {
+        let channels = endpoints
             .iter()
             .map(|e| {
                 let uri = if e.contains("://") { e.clone() } else { format!("http://{e}") };
@@ -47,13 +59,40 @@ impl ControlClients {
                     .connect_timeout(timeout)
                     .http2_keep_alive_interval(Duration::from_secs(10))
                     .keep_alive_timeout(Duration::from_secs(5));
-                Ok((uri, ControlClient::new(ep.connect_lazy())))
+                let channel = match &tls {
+                    Some(tls) => ep.connect_with_connector_lazy(crate::identity::TlsConnector::control(tls.clone())),
+                    None => ep.connect_lazy(),
+                };
+                Ok((uri, channel))
             })
             .collect::<Result<Vec<_>, String>>()?;
-        if endpoints.is_empty() {
+        if channels.is_empty() {
             return Err("--control: at least one endpoint is required".into());
         }
-        Ok(ControlClients { endpoints, current: AtomicUsize::new(0), timeout })
+        let identity = channels.iter().map(|(_, c)| IdentityClient::new(c.clone())).collect();
+        let endpoints = channels.into_iter().map(|(uri, c)| (uri, ControlClient::new(c))).collect();
+        Ok(ControlClients { endpoints, identity, current: AtomicUsize::new(0), timeout })
+    }
+
+    /// Asks control's identity service for a certificate, trying each endpoint once while
+    /// they answer UNAVAILABLE or time out.
+    pub async fn issue_certificate(
+        &self,
+        request: proto::IssueCertificateRequest,
+    ) -> Result<proto::IssueCertificateReply, Status> {
+        let n = self.identity.len();
+        let start = self.current.load(Ordering::Relaxed);
+        let mut last = Status::unavailable("no control endpoint");
+        for i in 0..n {
+            let mut client = self.identity[(start + i) % n].clone();
+            match tokio::time::timeout(self.timeout, client.issue_certificate(request.clone())).await {
+                Ok(Ok(reply)) => return Ok(reply.into_inner()),
+                Ok(Err(status)) if !failover(&status) => return Err(status),
+                Ok(Err(status)) => last = status,
+                Err(_) => last = Status::deadline_exceeded(format!("no answer within {:?}", self.timeout)),
+            }
+        }
+        Err(last)
     }
 
     /// Calls control, trying each endpoint once (starting with the last one that worked)

@@ -31,7 +31,9 @@ pub mod control;
 mod error;
 mod grpc;
 mod http_client;
+pub mod identity;
 mod inbound;
+mod mesh_tls;
 mod outbound;
 mod persist;
 mod pool;
@@ -89,6 +91,8 @@ pub enum StartError {
     Config(String),
     #[error("listener: {0}")]
     Io(#[from] std::io::Error),
+    #[error("identity: {0}")]
+    Identity(#[from] identity::IdentityError),
 }
 
 /// A running sidecar.
@@ -100,6 +104,8 @@ pub struct Sidecar {
     revision: watch::Receiver<i64>,
     shutdown: watch::Sender<bool>,
     tasks: JoinSet<()>,
+    /// The sidecar's identity, when it has one.
+    identity: Option<identity::Workload>,
 }
 
 impl Sidecar {
@@ -127,8 +133,16 @@ impl Sidecar {
         };
         config.advertise = Some(advertise.clone());
         let identity = proto::SidecarIdentity { sidecar_id: config.sidecar_id.clone(), mesh_address: advertise };
+        // With identity settings, the first certificate is bought before anything else is
+        // asked of control, and every connection to control is TLS with it.
+        let workload = identity::Workload::start(&config).await?;
         let control = Arc::new(
-            control::ControlClients::new(&config.control, config.control_timeout).map_err(StartError::Config)?,
+            control::ControlClients::with_tls(
+                &config.control,
+                config.control_timeout,
+                workload.as_ref().map(|w| w.tls.clone()),
+            )
+            .map_err(StartError::Config)?,
         );
         let registry = Arc::new(registry::Registry::new(
             config.tenant.clone(),
@@ -188,10 +202,20 @@ impl Sidecar {
         }
         let watch_request =
             proto::WatchRequest { tenant: config.tenant.clone(), sidecar: Some(identity), from_revision: 0 };
-        tasks.spawn(control::run_watch(control, watch_request, table, revision_tx, watch_stats, shutdown_rx.clone()));
+        tasks.spawn(control::run_watch(
+            control.clone(),
+            watch_request,
+            table,
+            revision_tx,
+            watch_stats,
+            shutdown_rx.clone(),
+        ));
         tasks.spawn(registry.clone().run_renewals(shutdown_rx.clone()));
+        if let Some(w) = &workload {
+            tasks.spawn(w.renewals(control.clone(), shutdown_rx.clone()));
+        }
         tasks.spawn(registry.run_probes(shutdown_rx.clone()));
-        let (invoke, mesh_entry, metrics) = entries(&inner);
+        let (invoke, mesh_entry, metrics) = entries(&inner, workload.as_ref().map(|w| w.tls.clone()));
         let admin_addr = match admin {
             Some(listener) => {
                 let addr = listener.local_addr()?;
@@ -211,12 +235,27 @@ impl Sidecar {
             local_api(local_inner.clone(), invoke.clone(), req)
         }));
         let mesh_inner = inner.clone();
-        tasks.spawn(serve_http2(mesh, shutdown_rx, move |req| mesh_api(mesh_inner.clone(), mesh_entry.clone(), req)));
+        let mesh_handler = move |req| mesh_api(mesh_inner.clone(), mesh_entry.clone(), req);
+        // With an identity the mesh port is mutual TLS with the sidecar's certificate.
+        match workload.as_ref().and_then(|w| w.tls.workload()) {
+            Some(configs) => tasks.spawn(mesh_tls::serve(mesh, configs, shutdown_rx, mesh_handler)),
+            None => tasks.spawn(serve_http2(mesh, shutdown_rx, mesh_handler)),
+        };
         tracing::info!(
             sidecar = %config.sidecar_id, tenant = %config.tenant, local = %local_addr, mesh = %mesh_addr,
             advertise = ?config.advertise, control = ?config.control, "sidecar started"
         );
-        Ok(Sidecar { inner, local_addr, mesh_addr, admin_addr, revision, shutdown, tasks })
+        Ok(Sidecar { inner, local_addr, mesh_addr, admin_addr, revision, shutdown, tasks, identity: workload })
+    }
+
+    /// The sidecar's current TLS configurations (its certificate), when it has an identity.
+    pub fn tls(&self) -> Option<Arc<agent_reach_identity::TlsConfigs>> {
+        self.identity.as_ref().and_then(|w| w.tls.workload())
+    }
+
+    /// Certificate counters, when the sidecar has an identity.
+    pub fn identity_stats(&self) -> Option<&identity::IdentityStats> {
+        self.identity.as_ref().map(|w| &*w.stats)
     }
 
     /// Address of the local API.
@@ -314,11 +353,20 @@ impl Sidecar {
 /// Builds the call path: the inbound stack, the outbound stack (whose attempts reach local
 /// instances through the inbound one) and the two entries serving them; and the metrics
 /// they record into.
-fn entries(inner: &Inner) -> (InvokeEntry, MeshEntry, Arc<SidecarMetrics>) {
+fn entries(
+    inner: &Inner,
+    mesh_tls: Option<Arc<identity::ControlTls>>,
+) -> (InvokeEntry, MeshEntry, Arc<SidecarMetrics>) {
     let config = &inner.config;
     let limit = config.max_payload_bytes + grpc::ENVELOPE_ALLOWANCE;
     let rejections = Arc::new(Rejections::default());
     let pool = Arc::new(pool::Pool::default());
+    // Connections to other sidecars: TLS with the sidecar's certificate when it has an
+    // identity (local agents stay on plaintext loopback connections).
+    let mesh_pool = match mesh_tls {
+        Some(tls) => Arc::new(pool::Pool::with_tls(tls)),
+        None => pool.clone(),
+    };
     let gates = Arc::new(inbound::admission::Gates::default());
     let in_flight = gates.clone();
     let metrics = Arc::new(SidecarMetrics::new().with_collector(telemetry::ScrapeCollector {
@@ -358,7 +406,7 @@ fn entries(inner: &Inner) -> (InvokeEntry, MeshEntry, Arc<SidecarMetrics>) {
             &config.tenant,
             inner.registry.clone(),
             inbound.clone(),
-            pool,
+            mesh_pool,
             limit,
         ),
         rejections,
@@ -392,12 +440,8 @@ fn readiness(inner: &Inner) -> Result<String, String> {
 
 type HandlerFuture = Pin<Box<dyn Future<Output = Response<Body>> + Send>>;
 
-/// Accepts HTTP/2 connections until shutdown, then closes them gracefully.
-async fn serve_http2<F>(listener: TcpListener, mut shutdown: watch::Receiver<bool>, handler: F)
-where
-    F: Fn(Request<Incoming>) -> HandlerFuture + Clone + Send + Sync + 'static,
-{
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+/// The HTTP/2 server settings of the local and mesh ports.
+pub(crate) fn server_builder() -> hyper::server::conn::http2::Builder<TokioExecutor> {
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     builder
         .timer(TokioTimer::new())
@@ -406,6 +450,16 @@ where
         .max_concurrent_streams(4096)
         .keep_alive_interval(Duration::from_secs(20))
         .keep_alive_timeout(Duration::from_secs(10));
+    builder
+}
+
+/// Accepts HTTP/2 connections until shutdown, then closes them gracefully.
+async fn serve_http2<F>(listener: TcpListener, mut shutdown: watch::Receiver<bool>, handler: F)
+where
+    F: Fn(Request<Incoming>) -> HandlerFuture + Clone + Send + Sync + 'static,
+{
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let builder = server_builder();
     loop {
         let accepted = tokio::select! {
             _ = agent_reach_support::process::stopped(&mut shutdown) => break,
@@ -516,6 +570,9 @@ async fn reflection(req: Request<Incoming>) -> Response<Body> {
 
 fn mesh_api(inner: Arc<Inner>, mesh: MeshEntry, req: Request<Incoming>) -> HandlerFuture {
     Box::pin(async move {
+        if let Err(status) = mesh_tls::authorize(&inner, &req) {
+            return grpc::status_response(status);
+        }
         match req.uri().path() {
             grpc::PATH_DELIVER => {
                 let _call = inner.calls.begin();

@@ -49,6 +49,9 @@ struct Open {
 #[derive(Default)]
 pub(crate) struct Pool {
     slots: Mutex<HashMap<String, Arc<Slot>>>,
+    /// TLS with the sidecar's current certificate (connections to other sidecars' mesh
+    /// ports when the sidecar has an identity); `None`: plaintext.
+    tls: Option<Arc<crate::identity::ControlTls>>,
 }
 
 #[derive(Default)]
@@ -63,6 +66,11 @@ const KEEPALIVE: Duration = Duration::from_secs(10);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Pool {
+    /// A pool whose connections are TLS with `tls`'s current configuration.
+    pub fn with_tls(tls: Arc<crate::identity::ControlTls>) -> Pool {
+        Pool { slots: Mutex::default(), tls: Some(tls) }
+    }
+
     /// An open connection to `authority`, connecting if there is none.
     pub(crate) async fn get(&self, authority: &str) -> Result<Conn, ConnectError> {
         let slot = {
@@ -80,7 +88,7 @@ impl Pool {
         if let Some(conn) = open(&slot) {
             return Ok(conn);
         }
-        let opened = connect(authority).await?;
+        let opened = connect(authority, self.tls.as_deref()).await?;
         let conn = opened.conn.clone();
         slot.open.store(Some(Arc::new(opened)));
         Ok(conn)
@@ -91,7 +99,7 @@ fn open(slot: &Slot) -> Option<Conn> {
     slot.open.load().as_ref().filter(|o| !o.closed.load(Ordering::Relaxed)).map(|o| o.conn.clone())
 }
 
-async fn connect(authority: &str) -> Result<Open, ConnectError> {
+async fn connect(authority: &str, tls: Option<&crate::identity::ControlTls>) -> Result<Open, ConnectError> {
     let err = |cause: String| ConnectError { authority: authority.to_string(), cause };
     let parsed: Authority = authority.parse().map_err(|e| err(format!("bad address: {e}")))?;
     let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(authority))
@@ -99,41 +107,74 @@ async fn connect(authority: &str) -> Result<Open, ConnectError> {
         .map_err(|_| err(format!("no connection within {CONNECT_TIMEOUT:?}")))?
         .map_err(|e| err(e.to_string()))?;
     tcp.set_nodelay(true).map_err(|e| err(e.to_string()))?;
-    let (io, drain) = coalesce::coalesced(tcp);
-    let (sender, mut connection) = h2::client::Builder::new()
+    let closed = Arc::new(AtomicBool::new(false));
+    let sender = match tls {
+        None => {
+            let (io, drain) = coalesce::coalesced(tcp);
+            let (sender, mut connection) = handshake(io).await.map_err(|e| err(e.to_string()))?;
+            let ping = connection.ping_pong();
+            let connection = coalesce::Flushing::new(connection, drain);
+            tokio::spawn(drive(connection, ping, authority.to_string(), closed.clone()));
+            sender
+        }
+        Some(tls) => {
+            // TLS records are written per h2 write; the outbox of `coalesce` is not used.
+            let name = rustls::pki_types::ServerName::try_from(agent_reach_identity::tls::SERVER_NAME)
+                .map_err(|e| err(e.to_string()))?;
+            let stream = tokio::time::timeout(
+                CONNECT_TIMEOUT,
+                tokio_rustls::TlsConnector::from(tls.client_config()).connect(name, tcp),
+            )
+            .await
+            .map_err(|_| err(format!("no TLS handshake within {CONNECT_TIMEOUT:?}")))?
+            .map_err(|e| err(format!("TLS: {e}")))?;
+            let (sender, mut connection) = handshake(stream).await.map_err(|e| err(e.to_string()))?;
+            let ping = connection.ping_pong();
+            tokio::spawn(drive(connection, ping, authority.to_string(), closed.clone()));
+            sender
+        }
+    };
+    Ok(Open { conn: Conn { sender, authority: parsed }, closed })
+}
+
+/// The HTTP/2 client handshake with the sidecar's settings.
+async fn handshake<T>(io: T) -> Result<(SendRequest<Bytes>, h2::client::Connection<T, Bytes>), h2::Error>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    h2::client::Builder::new()
         .initial_window_size(1 << 20)
         .initial_connection_window_size(8 << 20)
         .max_concurrent_reset_streams(1024)
         .handshake::<_, Bytes>(io)
         .await
-        .map_err(|e| err(e.to_string()))?;
-    let closed = Arc::new(AtomicBool::new(false));
-    let ping = connection.ping_pong();
-    let (peer, flag) = (authority.to_string(), closed.clone());
-    let mut connection = coalesce::Flushing::new(connection, drain);
-    tokio::spawn(async move {
-        // Detect peers that vanished without closing the connection: PING when idle.
-        let keepalive = async move {
-            let Some(mut ping) = ping else { return std::future::pending::<()>().await };
-            loop {
-                tokio::time::sleep(KEEPALIVE).await;
-                match tokio::time::timeout(KEEPALIVE_TIMEOUT, ping.ping(h2::Ping::opaque())).await {
-                    Ok(Ok(_)) => {}
-                    _ => return,
-                }
+}
+
+/// Runs a connection until it ends or its peer stops answering PINGs, then marks it closed.
+async fn drive<F>(connection: F, ping: Option<h2::PingPong>, peer: String, closed: Arc<AtomicBool>)
+where
+    F: std::future::Future<Output = Result<(), h2::Error>>,
+{
+    // Detect peers that vanished without closing the connection: PING when idle.
+    let keepalive = async move {
+        let Some(mut ping) = ping else { return std::future::pending::<()>().await };
+        loop {
+            tokio::time::sleep(KEEPALIVE).await;
+            match tokio::time::timeout(KEEPALIVE_TIMEOUT, ping.ping(h2::Ping::opaque())).await {
+                Ok(Ok(_)) => {}
+                _ => return,
             }
-        };
-        tokio::select! {
-            result = &mut connection => {
-                if let Err(e) = result {
-                    tracing::debug!(peer = %peer, "connection closed: {e}");
-                }
-            }
-            _ = keepalive => tracing::debug!(peer = %peer, "no PING answer; dropping the connection"),
         }
-        flag.store(true, Ordering::Relaxed);
-    });
-    Ok(Open { conn: Conn { sender, authority: parsed }, closed })
+    };
+    tokio::select! {
+        result = connection => {
+            if let Err(e) = result {
+                tracing::debug!(peer = %peer, "connection closed: {e}");
+            }
+        }
+        _ = keepalive => tracing::debug!(peer = %peer, "no PING answer; dropping the connection"),
+    }
+    closed.store(true, Ordering::Relaxed);
 }
 
 /// Why an `h2` call failed.

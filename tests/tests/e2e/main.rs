@@ -7,6 +7,7 @@ mod dashboard;
 mod governance;
 mod health;
 mod http_agent;
+mod identity;
 mod lifecycle;
 mod observability;
 mod policies;

@@ -1,0 +1,103 @@
+//! The mesh port over mutual TLS, when the sidecar has an identity: every connection
+//! presents a sidecar certificate of the trust bundle (TLS 1.3, client certificates
+//! required), completed off the accept loop, with the configuration current at the accept
+//! (so a renewed certificate serves the next connections while open ones carry on).
+//!
+//! The peer's identity travels with each request as [`MeshPeer`]; [`authorize`] refuses a
+//! Deliver whose certificate is of another tenant than this sidecar's, or whose `ar-tenant`
+//! header names another tenant than its certificate (PERMISSION_DENIED `TENANT_MISMATCH`,
+//! naming the certificate or the header). Cross-tenant delivery is not allowed.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_reach::reason::{self, Reason};
+use agent_reach_identity::{PeerId, TlsConfigs};
+use http::Request;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tonic::Status;
+
+use crate::{HandlerFuture, Inner};
+
+/// The verified identity of a mesh request's peer.
+#[derive(Clone, Debug)]
+pub struct MeshPeer(pub PeerId);
+
+/// Accepts TLS connections on `listener` until shutdown and serves HTTP/2 on them with
+/// `handler`, each request carrying its [`MeshPeer`].
+pub async fn serve<F>(listener: TcpListener, configs: Arc<TlsConfigs>, mut shutdown: watch::Receiver<bool>, handler: F)
+where
+    F: Fn(Request<Incoming>) -> HandlerFuture + Clone + Send + Sync + 'static,
+{
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let builder = crate::server_builder();
+    let mut accepted = agent_reach_identity::net::accept_tls(listener, configs, Arc::default());
+    loop {
+        let tls = tokio::select! {
+            _ = agent_reach_support::process::stopped(&mut shutdown) => break,
+            a = accepted.recv() => match a {
+                Some(Ok(tls)) => tls,
+                Some(Err(_)) => continue,
+                None => break,
+            },
+        };
+        let peer = tls
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|certs| agent_reach_identity::tls::peer_identity(Some(certs)).ok().flatten());
+        let Some(peer) = peer else {
+            // Client certificates are required by the handshake; this cannot be reached
+            // with a verified chain, but a connection without an identity is not served.
+            continue;
+        };
+        let handler = handler.clone();
+        let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+            req.extensions_mut().insert(MeshPeer(peer.clone()));
+            let fut = handler(req);
+            async move { Ok::<_, Infallible>(fut.await) }
+        });
+        let conn = graceful.watch(builder.serve_connection(TokioIo::new(tls), service));
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!("mesh connection ended: {e}");
+            }
+        });
+    }
+    drop(accepted);
+    if tokio::time::timeout(Duration::from_secs(10), graceful.shutdown()).await.is_err() {
+        tracing::warn!("mesh connections still open 10s after shutdown");
+    }
+}
+
+/// Refuses a mesh request whose certificate or `ar-tenant` header is not of this sidecar's
+/// tenant. Requests without a [`MeshPeer`] (plaintext mesh) pass unchecked.
+pub fn authorize(inner: &Inner, req: &Request<Incoming>) -> Result<(), Status> {
+    let Some(MeshPeer(peer)) = req.extensions().get::<MeshPeer>() else { return Ok(()) };
+    let PeerId::Sidecar(id) = peer else {
+        return Err(reason::status(Reason::Unauthenticated, format!("{peer} is not a sidecar"), &[]));
+    };
+    let ours = &inner.config.tenant;
+    if id.tenant != *ours {
+        return Err(reason::status(
+            Reason::TenantMismatch,
+            format!("the caller's certificate is of tenant {:?}; this sidecar serves {ours:?}", id.tenant),
+            &[("field", "certificate".into()), ("claimed", id.tenant.clone()), ("verified", ours.clone())],
+        ));
+    }
+    if let Some(header) = req.headers().get(agent_reach::headers::TENANT) {
+        let claimed = header.to_str().unwrap_or_default();
+        if claimed != id.tenant {
+            return Err(reason::status(
+                Reason::TenantMismatch,
+                format!("ar-tenant names {claimed:?} but the caller's certificate is of tenant {:?}", id.tenant),
+                &[("field", "ar-tenant".into()), ("claimed", claimed.to_string()), ("verified", id.tenant.clone())],
+            ));
+        }
+    }
+    Ok(())
+}
