@@ -2,12 +2,24 @@ from agent_reach._proto.agentreach.v1 import common_pb2 as _common_pb2
 from agent_reach._proto.agentreach.v1 import policy_pb2 as _policy_pb2
 from agent_reach._proto.agentreach.v1 import sidecar_pb2 as _sidecar_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class OperatorRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OPERATOR_ROLE_UNSPECIFIED: _ClassVar[OperatorRole]
+    OPERATOR_ROLE_VIEWER: _ClassVar[OperatorRole]
+    OPERATOR_ROLE_OPERATOR: _ClassVar[OperatorRole]
+    OPERATOR_ROLE_ADMIN: _ClassVar[OperatorRole]
+OPERATOR_ROLE_UNSPECIFIED: OperatorRole
+OPERATOR_ROLE_VIEWER: OperatorRole
+OPERATOR_ROLE_OPERATOR: OperatorRole
+OPERATOR_ROLE_ADMIN: OperatorRole
 
 class InstanceFilter(_message.Message):
     __slots__ = ("agent", "capability", "tags", "states")
@@ -261,3 +273,129 @@ class ExplainRouteReply(_message.Message):
     revision: int
     strategy: str
     def __init__(self, candidates: _Optional[_Iterable[_Union[_sidecar_pb2.RouteCandidate, _Mapping]]] = ..., skipped: _Optional[_Iterable[_Union[_sidecar_pb2.SkippedInstance, _Mapping]]] = ..., revision: _Optional[int] = ..., strategy: _Optional[str] = ...) -> None: ...
+
+class JoinToken(_message.Message):
+    __slots__ = ("id", "tenant", "created_unix_ms", "expires_unix_ms", "single_use", "used_by", "revoked_unix_ms", "description")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    SINGLE_USE_FIELD_NUMBER: _ClassVar[int]
+    USED_BY_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    tenant: str
+    created_unix_ms: int
+    expires_unix_ms: int
+    single_use: bool
+    used_by: str
+    revoked_unix_ms: int
+    description: str
+    def __init__(self, id: _Optional[str] = ..., tenant: _Optional[str] = ..., created_unix_ms: _Optional[int] = ..., expires_unix_ms: _Optional[int] = ..., single_use: _Optional[bool] = ..., used_by: _Optional[str] = ..., revoked_unix_ms: _Optional[int] = ..., description: _Optional[str] = ...) -> None: ...
+
+class CreateJoinTokenRequest(_message.Message):
+    __slots__ = ("tenant", "ttl_ms", "single_use", "description")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    SINGLE_USE_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    ttl_ms: int
+    single_use: bool
+    description: str
+    def __init__(self, tenant: _Optional[str] = ..., ttl_ms: _Optional[int] = ..., single_use: _Optional[bool] = ..., description: _Optional[str] = ...) -> None: ...
+
+class CreateJoinTokenReply(_message.Message):
+    __slots__ = ("token", "secret")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    token: JoinToken
+    secret: str
+    def __init__(self, token: _Optional[_Union[JoinToken, _Mapping]] = ..., secret: _Optional[str] = ...) -> None: ...
+
+class ListJoinTokensRequest(_message.Message):
+    __slots__ = ("tenant",)
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    def __init__(self, tenant: _Optional[str] = ...) -> None: ...
+
+class ListJoinTokensReply(_message.Message):
+    __slots__ = ("tokens",)
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedCompositeFieldContainer[JoinToken]
+    def __init__(self, tokens: _Optional[_Iterable[_Union[JoinToken, _Mapping]]] = ...) -> None: ...
+
+class RevokeJoinTokenRequest(_message.Message):
+    __slots__ = ("tenant", "id")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    id: str
+    def __init__(self, tenant: _Optional[str] = ..., id: _Optional[str] = ...) -> None: ...
+
+class RevokeJoinTokenReply(_message.Message):
+    __slots__ = ("token",)
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    token: JoinToken
+    def __init__(self, token: _Optional[_Union[JoinToken, _Mapping]] = ...) -> None: ...
+
+class OperatorToken(_message.Message):
+    __slots__ = ("id", "role", "tenants", "created_unix_ms", "expires_unix_ms", "revoked_unix_ms", "description")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    role: OperatorRole
+    tenants: _containers.RepeatedScalarFieldContainer[str]
+    created_unix_ms: int
+    expires_unix_ms: int
+    revoked_unix_ms: int
+    description: str
+    def __init__(self, id: _Optional[str] = ..., role: _Optional[_Union[OperatorRole, str]] = ..., tenants: _Optional[_Iterable[str]] = ..., created_unix_ms: _Optional[int] = ..., expires_unix_ms: _Optional[int] = ..., revoked_unix_ms: _Optional[int] = ..., description: _Optional[str] = ...) -> None: ...
+
+class CreateOperatorTokenRequest(_message.Message):
+    __slots__ = ("role", "tenants", "ttl_ms", "description")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    role: OperatorRole
+    tenants: _containers.RepeatedScalarFieldContainer[str]
+    ttl_ms: int
+    description: str
+    def __init__(self, role: _Optional[_Union[OperatorRole, str]] = ..., tenants: _Optional[_Iterable[str]] = ..., ttl_ms: _Optional[int] = ..., description: _Optional[str] = ...) -> None: ...
+
+class CreateOperatorTokenReply(_message.Message):
+    __slots__ = ("token", "secret")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    token: OperatorToken
+    secret: str
+    def __init__(self, token: _Optional[_Union[OperatorToken, _Mapping]] = ..., secret: _Optional[str] = ...) -> None: ...
+
+class ListOperatorTokensRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListOperatorTokensReply(_message.Message):
+    __slots__ = ("tokens",)
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedCompositeFieldContainer[OperatorToken]
+    def __init__(self, tokens: _Optional[_Iterable[_Union[OperatorToken, _Mapping]]] = ...) -> None: ...
+
+class RevokeOperatorTokenRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class RevokeOperatorTokenReply(_message.Message):
+    __slots__ = ("token",)
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    token: OperatorToken
+    def __init__(self, token: _Optional[_Union[OperatorToken, _Mapping]] = ...) -> None: ...

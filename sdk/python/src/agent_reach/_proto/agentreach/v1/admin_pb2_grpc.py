@@ -99,6 +99,36 @@ class AdminStub:
                 request_serializer=agentreach_dot_v1_dot_admin__pb2.ExplainRouteRequest.SerializeToString,
                 response_deserializer=agentreach_dot_v1_dot_admin__pb2.ExplainRouteReply.FromString,
                 _registered_method=True)
+        self.CreateJoinToken = channel.unary_unary(
+                '/agentreach.v1.Admin/CreateJoinToken',
+                request_serializer=agentreach_dot_v1_dot_admin__pb2.CreateJoinTokenRequest.SerializeToString,
+                response_deserializer=agentreach_dot_v1_dot_admin__pb2.CreateJoinTokenReply.FromString,
+                _registered_method=True)
+        self.ListJoinTokens = channel.unary_unary(
+                '/agentreach.v1.Admin/ListJoinTokens',
+                request_serializer=agentreach_dot_v1_dot_admin__pb2.ListJoinTokensRequest.SerializeToString,
+                response_deserializer=agentreach_dot_v1_dot_admin__pb2.ListJoinTokensReply.FromString,
+                _registered_method=True)
+        self.RevokeJoinToken = channel.unary_unary(
+                '/agentreach.v1.Admin/RevokeJoinToken',
+                request_serializer=agentreach_dot_v1_dot_admin__pb2.RevokeJoinTokenRequest.SerializeToString,
+                response_deserializer=agentreach_dot_v1_dot_admin__pb2.RevokeJoinTokenReply.FromString,
+                _registered_method=True)
+        self.CreateOperatorToken = channel.unary_unary(
+                '/agentreach.v1.Admin/CreateOperatorToken',
+                request_serializer=agentreach_dot_v1_dot_admin__pb2.CreateOperatorTokenRequest.SerializeToString,
+                response_deserializer=agentreach_dot_v1_dot_admin__pb2.CreateOperatorTokenReply.FromString,
+                _registered_method=True)
+        self.ListOperatorTokens = channel.unary_unary(
+                '/agentreach.v1.Admin/ListOperatorTokens',
+                request_serializer=agentreach_dot_v1_dot_admin__pb2.ListOperatorTokensRequest.SerializeToString,
+                response_deserializer=agentreach_dot_v1_dot_admin__pb2.ListOperatorTokensReply.FromString,
+                _registered_method=True)
+        self.RevokeOperatorToken = channel.unary_unary(
+                '/agentreach.v1.Admin/RevokeOperatorToken',
+                request_serializer=agentreach_dot_v1_dot_admin__pb2.RevokeOperatorTokenRequest.SerializeToString,
+                response_deserializer=agentreach_dot_v1_dot_admin__pb2.RevokeOperatorTokenReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -198,6 +228,49 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateJoinToken(self, request, context):
+        """Creates a join token of a tenant; its secret is in the reply and nowhere else (the
+        store keeps a hash).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListJoinTokens(self, request, context):
+        """The tenant's join tokens (never their secrets), by id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeJoinToken(self, request, context):
+        """Revokes a join token: sidecars can no longer buy certificates with it (certificates
+        already issued stay valid until they expire).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateOperatorToken(self, request, context):
+        """Creates an operator token (admin role, cluster scope needed); its secret is in the
+        reply only (the store keeps a hash).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListOperatorTokens(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeOperatorToken(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -265,6 +338,36 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ExplainRoute,
                     request_deserializer=agentreach_dot_v1_dot_admin__pb2.ExplainRouteRequest.FromString,
                     response_serializer=agentreach_dot_v1_dot_admin__pb2.ExplainRouteReply.SerializeToString,
+            ),
+            'CreateJoinToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateJoinToken,
+                    request_deserializer=agentreach_dot_v1_dot_admin__pb2.CreateJoinTokenRequest.FromString,
+                    response_serializer=agentreach_dot_v1_dot_admin__pb2.CreateJoinTokenReply.SerializeToString,
+            ),
+            'ListJoinTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJoinTokens,
+                    request_deserializer=agentreach_dot_v1_dot_admin__pb2.ListJoinTokensRequest.FromString,
+                    response_serializer=agentreach_dot_v1_dot_admin__pb2.ListJoinTokensReply.SerializeToString,
+            ),
+            'RevokeJoinToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeJoinToken,
+                    request_deserializer=agentreach_dot_v1_dot_admin__pb2.RevokeJoinTokenRequest.FromString,
+                    response_serializer=agentreach_dot_v1_dot_admin__pb2.RevokeJoinTokenReply.SerializeToString,
+            ),
+            'CreateOperatorToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateOperatorToken,
+                    request_deserializer=agentreach_dot_v1_dot_admin__pb2.CreateOperatorTokenRequest.FromString,
+                    response_serializer=agentreach_dot_v1_dot_admin__pb2.CreateOperatorTokenReply.SerializeToString,
+            ),
+            'ListOperatorTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListOperatorTokens,
+                    request_deserializer=agentreach_dot_v1_dot_admin__pb2.ListOperatorTokensRequest.FromString,
+                    response_serializer=agentreach_dot_v1_dot_admin__pb2.ListOperatorTokensReply.SerializeToString,
+            ),
+            'RevokeOperatorToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeOperatorToken,
+                    request_deserializer=agentreach_dot_v1_dot_admin__pb2.RevokeOperatorTokenRequest.FromString,
+                    response_serializer=agentreach_dot_v1_dot_admin__pb2.RevokeOperatorTokenReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -618,6 +721,168 @@ class Admin:
             '/agentreach.v1.Admin/ExplainRoute',
             agentreach_dot_v1_dot_admin__pb2.ExplainRouteRequest.SerializeToString,
             agentreach_dot_v1_dot_admin__pb2.ExplainRouteReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateJoinToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentreach.v1.Admin/CreateJoinToken',
+            agentreach_dot_v1_dot_admin__pb2.CreateJoinTokenRequest.SerializeToString,
+            agentreach_dot_v1_dot_admin__pb2.CreateJoinTokenReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListJoinTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentreach.v1.Admin/ListJoinTokens',
+            agentreach_dot_v1_dot_admin__pb2.ListJoinTokensRequest.SerializeToString,
+            agentreach_dot_v1_dot_admin__pb2.ListJoinTokensReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeJoinToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentreach.v1.Admin/RevokeJoinToken',
+            agentreach_dot_v1_dot_admin__pb2.RevokeJoinTokenRequest.SerializeToString,
+            agentreach_dot_v1_dot_admin__pb2.RevokeJoinTokenReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateOperatorToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentreach.v1.Admin/CreateOperatorToken',
+            agentreach_dot_v1_dot_admin__pb2.CreateOperatorTokenRequest.SerializeToString,
+            agentreach_dot_v1_dot_admin__pb2.CreateOperatorTokenReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListOperatorTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentreach.v1.Admin/ListOperatorTokens',
+            agentreach_dot_v1_dot_admin__pb2.ListOperatorTokensRequest.SerializeToString,
+            agentreach_dot_v1_dot_admin__pb2.ListOperatorTokensReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeOperatorToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentreach.v1.Admin/RevokeOperatorToken',
+            agentreach_dot_v1_dot_admin__pb2.RevokeOperatorTokenRequest.SerializeToString,
+            agentreach_dot_v1_dot_admin__pb2.RevokeOperatorTokenReply.FromString,
             options,
             channel_credentials,
             insecure,
