@@ -364,7 +364,8 @@ mod tests {
         std::fs::write(&path, b"{\"format\": 1, \"tenant\": \"default\", \"revis").unwrap();
         assert!(load(&path, "default").unwrap_err().contains("EOF"));
 
-        let cases: Vec<(Box<dyn Fn(&mut SavedTable)>, &str)> = vec![
+        type Spoil = Box<dyn Fn(&mut SavedTable)>;
+        let cases: Vec<(Spoil, &str)> = vec![
             (Box::new(|t| t.instances[0].record.tenant = "other".into()), "of tenant \"other\""),
             (Box::new(|t| t.instances[0].record.instance_id = "a 1".into()), "instance_id"),
             (Box::new(|t| t.instances[0].record.registration.endpoint = String::new()), "registration.endpoint"),
