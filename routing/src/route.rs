@@ -677,7 +677,7 @@ mod tests {
         let target = Target::capability("x");
         let req = |key: &'static str| PickRequest { hash_key: Some(key), ..PickRequest::new(&target, NOW) };
         let first = pick_id(&t, &req("session-42"));
-        for _ in 0..20 {
+        for _ in 0..10 {
             assert_eq!(pick_id(&t, &req("session-42")), first, "a session sticks to its instance");
         }
         // Load the owner beyond its bounded share: the session spills to the next instance.
@@ -704,7 +704,7 @@ mod tests {
         let t = rr(vec![inst("a", "s", "x", &[], HealthState::Up), inst("b", "s", "x", &[], HealthState::Up), canary]);
         let target = Target::capability("x");
         let settings = CircuitBreaker::default();
-        for _ in 0..5 {
+        for _ in 0..10 {
             t.instances["a"].stats.breaker.record(NOW, true, &settings);
         }
         let req = PickRequest::new(&target, NOW);
@@ -773,5 +773,95 @@ mod tests {
         assert_eq!(e.skipped[0].reason, "MISSING_TAGS");
         assert_eq!(e.skipped[0].detail, "requires [zh], has [en]");
         assert_eq!(e.candidates.len(), 2);
+    }
+
+    /// A simulated stream of calls on injected time: `rate` calls/s for `secs` seconds over
+    /// three equal `least_loaded` instances, each call taking `latency(instance, t, rng)`.
+    /// Completions are observed at their end time, as the sidecar does. Returns the picks
+    /// per instance per second.
+    fn simulate(
+        secs: u64,
+        rate: u64,
+        latency: impl Fn(&str, u64, &mut rand::rngs::StdRng) -> Duration,
+    ) -> Vec<[u32; 3]> {
+        use rand::SeedableRng;
+        use std::cmp::Reverse;
+        use std::collections::BinaryHeap;
+
+        const SEC: u64 = 1_000_000_000;
+        let ids = ["a", "b", "c"];
+        let t = table_with(ids.iter().map(|i| inst(i, "s", "x", &[], HealthState::Up)).collect(), None, "x");
+        let target = Target::capability("x");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(14);
+        let mut pending: BinaryHeap<Reverse<(u64, u64, usize)>> = BinaryHeap::new();
+        let mut guards: HashMap<usize, crate::stats::InFlight> = HashMap::new();
+        let mut per_second = vec![[0u32; 3]; secs as usize];
+        let step = SEC / rate;
+        for k in 0..secs * rate {
+            let now = NOW + k * step;
+            while let Some(Reverse((end, lat, key))) = pending.peek().copied() {
+                if end > now {
+                    break;
+                }
+                pending.pop();
+                let g = guards.remove(&key).unwrap();
+                g.stats().observe(Duration::from_nanos(lat), end);
+            }
+            let id = pick_id(&t, &PickRequest::new(&target, now));
+            let n = ids.iter().position(|i| *i == id).unwrap();
+            per_second[((k * step) / SEC) as usize][n] += 1;
+            let lat = latency(&id, k * step, &mut rng).as_nanos() as u64;
+            guards.insert(k as usize, t.instances[id.as_str()].stats.begin());
+            pending.push(Reverse((now + lat, lat, k as usize)));
+        }
+        per_second
+    }
+
+    fn total(rows: &[[u32; 3]]) -> [u32; 3] {
+        rows.iter().fold([0; 3], |acc, r| [acc[0] + r[0], acc[1] + r[1], acc[2] + r[2]])
+    }
+
+    /// Latency of an equal instance on a busy machine: 1 ms, jitter, and a 5–30 ms stall on
+    /// 1 % of calls (scheduling, GC) — the stalls are what starved instances before.
+    fn busy(rng: &mut rand::rngs::StdRng) -> Duration {
+        let base = 1_000_000 + rng.random_range(0..500_000);
+        let stall = if rng.random_range(0..100) == 0 { rng.random_range(5_000_000..30_000_000) } else { 0 };
+        Duration::from_nanos(base + stall)
+    }
+
+    #[test]
+    fn least_loaded_shares_equal_instances_evenly() {
+        for _ in 0..10 {
+            let shares = total(&simulate(10, 300, |_, _, rng| busy(rng)));
+            assert_eq!(shares.iter().sum::<u32>(), 3000);
+            assert!(
+                shares.iter().all(|s| (750..=1250).contains(s)),
+                "three equal instances at 300 calls/s for 10 s must each get 1000 ± 25 %: {shares:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_instance_that_slowed_once_gets_its_share_back() {
+        const SEC: u64 = 1_000_000_000;
+        // "b" answers in 50 ms for seconds 2–4, then is as fast as the others again.
+        let rows = simulate(12, 300, |id, t, rng| {
+            if id == "b" && (2 * SEC..4 * SEC).contains(&t) { Duration::from_millis(50) } else { busy(rng) }
+        });
+        let slow = total(&rows[2..4]);
+        assert!(slow[1] * 10 < slow[0] + slow[1] + slow[2], "while slow, b gets under 10 %: {slow:?}");
+        // Within 3 s of recovering it is back within ±25 % of an even share.
+        // In the first second after it recovers it already takes at least 60 % of an even
+        // share, and from then on it gets its third within ±25 %.
+        assert!(
+            rows[4][1] >= 60,
+            "b recovered at 4 s but got {} of 300 calls in the next second: {rows:?}",
+            rows[4][1]
+        );
+        let back = total(&rows[4..12]);
+        assert!(
+            (600..=1000).contains(&back[1]),
+            "b recovered at 4 s; over seconds 4–12 it must get 800 ± 25 % of 2400 calls: {rows:?}"
+        );
     }
 }

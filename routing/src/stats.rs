@@ -18,8 +18,13 @@ pub fn clock() -> u64 {
     u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// How fast a latency estimate forgets (time constant of the exponential decay).
-const DECAY_NS: f64 = 10e9;
+/// How fast lower samples pull a latency estimate down (time constant of the exponential
+/// blend, as in linkerd2-proxy's peak-EWMA).
+const DECAY_NS: f64 = 0.2e9;
+/// How fast the estimate of an instance that gets no calls decays toward the default (0, an
+/// instance never measured): an instance that was slow once is probed again after a
+/// fraction of a second, and a recovered one gets its share back within seconds.
+const IDLE_DECAY_NS: f64 = 0.05e9;
 /// Added to every latency estimate so an instance never costs nothing.
 const BASE_COST_NS: f64 = 100_000.0;
 /// How long a RESOURCE_EXHAUSTED answer keeps an instance marked overloaded.
@@ -50,19 +55,28 @@ impl InstanceStats {
         self.in_flight.load(Ordering::Relaxed)
     }
 
-    /// The latency estimate at `now`, decayed toward zero while unused so an instance that
-    /// was slow once is tried again eventually.
+    /// The latency estimate at `now`. While no call to the instance is in flight it decays
+    /// toward the default (0, the estimate of an instance never measured), so an instance
+    /// that was slow once is tried again soon and gets its share back once it answers
+    /// fast. While calls are in flight it holds: they are the probe, and a slow instance
+    /// is not sent more calls just because it has not answered yet.
     pub fn latency_estimate(&self, now: u64) -> f64 {
-        let est = f64::from_bits(self.ewma.load(Ordering::Relaxed));
-        let idle = now.saturating_sub(self.stamp.load(Ordering::Relaxed)) as f64;
-        est * (-idle / DECAY_NS).exp()
+        if self.in_flight() > 0 { f64::from_bits(self.ewma.load(Ordering::Relaxed)) } else { self.decayed(now) }
     }
 
-    /// Records one call's latency: a higher sample replaces the estimate (peak), a lower one
-    /// blends in with weight growing with the time since the last sample.
+    /// The estimate decayed for the time since the last sample.
+    fn decayed(&self, now: u64) -> f64 {
+        let est = f64::from_bits(self.ewma.load(Ordering::Relaxed));
+        let idle = now.saturating_sub(self.stamp.load(Ordering::Relaxed)) as f64;
+        est * (-idle / IDLE_DECAY_NS).exp()
+    }
+
+    /// Records one call's latency: a sample above the estimate decayed since the last
+    /// sample replaces it (peak), a lower one blends in with weight growing with the time
+    /// since the last sample.
     pub fn observe(&self, latency: Duration, now: u64) {
         let sample = latency.as_nanos() as f64;
-        let prev = f64::from_bits(self.ewma.load(Ordering::Relaxed));
+        let prev = self.decayed(now);
         let elapsed = now.saturating_sub(self.stamp.load(Ordering::Relaxed)) as f64;
         let next = if sample >= prev {
             sample
@@ -145,17 +159,37 @@ mod tests {
         let s = InstanceStats::default();
         s.observe(Duration::from_millis(10), 1000 * MS);
         assert_eq!(s.latency_estimate(1000 * MS), 10.0 * MS as f64);
-        // A lower sample right away barely moves it; after a long gap it dominates.
+        // A lower sample 1 ms later blends into the (1 ms decayed) estimate with weight
+        // 1 − e^(−1 ms / DECAY); after a long gap it dominates.
         s.observe(Duration::from_millis(1), 1001 * MS);
-        assert!(s.latency_estimate(1001 * MS) > 9.9 * MS as f64);
+        let decayed = 10.0 * MS as f64 * (-(MS as f64) / IDLE_DECAY_NS).exp();
+        let w = (-(MS as f64) / DECAY_NS).exp();
+        let expected = decayed * w + MS as f64 * (1.0 - w);
+        assert!((s.latency_estimate(1001 * MS) - expected).abs() < 1.0, "{expected}");
         s.observe(Duration::from_millis(1), 100_000 * MS);
         assert!(s.latency_estimate(100_000 * MS) < 1.1 * MS as f64);
         // A higher sample replaces it at once.
         s.observe(Duration::from_millis(50), 100_001 * MS);
         assert_eq!(s.latency_estimate(100_001 * MS), 50.0 * MS as f64);
-        // Unused, it decays toward zero: after one time constant to ~37 %.
-        let later = s.latency_estimate(100_001 * MS + 10_000 * MS);
+        // Unused, it decays toward the default (0): after one time constant to ~37 %.
+        let later = s.latency_estimate(100_001 * MS + IDLE_DECAY_NS as u64);
         assert!((later / (50.0 * MS as f64) - (-1f64).exp()).abs() < 1e-6);
+        // The next sample starts from the decayed estimate: a sample above it is the new
+        // peak, not blended with the stale 50 ms.
+        let after = 100_001 * MS + 5 * IDLE_DECAY_NS as u64;
+        s.observe(Duration::from_millis(2), after);
+        assert_eq!(s.latency_estimate(after), 2.0 * MS as f64);
+    }
+
+    #[test]
+    fn the_estimate_holds_while_a_call_is_in_flight() {
+        let s = Arc::new(InstanceStats::default());
+        s.observe(Duration::from_millis(30), 1000 * MS);
+        let probe = s.begin();
+        // However long the probe takes, the instance does not look cheaper meanwhile.
+        assert_eq!(s.latency_estimate(2000 * MS), 30.0 * MS as f64);
+        drop(probe);
+        assert!(s.latency_estimate(2000 * MS) < 1e-3 * MS as f64);
     }
 
     #[test]

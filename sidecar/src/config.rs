@@ -72,8 +72,9 @@ pub struct SidecarArgs {
     pub control_timeout: Duration,
 
     /// Where the last routing table is saved, to route from it after a restart while
-    /// control is unreachable. Default: agent-reach/<tenant>-<local port>.table.json in the
-    /// temporary directory; "off" disables it.
+    /// control is unreachable. Default: agent-reach/<tenant>-<local port>.table.json in
+    /// $XDG_STATE_HOME, else ~/.local/state (off when neither is set); "off" disables it. The
+    /// directory must not be writable by others.
     #[arg(long, env = "AGENT_REACH_TABLE_FILE")]
     pub table_file: Option<String>,
 
@@ -254,11 +255,7 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
                 Some("off") => None,
                 Some("") => return Err("--table-file: empty path (use \"off\" to disable)".into()),
                 Some(path) => Some(PathBuf::from(path)),
-                None => Some(std::env::temp_dir().join("agent-reach").join(format!(
-                    "{}-{}.table.json",
-                    a.tenant,
-                    a.listen.port()
-                ))),
+                None => crate::persist::default_path(&a.tenant, a.listen.port()),
             },
             drain_timeout: a.drain_timeout,
             idempotency_window: a.idempotency_window,
@@ -325,7 +322,9 @@ mod tests {
         assert_eq!(cfg.dead_after, Duration::from_secs(30));
         assert_eq!(cfg.control, vec!["http://127.0.0.1:7800".to_string()]);
         assert_eq!(cfg.max_payload_bytes, 4 * 1024 * 1024);
-        assert!(cfg.table_file.unwrap().ends_with("agent-reach/default-7700.table.json"));
+        let default = cfg.table_file.unwrap();
+        assert!(default.ends_with("agent-reach/default-7700.table.json"));
+        assert!(!default.starts_with(std::env::temp_dir()), "not in the shared temporary directory: {default:?}");
         let args = SidecarArgs::parse_from(["sidecar", "--table-file", "off"]);
         assert_eq!(SidecarConfig::try_from(&args).unwrap().table_file, None);
     }

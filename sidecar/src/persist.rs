@@ -1,7 +1,10 @@
 //! The last routing table on disk, so a sidecar restarted while control (or etcd) is down
-//! still routes: saved (atomically: temporary file, then rename) at most once a second
-//! after changes, loaded at start and marked stale with its age until the watch confirms or
-//! replaces it.
+//! still routes: saved at most once a second after changes, atomically and durably (a
+//! uniquely named 0600 temporary file, fsync, rename, fsync of the directory) in a
+//! directory others cannot write to (by default the user's state directory, not `/tmp`).
+//! At start it is loaded only if every record and policy in it is valid, and only as a
+//! stale table: at revision 0, so the first answer from control is a snapshot that
+//! replaces it whole — nothing in the file outlives that answer.
 //!
 //! The file is JSON: `{ "format": 1, "tenant", "revision", "saved_at_ms", "instances": […],
 //! "policies": […] }` with the same instance and policy records control stores.
@@ -35,8 +38,49 @@ struct SavedTable {
     policies: Vec<Policy>,
 }
 
-/// Writes `table` to `path` atomically.
+/// The default table file, `<state dir>/agent-reach/<tenant>-<port>.table.json`, where the
+/// state directory is `$XDG_STATE_HOME`, else `$HOME/.local/state` — a directory of the
+/// user's, never a shared one such as `/tmp`. `None` (no persistence) when neither is set.
+pub(crate) fn default_path(tenant: &str, port: u16) -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()).map(PathBuf::from).or_else(|| {
+        std::env::var_os("HOME").filter(|d| !d.is_empty()).map(|h| PathBuf::from(h).join(".local/state"))
+    })?;
+    Some(base.join("agent-reach").join(format!("{tenant}-{port}.table.json")))
+}
+
+/// Refuses a directory that others may write to: anyone who can write there can plant or
+/// swap the table file.
+fn check_dir(dir: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir)?.permissions().mode();
+        if mode & 0o022 != 0 {
+            return Err(std::io::Error::other(format!(
+                "{} is writable by others (mode {:o}); use a private state directory",
+                dir.display(),
+                mode & 0o7777
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The directory holding `path` (`.` for a bare file name).
+fn dir_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    }
+}
+
+/// Writes `table` to `path` atomically and durably: a new temporary file of a unique name
+/// (mode 0600) in the same directory, fsynced, renamed over `path`, then the directory
+/// fsynced. The directory is created (mode 0700) when missing and refused when others
+/// may write to it.
 pub(crate) fn save(path: &Path, tenant: &str, table: &RoutingTable) -> std::io::Result<()> {
+    use std::io::Write;
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let saved = SavedTable {
         format: FORMAT,
         tenant: tenant.to_string(),
@@ -50,22 +94,106 @@ pub(crate) fn save(path: &Path, tenant: &str, table: &RoutingTable) -> std::io::
         policies: table.policies.values().map(|p| Policy::clone(p)).collect(),
     };
     let json = serde_json::to_vec(&saved).map_err(std::io::Error::other)?;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
+    let dir = dir_of(path);
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir)?;
+    check_dir(dir)?;
+    let name = path.file_name().ok_or_else(|| std::io::Error::other("the table file has no file name"))?;
+    let tmp = dir.join(format!(
+        ".{}.{}.{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id(),
+        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        crate::control::unix_ms()
+    ));
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let written = options.open(&tmp).and_then(|mut f| {
+        f.write_all(&json)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    });
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
     }
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, json)?;
-    std::fs::rename(&tmp, path)
+    // The rename is durable once the directory is.
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Checks everything a loaded file claims: every instance and policy is valid, of
+/// `tenant`, not duplicated, and no newer than the file's revision.
+fn validate(saved: &SavedTable, tenant: &str) -> Result<(), String> {
+    if saved.revision < 0 {
+        return Err(format!("negative revision {}", saved.revision));
+    }
+    let mut ids = std::collections::HashSet::new();
+    for (i, s) in saved.instances.iter().enumerate() {
+        let r = &s.record;
+        let bad = |why: String| format!("instances[{i}] ({:?}): {why}", r.instance_id);
+        agent_reach::model::validate_name("instance_id", &r.instance_id).map_err(|e| bad(e.to_string()))?;
+        if r.tenant != tenant {
+            return Err(bad(format!("of tenant {:?}, not {tenant:?}", r.tenant)));
+        }
+        r.registration.validate().map_err(|e| bad(e.to_string()))?;
+        if r.sidecar_id.is_empty() {
+            return Err(bad("empty sidecar_id".into()));
+        }
+        let port_ok = r.sidecar_address.rsplit_once(':').is_some_and(|(host, port)| {
+            !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0) && !host.chars().any(char::is_whitespace)
+        });
+        if !port_ok {
+            return Err(bad(format!("sidecar_address {:?} is not host:port", r.sidecar_address)));
+        }
+        if s.revision <= 0 || s.revision > saved.revision {
+            return Err(bad(format!("revision {} outside 1..={}", s.revision, saved.revision)));
+        }
+        if !ids.insert(r.instance_id.as_str()) {
+            return Err(bad("listed twice".into()));
+        }
+    }
+    let mut names = std::collections::HashSet::new();
+    for (i, p) in saved.policies.iter().enumerate() {
+        let bad = |why: String| format!("policies[{i}] ({:?} {:?}): {why}", p.kind, p.name);
+        p.validate().map_err(|e| bad(e.to_string()))?;
+        if p.tenant != tenant {
+            return Err(bad(format!("of tenant {:?}, not {tenant:?}", p.tenant)));
+        }
+        if !names.insert((p.kind, p.name.as_str())) {
+            return Err(bad("listed twice".into()));
+        }
+    }
+    Ok(())
 }
 
 /// Reads a saved table of `tenant`: the table and when it was saved (Unix ms). `None`
-/// when there is no file; an error when it is unreadable or of another tenant.
+/// when there is no file; an error naming the file and the first bad field when it is
+/// unreadable, writable by others, of another tenant, or holds anything invalid — the
+/// sidecar then routes from nothing until control answers.
+///
+/// The table comes back at revision 0 whatever the file says, so it is stale until
+/// control answers: the first watch asks for a snapshot, which replaces it whole, and no
+/// delta applies on top of the file (an instance planted in it cannot survive).
 pub(crate) fn load(path: &Path, tenant: &str) -> Result<Option<(RoutingTable, u64)>, String> {
     let bytes = match std::fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("{}: {e}", path.display())),
     };
+    check_dir(dir_of(path)).map_err(|e| format!("{}: {e}", path.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?.permissions().mode();
+        if mode & 0o022 != 0 {
+            return Err(format!("{}: writable by others (mode {:o})", path.display(), mode & 0o7777));
+        }
+    }
     let saved: SavedTable = serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
     if saved.format != FORMAT {
         return Err(format!("{}: unknown format {}", path.display(), saved.format));
@@ -73,13 +201,15 @@ pub(crate) fn load(path: &Path, tenant: &str) -> Result<Option<(RoutingTable, u6
     if saved.tenant != tenant {
         return Err(format!("{}: saved for tenant {:?}, not {tenant:?}", path.display(), saved.tenant));
     }
+    validate(&saved, tenant).map_err(|e| format!("{}: {e}", path.display()))?;
+    tracing::debug!(path = %path.display(), revision = saved.revision, "loaded the saved routing table");
     let instances: HashMap<String, Arc<Instance>> = saved
         .instances
         .into_iter()
         .map(|s| (s.record.instance_id.clone(), Arc::new(Instance { record: s.record, revision: s.revision })))
         .collect();
     let policies = saved.policies.into_iter().map(|p| ((p.kind, p.name.clone()), Arc::new(p))).collect();
-    Ok(Some((RoutingTable::build(saved.revision, instances, policies, None), saved.saved_at_ms)))
+    Ok(Some((RoutingTable::build(0, instances, policies, None), saved.saved_at_ms)))
 }
 
 /// Saves the table after every change (at most once a second) until shutdown.
@@ -112,18 +242,18 @@ pub(crate) async fn run_saver(
 
 #[cfg(test)]
 mod tests {
+    use agent_reach::model::Target;
     use agent_reach::model::{Capability, HealthState, Registration};
     use agent_reach::policy::{PolicyKind, PolicySpec, Strategy};
+    use agent_reach::proto;
 
     use super::*;
+    use crate::control::{Applied, WatchStats, apply};
 
-    #[test]
-    fn a_saved_table_loads_back() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.json");
-        let inst = Instance {
+    fn instance(id: &str, revision: i64) -> Instance {
+        Instance {
             record: InstanceRecord {
-                instance_id: "a-1".into(),
+                instance_id: id.into(),
                 tenant: "default".into(),
                 registration: Registration {
                     agent: "a".into(),
@@ -137,28 +267,167 @@ mod tests {
                 load: Default::default(),
                 registered_at_ms: 1,
             },
-            revision: 41,
-        };
-        let policy = Policy {
+            revision,
+        }
+    }
+
+    fn policy() -> Policy {
+        Policy {
             tenant: "default".into(),
             kind: PolicyKind::Capability,
             name: "c".into(),
             spec: PolicySpec { strategy: Some(Strategy::Random), ..Default::default() },
             description: String::new(),
-        };
-        let table = RoutingTable::build(
+        }
+    }
+
+    fn table(instances: &[Instance]) -> RoutingTable {
+        RoutingTable::build(
             42,
-            HashMap::from([("a-1".to_string(), Arc::new(inst.clone()))]),
-            HashMap::from([((PolicyKind::Capability, "c".to_string()), Arc::new(policy.clone()))]),
+            instances.iter().map(|i| (i.record.instance_id.clone(), Arc::new(i.clone()))).collect(),
+            HashMap::from([((PolicyKind::Capability, "c".to_string()), Arc::new(policy()))]),
             None,
-        );
-        save(&path, "default", &table).unwrap();
+        )
+    }
+
+    /// A private state directory, as the default one is.
+    fn private_dir() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn a_saved_table_loads_back_as_stale() {
+        let dir = private_dir();
+        let path = dir.path().join("state").join("t.json");
+        let inst = instance("a-1", 41);
+        save(&path, "default", &table(std::slice::from_ref(&inst))).unwrap();
         let (loaded, saved_at) = load(&path, "default").unwrap().unwrap();
-        assert_eq!(loaded.revision, 42);
+        // Revision 0: the first watch asks control for a snapshot.
+        assert_eq!(loaded.revision, 0);
         assert_eq!(*loaded.instances["a-1"].instance, inst);
-        assert_eq!(**loaded.policy(PolicyKind::Capability, "c").unwrap(), policy);
+        assert_eq!(**loaded.policy(PolicyKind::Capability, "c").unwrap(), policy());
         assert!(saved_at > 0);
         assert!(load(&path, "other").unwrap_err().contains("tenant"));
         assert!(load(&dir.path().join("missing.json"), "default").unwrap().is_none());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_file_is_private_durable_and_leaves_no_temporary_files() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = private_dir();
+        let path = dir.path().join("new").join("t.json");
+        for n in 0..3 {
+            save(&path, "default", &table(&[instance("a-1", 40 + n)])).unwrap();
+        }
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(std::fs::metadata(path.parent().unwrap()).unwrap().permissions().mode() & 0o777, 0o700);
+        let names: Vec<_> =
+            std::fs::read_dir(path.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, ["t.json"], "only the table itself remains");
+
+        // A directory others can write to is refused, for saving and for loading.
+        let shared = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = save(&shared.path().join("t.json"), "default", &table(&[])).unwrap_err();
+        assert!(err.to_string().contains("writable by others"), "{err}");
+        std::fs::copy(&path, shared.path().join("t.json")).unwrap();
+        let err = load(&shared.path().join("t.json"), "default").unwrap_err();
+        assert!(err.contains("writable by others"), "{err}");
+        // So is a file others can write to.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(load(&path, "default").unwrap_err().contains("writable by others"));
+    }
+
+    #[test]
+    fn corrupt_or_invalid_files_are_refused_with_the_reason() {
+        let dir = private_dir();
+        let path = dir.path().join("t.json");
+        let write = |saved: &SavedTable| std::fs::write(&path, serde_json::to_vec(saved).unwrap()).unwrap();
+        let good = || SavedTable {
+            format: FORMAT,
+            tenant: "default".into(),
+            revision: 42,
+            saved_at_ms: 1,
+            instances: vec![SavedInstance { record: instance("a-1", 41).record, revision: 41 }],
+            policies: vec![policy()],
+        };
+        write(&good());
+        assert!(load(&path, "default").unwrap().is_some());
+
+        std::fs::write(&path, b"{\"format\": 1, \"tenant\": \"default\", \"revis").unwrap();
+        assert!(load(&path, "default").unwrap_err().contains("EOF"));
+
+        type Spoil = Box<dyn Fn(&mut SavedTable)>;
+        let cases: Vec<(Spoil, &str)> = vec![
+            (Box::new(|t| t.instances[0].record.tenant = "other".into()), "of tenant \"other\""),
+            (Box::new(|t| t.instances[0].record.instance_id = "a 1".into()), "instance_id"),
+            (Box::new(|t| t.instances[0].record.registration.endpoint = String::new()), "registration.endpoint"),
+            (Box::new(|t| t.instances[0].record.registration.capabilities.clear()), "registration.capabilities"),
+            (Box::new(|t| t.instances[0].record.sidecar_address = "nowhere".into()), "not host:port"),
+            (Box::new(|t| t.instances[0].record.sidecar_id = String::new()), "sidecar_id"),
+            (Box::new(|t| t.instances[0].revision = 43), "revision 43 outside 1..=42"),
+            (
+                Box::new(|t| {
+                    let again = SavedInstance { record: t.instances[0].record.clone(), revision: 1 };
+                    t.instances.push(again)
+                }),
+                "listed twice",
+            ),
+            (Box::new(|t| t.policies[0].tenant = "other".into()), "policies[0]"),
+            (Box::new(|t| t.policies[0].name = String::new()), "policies[0]"),
+            (Box::new(|t| t.policies.push(policy())), "listed twice"),
+        ];
+        for (spoil, why) in cases {
+            let mut t = good();
+            spoil(&mut t);
+            write(&t);
+            let err = load(&path, "default").unwrap_err();
+            assert!(err.contains(why) && err.contains("t.json"), "expected {why:?} in {err:?}");
+        }
+    }
+
+    #[test]
+    fn the_first_snapshot_replaces_a_loaded_table_and_no_delta_applies_on_it() {
+        let dir = private_dir();
+        let path = dir.path().join("t.json");
+        save(&path, "default", &table(&[instance("planted-1", 41), instance("real-1", 40)])).unwrap();
+        let handle = TableHandle::default();
+        handle.store(load(&path, "default").unwrap().unwrap().0);
+        let stats = WatchStats::default();
+        let target = Target::capability("c");
+        let delta = |revision, prev_revision| proto::WatchEvent {
+            event: Some(proto::watch_event::Event::Delta(proto::Delta {
+                revision,
+                prev_revision,
+                removed_instance_ids: vec!["real-1".into()],
+                ..Default::default()
+            })),
+        };
+        // A delta that follows the file's revision does not apply: the table is at 0.
+        assert!(matches!(apply(&handle, delta(43, 42), &stats), Some(Applied::Refused { gap: true, .. })));
+        assert_eq!(handle.load().len(), 2);
+        // Control's snapshot (its own revision, only the real instance) replaces it whole.
+        let snapshot = proto::WatchEvent {
+            event: Some(proto::watch_event::Event::Snapshot(proto::Snapshot {
+                revision: 7,
+                instances: vec![proto::Instance::from(&instance("real-1", 5))],
+                ..Default::default()
+            })),
+        };
+        assert!(matches!(apply(&handle, snapshot, &stats), Some(Applied::Snapshot { revision: 7, .. })));
+        let now = handle.load_full();
+        assert_eq!(now.revision, 7);
+        assert!(!now.instances.contains_key("planted-1"));
+        for _ in 0..50 {
+            let (m, _) = agent_reach_routing::pick(&now, &agent_reach_routing::PickRequest::new(&target, 0)).unwrap();
+            assert_eq!(m.id(), "real-1");
+        }
     }
 }

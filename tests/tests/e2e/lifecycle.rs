@@ -217,6 +217,82 @@ async fn routing_survives_control_and_etcd_outage_and_a_sidecar_restart() {
     b.stop().await;
 }
 
+/// A table file with an instance planted in it, then a corrupt one: the sidecar never
+/// routes to anything from the file once control answers — the first snapshot replaces
+/// the loaded table whole — and the next save writes a valid file again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planted_or_corrupt_table_file_is_never_routed_once_control_answers() {
+    init_logging();
+    let ts = TestStore::start(Backend::Etcd).await;
+    let control = start_control(ts.store.clone(), Duration::from_secs(15)).await;
+    let state = tempfile::tempdir().unwrap();
+    let path = state.path().join("a.table.json");
+    let mut config_a = sidecar_config(&control.endpoint(), "host-a");
+    config_a.table_file = Some(path.clone());
+    let b = start_sidecar(sidecar_config(&control.endpoint(), "host-b")).await;
+    let agent = echo_agent(b.local_addr(), "echo", &[("echo", &[])]).await;
+    let a = start_sidecar(config_a.clone()).await;
+    wait_for_instances(&a, &[agent.instance_id()]).await;
+    // The saver writes within about a second of a change.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    a.stop().await;
+
+    // Plant an instance of the same capability, as a valid record at a revision the file
+    // claims to have seen.
+    let mut saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let mut planted = saved["instances"][0].clone();
+    planted["record"]["instance_id"] = "planted-1".into();
+    planted["record"]["sidecar_address"] = "127.0.0.1:9".into();
+    saved["instances"].as_array_mut().unwrap().push(planted);
+    std::fs::write(&path, serde_json::to_vec(&saved).unwrap()).unwrap();
+
+    let agent_id = agent.instance_id();
+    let check = |a: Sidecar| {
+        let want = agent_id.clone();
+        async move {
+            // Once control answers, the table is exactly what control holds.
+            wait_for_instances(&a, std::slice::from_ref(&want)).await;
+            let client = Client::connect(&a.local_addr().to_string()).await.unwrap();
+            for i in 0..50 {
+                let reply = client.invoke("echo").text(format!("{i}")).send().await.unwrap();
+                assert_eq!(reply.instance(), want);
+                let route = client.route(agent_reach::model::Target::capability("echo"), 5).await.unwrap();
+                assert!(!route.table_stale);
+                assert!(route.table_revision > 0);
+                assert!(route.candidates.iter().all(|c| c.instance.as_ref().unwrap().instance_id != "planted-1"));
+                assert!(route.skipped.iter().all(|s| s.instance_id != "planted-1"));
+            }
+            a
+        }
+    };
+    let a = check(start_sidecar(config_a.clone()).await).await;
+    assert!(!a.table().instances.contains_key("planted-1"));
+    a.stop().await;
+
+    // A corrupt file is refused: the sidecar routes from nothing until control answers,
+    // then saves a valid table over it.
+    std::fs::write(&path, b"{\"format\": 1, \"tenant\": \"default\", \"instances\": [{\"rec").unwrap();
+    let a = check(start_sidecar(config_a.clone()).await).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let rewritten: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let ids: Vec<&str> = rewritten["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["record"]["instance_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [agent.instance_id().as_str()]);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+    agent.abort();
+    a.stop().await;
+    b.stop().await;
+    control.shutdown().await;
+}
+
 /// A stream through two sidecars is paced by its reader, and a reader that goes away
 /// stops the agent's stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
