@@ -124,6 +124,19 @@ pub struct ErrorInfo {
     pub metadata: HashMap<String, String>,
 }
 
+/// `text` cut to at most `max` bytes (on a character boundary), with `…` appended when
+/// cut: what an error message may quote of a caller's input.
+pub fn truncate(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(format!("{}…", &text[..end]))
+}
+
 /// Reads the ErrorInfo of a status, if any.
 pub fn error_info(status: &Status) -> Option<ErrorInfo> {
     let details = status.get_error_details();

@@ -600,6 +600,6 @@ where
             Box::pin(async move { fut.await.map(tonic::Response::new).map_err(error::SidecarError::into_status) })
         }
     }
-    let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::<Resp, Req>::default());
+    let mut grpc = tonic::server::Grpc::new(agent_reach::codec::StrictCodec::<Resp, Req>::default());
     grpc.unary(Svc(handler), req).await.map(Body::Tonic)
 }

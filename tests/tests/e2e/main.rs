@@ -8,6 +8,7 @@ mod governance;
 mod health;
 mod http_agent;
 mod lifecycle;
+mod malformed;
 mod observability;
 mod policies;
 mod replicas;
