@@ -95,6 +95,13 @@ pub struct SidecarArgs {
     #[arg(long, env = "AGENT_REACH_CACHE_MAX_BYTES", default_value_t = 64 * 1024 * 1024)]
     pub cache_max_bytes: usize,
 
+    /// Hosts an HTTP agent's endpoint may name besides loopback (127.0.0.0/8, ::1,
+    /// localhost), comma-separated, e.g. "10.0.0.5,agents.internal"; "*" allows any host.
+    /// Default: none, so the sidecar cannot be pointed at other machines (server-side
+    /// request forgery); a registration naming another host is refused.
+    #[arg(long, env = "AGENT_REACH_HTTP_AGENT_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub http_agent_allowed_hosts: Vec<String>,
+
     /// Admin HTTP address: /metrics, /healthz, /readyz, /traces/{trace-id}; "off" disables it.
     #[arg(long, env = "AGENT_REACH_ADMIN_LISTEN", default_value = "127.0.0.1:7702")]
     pub admin_listen: String,
@@ -151,6 +158,8 @@ pub struct SidecarConfig {
     /// Spans kept in memory for /traces.
     pub recent_spans: usize,
     pub ready_max_stale: Duration,
+    /// Non-loopback hosts an HTTP agent's endpoint may name (`--http-agent-allowed-hosts`).
+    pub http_agent_allowed_hosts: Vec<String>,
 }
 
 impl SidecarConfig {
@@ -179,6 +188,7 @@ impl SidecarConfig {
             trace_sample_ratio: 0.01,
             recent_spans: 4096,
             ready_max_stale: Duration::from_secs(300),
+            http_agent_allowed_hosts: Vec::new(),
         }
     }
 }
@@ -252,6 +262,12 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
             trace_sample_ratio: a.trace_sample_ratio,
             recent_spans: 4096,
             ready_max_stale: a.ready_max_stale,
+            http_agent_allowed_hosts: a
+                .http_agent_allowed_hosts
+                .iter()
+                .map(|h| h.trim().to_ascii_lowercase())
+                .filter(|h| !h.is_empty())
+                .collect(),
         })
     }
 }

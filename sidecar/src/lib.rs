@@ -135,6 +135,7 @@ impl Sidecar {
             identity.clone(),
             control.clone(),
             registry::Timers::from(&config),
+            config.http_agent_allowed_hosts.clone(),
         ));
         // The overall status ("") starts SERVING.
         let health = tonic_health::pb::health_server::HealthServer::new(
