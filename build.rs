@@ -21,6 +21,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .file_descriptor_set_path(descriptors)
         // Payloads stay `Bytes`: decoding from a `Bytes` buffer then slices instead of copying.
         .bytes(".")
+        // Malformed requests answer INVALID_ARGUMENT on every generated server (src/codec.rs).
+        .codec_path("crate::codec::StrictCodec")
         .compile_protos(&files, &["proto"])?;
     println!("cargo:rerun-if-changed=proto");
     Ok(())

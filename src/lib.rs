@@ -76,6 +76,7 @@
 //! # }
 //! ```
 
+pub mod codec;
 pub mod convert;
 pub mod headers;
 pub mod model;

@@ -303,6 +303,11 @@ impl Target {
     }
 }
 
+/// At most this many of a target's tags are shown when it is displayed (in errors).
+pub const MAX_TAGS_SHOWN: usize = 8;
+/// At most this many bytes of each tag shown.
+pub const MAX_TAG_SHOWN_BYTES: usize = 32;
+
 impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
@@ -310,7 +315,18 @@ impl fmt::Display for Target {
             TargetKind::Capability(n) => write!(f, "capability {n}")?,
         }
         if !self.tags.is_empty() {
-            write!(f, " [{}]", self.tags.join(","))?;
+            // Errors quote targets: a few short tags, never the whole list.
+            let shown: Vec<_> = self
+                .tags
+                .iter()
+                .take(MAX_TAGS_SHOWN)
+                .map(|t| crate::reason::truncate(t, MAX_TAG_SHOWN_BYTES))
+                .collect();
+            write!(f, " [{}", shown.join(","))?;
+            if self.tags.len() > MAX_TAGS_SHOWN {
+                write!(f, ",… {} more", self.tags.len() - MAX_TAGS_SHOWN)?;
+            }
+            f.write_str("]")?;
         }
         Ok(())
     }
@@ -364,7 +380,10 @@ pub fn validate_tenant(field: &str, tenant: &str) -> Result<(), FieldError> {
     } else {
         Err(FieldError::new(
             field,
-            format!("{tenant:?} is not a tenant name (lowercase letters, digits, '-', 1..=63 chars)"),
+            format!(
+                "{:?} is not a tenant name (lowercase letters, digits, '-', 1..=63 chars)",
+                crate::reason::truncate(tenant, 64)
+            ),
         ))
     }
 }
@@ -442,11 +461,11 @@ pub fn endpoint_authority(endpoint: &str) -> Result<&str, String> {
     let rest = endpoint.strip_prefix("http://").or_else(|| endpoint.strip_prefix("grpc://")).unwrap_or(endpoint);
     let authority = rest.split('/').next().unwrap_or_default();
     if authority.is_empty() {
-        return Err(format!("{endpoint:?} is not of the form http://host:port"));
+        return Err(format!("{:?} is not of the form http://host:port", crate::reason::truncate(endpoint, 128)));
     }
     match authority.rsplit_once(':') {
         Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0) => Ok(authority),
-        _ => Err(format!("{endpoint:?} has no valid port (expected http://host:port)")),
+        _ => Err(format!("{:?} has no valid port (expected http://host:port)", crate::reason::truncate(endpoint, 128))),
     }
 }
 

@@ -233,6 +233,109 @@ pub struct Policy {
 /// Longest default timeout a policy may set.
 pub const MAX_DEFAULT_TIMEOUT_MS: u32 = 3_600_000;
 
+/// The documented range of every numeric field of a policy (inclusive bounds). A policy
+/// with a value outside its range is refused with the field's path and the range; zero,
+/// where a field documents it as "0 = default", is always accepted. The sidecar's
+/// computations stay panic-free for any value, but these ranges keep values meaningful.
+pub mod ranges {
+    /// `spec.weights.*`: relative weight of an agent version or instance.
+    pub const WEIGHT: (u32, u32) = (0, 1_000_000);
+    /// `spec.retry.budget_ratio`: retries per call allowed by the retry budget.
+    pub const RETRY_BUDGET_RATIO: (f64, f64) = (0.0, 1.0);
+    /// `spec.retry.budget_min_per_second`.
+    pub const RETRY_BUDGET_MIN_PER_SECOND: (u32, u32) = (0, 100_000);
+    /// `spec.retry.max_payload_bytes`: largest payload kept for a retry (64 MiB).
+    pub const RETRY_MAX_PAYLOAD_BYTES: (u32, u32) = (0, 64 * 1024 * 1024);
+    /// `spec.rate_limit.per_second`: from one call per 1,000 s to a million a second.
+    pub const RATE_PER_SECOND: (f64, f64) = (0.001, 1_000_000.0);
+    /// `spec.rate_limit.burst`.
+    pub const RATE_BURST: (u32, u32) = (1, 1_000_000);
+    /// `spec.breaker.consecutive_failures`.
+    pub const BREAKER_CONSECUTIVE_FAILURES: (u32, u32) = (0, 1_000_000);
+    /// `spec.breaker.failure_rate`.
+    pub const BREAKER_FAILURE_RATE: (f64, f64) = (0.0, 1.0);
+    /// `spec.breaker.window_ms`: up to one hour.
+    pub const BREAKER_WINDOW_MS: (u32, u32) = (0, 3_600_000);
+    /// `spec.breaker.min_requests`.
+    pub const BREAKER_MIN_REQUESTS: (u32, u32) = (0, 1_000_000);
+    /// `spec.breaker.open_ms`: up to one hour.
+    pub const BREAKER_OPEN_MS: (u32, u32) = (0, 3_600_000);
+    /// `spec.breaker.max_open_ms`: up to one day.
+    pub const BREAKER_MAX_OPEN_MS: (u32, u32) = (0, 86_400_000);
+    /// `spec.breaker.half_open_probes`.
+    pub const BREAKER_HALF_OPEN_PROBES: (u32, u32) = (0, 1_000);
+    /// `spec.split.weights[i].percent`.
+    pub const SPLIT_PERCENT: (u32, u32) = (0, 100);
+    /// `spec.cache_ttl_ms`: up to one day.
+    pub const CACHE_TTL_MS: (u32, u32) = (0, 86_400_000);
+    /// `spec.default_timeout_ms`.
+    pub const DEFAULT_TIMEOUT_MS: (u32, u32) = (1, super::MAX_DEFAULT_TIMEOUT_MS);
+    /// `spec.admission.normal_percent` and `spec.admission.low_percent`.
+    pub const ADMISSION_PERCENT: (u32, u32) = (0, 100);
+    /// `spec.admission.queue_length`: waiting calls per priority.
+    pub const ADMISSION_QUEUE_LENGTH: (u32, u32) = (0, 100_000);
+    /// `spec.admission.queue_timeout_ms`: up to one minute.
+    pub const ADMISSION_QUEUE_TIMEOUT_MS: (u32, u32) = (0, 60_000);
+}
+
+fn check_u32(field: &str, value: u32, (min, max): (u32, u32)) -> Result<(), FieldError> {
+    if (min..=max).contains(&value) {
+        Ok(())
+    } else {
+        Err(FieldError::new(format!("spec.{field}"), format!("must be between {min} and {max}")))
+    }
+}
+
+fn check_f64(field: &str, value: f64, (min, max): (f64, f64)) -> Result<(), FieldError> {
+    if value.is_finite() && (min..=max).contains(&value) {
+        Ok(())
+    } else {
+        Err(FieldError::new(format!("spec.{field}"), format!("must be a number between {min} and {max}")))
+    }
+}
+
+/// Checks every numeric field of a spec against [`ranges`].
+fn validate_ranges(s: &PolicySpec) -> Result<(), FieldError> {
+    use ranges::*;
+    for w in s.weights.values() {
+        check_u32("weights", *w, WEIGHT)?;
+    }
+    if let Some(t) = s.default_timeout_ms {
+        check_u32("default_timeout_ms", t, DEFAULT_TIMEOUT_MS)?;
+    }
+    if let Some(r) = &s.retry {
+        check_f64("retry.budget_ratio", r.budget_ratio, RETRY_BUDGET_RATIO)?;
+        check_u32("retry.budget_min_per_second", r.budget_min_per_second, RETRY_BUDGET_MIN_PER_SECOND)?;
+        check_u32("retry.max_payload_bytes", r.max_payload_bytes, RETRY_MAX_PAYLOAD_BYTES)?;
+    }
+    if let Some(r) = &s.rate_limit {
+        check_f64("rate_limit.per_second", r.per_second, RATE_PER_SECOND)?;
+        check_u32("rate_limit.burst", r.burst, RATE_BURST)?;
+    }
+    if let Some(b) = &s.breaker {
+        check_u32("breaker.consecutive_failures", b.consecutive_failures, BREAKER_CONSECUTIVE_FAILURES)?;
+        check_f64("breaker.failure_rate", b.failure_rate, BREAKER_FAILURE_RATE)?;
+        check_u32("breaker.window_ms", b.window_ms, BREAKER_WINDOW_MS)?;
+        check_u32("breaker.min_requests", b.min_requests, BREAKER_MIN_REQUESTS)?;
+        check_u32("breaker.open_ms", b.open_ms, BREAKER_OPEN_MS)?;
+        check_u32("breaker.max_open_ms", b.max_open_ms, BREAKER_MAX_OPEN_MS)?;
+        check_u32("breaker.half_open_probes", b.half_open_probes, BREAKER_HALF_OPEN_PROBES)?;
+    }
+    if let Some(split) = &s.split {
+        for (i, (_, percent)) in split.weights.iter().enumerate() {
+            check_u32(&format!("split.weights[{i}].percent"), *percent, SPLIT_PERCENT)?;
+        }
+    }
+    check_u32("cache_ttl_ms", s.cache_ttl_ms, CACHE_TTL_MS)?;
+    if let Some(a) = &s.admission {
+        check_u32("admission.normal_percent", a.normal_percent, ADMISSION_PERCENT)?;
+        check_u32("admission.low_percent", a.low_percent, ADMISSION_PERCENT)?;
+        check_u32("admission.queue_length", a.queue_length, ADMISSION_QUEUE_LENGTH)?;
+        check_u32("admission.queue_timeout_ms", a.queue_timeout_ms, ADMISSION_QUEUE_TIMEOUT_MS)?;
+    }
+    Ok(())
+}
+
 impl Policy {
     /// Checks the whole policy; the error names the first offending field.
     pub fn validate(&self) -> Result<(), FieldError> {
@@ -274,6 +377,7 @@ impl Policy {
                 "admission applies to agent policies (it limits an agent's instances)",
             ));
         }
+        validate_ranges(s)?;
         let strategy = s.strategy.unwrap_or_default();
         if !s.hash_key.is_empty() {
             if strategy != Strategy::ConsistentHash {
@@ -287,16 +391,6 @@ impl Policy {
         if strategy == Strategy::Weighted && !s.weights.is_empty() && s.weights.values().all(|w| *w == 0) {
             return Err(FieldError::new("spec.weights", "at least one weight must be greater than 0"));
         }
-        if let Some(t) = s.default_timeout_ms
-            && (t == 0 || t > MAX_DEFAULT_TIMEOUT_MS)
-        {
-            return Err(FieldError::new("spec.default_timeout_ms", "must be between 1 and 3600000"));
-        }
-        if let Some(r) = &s.retry
-            && (!r.budget_ratio.is_finite() || !(0.0..=1.0).contains(&r.budget_ratio))
-        {
-            return Err(FieldError::new("spec.retry.budget_ratio", "must be between 0 and 1"));
-        }
         if let Some(f) = &s.fallback {
             let (field, name, same) = match f {
                 Fallback::Capability(c) => {
@@ -309,21 +403,11 @@ impl Policy {
                 return Err(FieldError::new(field, "a target cannot be its own fallback"));
             }
         }
-        if let Some(r) = &s.rate_limit {
-            if !r.per_second.is_finite() || r.per_second <= 0.0 {
-                return Err(FieldError::new("spec.rate_limit.per_second", "must be greater than 0"));
-            }
-            if r.burst == 0 {
-                return Err(FieldError::new("spec.rate_limit.burst", "must be at least 1"));
-            }
-        }
-        if let Some(b) = &s.breaker {
-            if !b.failure_rate.is_finite() || !(0.0..=1.0).contains(&b.failure_rate) {
-                return Err(FieldError::new("spec.breaker.failure_rate", "must be between 0 and 1"));
-            }
-            if b.max_open_ms != 0 && b.max_open_ms < b.open_ms {
-                return Err(FieldError::new("spec.breaker.max_open_ms", "must not be less than open_ms"));
-            }
+        if let Some(b) = &s.breaker
+            && b.max_open_ms != 0
+            && b.max_open_ms < b.open_ms
+        {
+            return Err(FieldError::new("spec.breaker.max_open_ms", "must not be less than open_ms"));
         }
         if let Some(split) = &s.split {
             validate_split(split)?;
@@ -331,16 +415,10 @@ impl Policy {
         if s.cache_ttl_ms != 0 && !s.read_only {
             return Err(FieldError::new("spec.cache_ttl_ms", "caching requires read_only: true"));
         }
-        if let Some(a) = &s.admission {
-            if a.normal_percent > 100 {
-                return Err(FieldError::new("spec.admission.normal_percent", "must be at most 100"));
-            }
-            if a.low_percent > 100 {
-                return Err(FieldError::new("spec.admission.low_percent", "must be at most 100"));
-            }
-            if a.low_percent > a.normal_percent() {
-                return Err(FieldError::new("spec.admission.low_percent", "must not exceed normal_percent"));
-            }
+        if let Some(a) = &s.admission
+            && a.low_percent > a.normal_percent()
+        {
+            return Err(FieldError::new("spec.admission.low_percent", "must not exceed normal_percent"));
         }
         Ok(())
     }
@@ -358,7 +436,7 @@ fn validate_split(split: &VersionSplit) -> Result<(), FieldError> {
         if *percent > 100 {
             return Err(FieldError::new(format!("spec.split.weights[{i}].percent"), "must be at most 100"));
         }
-        total += percent;
+        total = total.saturating_add(*percent);
     }
     if !split.weights.is_empty() && total != 100 {
         return Err(FieldError::new("spec.split.weights", format!("percentages sum to {total}, not 100")));
@@ -487,5 +565,355 @@ mod tests {
         assert_eq!((a.normal_percent(), a.low_percent(), a.queue_length()), (70, 30, 64));
         let r = RetryPolicy::default();
         assert_eq!((r.budget_ratio(), r.budget_min_per_second()), (0.2, 10));
+    }
+
+    fn capability(spec: PolicySpec) -> Policy {
+        policy(PolicyKind::Capability, "c", spec)
+    }
+
+    fn agent(spec: PolicySpec) -> Policy {
+        policy(PolicyKind::Agent, "a", spec)
+    }
+
+    /// Asserts `p` is refused naming `field` with `reason`.
+    fn refused(p: Policy, field: &str, reason: &str) {
+        let err = p.validate().unwrap_err();
+        assert_eq!((err.field.as_str(), err.reason.as_str()), (field, reason), "{err}");
+    }
+
+    #[test]
+    fn rate_limit_per_second_has_a_range() {
+        let rl = |per_second| {
+            capability(PolicySpec { rate_limit: Some(RateLimit { per_second, burst: 1 }), ..Default::default() })
+        };
+        for bad in [1e-30, 0.0009, -1.0, 0.0, 1_000_000.5, f64::NAN, f64::INFINITY, f64::MIN_POSITIVE] {
+            refused(rl(bad), "spec.rate_limit.per_second", "must be a number between 0.001 and 1000000");
+        }
+        for good in [0.001, 1.0, 1_000_000.0] {
+            assert_eq!(rl(good).validate(), Ok(()));
+        }
+    }
+
+    #[test]
+    fn rate_limit_burst_has_a_range() {
+        let rl = |burst| {
+            capability(PolicySpec { rate_limit: Some(RateLimit { per_second: 1.0, burst }), ..Default::default() })
+        };
+        for bad in [0, 1_000_001, u32::MAX] {
+            refused(rl(bad), "spec.rate_limit.burst", "must be between 1 and 1000000");
+        }
+        assert_eq!(rl(1_000_000).validate(), Ok(()));
+    }
+
+    #[test]
+    fn retry_fields_have_ranges() {
+        let r = |retry| capability(PolicySpec { retry: Some(retry), ..Default::default() });
+        for bad in [-0.1, 1.01, f64::NAN, f64::NEG_INFINITY] {
+            refused(
+                r(RetryPolicy { budget_ratio: bad, ..Default::default() }),
+                "spec.retry.budget_ratio",
+                "must be a number between 0 and 1",
+            );
+        }
+        refused(
+            r(RetryPolicy { budget_min_per_second: 100_001, ..Default::default() }),
+            "spec.retry.budget_min_per_second",
+            "must be between 0 and 100000",
+        );
+        refused(
+            r(RetryPolicy { max_payload_bytes: 64 * 1024 * 1024 + 1, ..Default::default() }),
+            "spec.retry.max_payload_bytes",
+            "must be between 0 and 67108864",
+        );
+        let max = RetryPolicy {
+            idempotent: true,
+            budget_ratio: 1.0,
+            budget_min_per_second: 100_000,
+            max_payload_bytes: 64 * 1024 * 1024,
+        };
+        assert_eq!(r(max).validate(), Ok(()));
+    }
+
+    #[test]
+    fn breaker_fields_have_ranges() {
+        let b = |breaker| capability(PolicySpec { breaker: Some(breaker), ..Default::default() });
+        let cases: [(CircuitBreaker, &str, &str); 8] = [
+            (
+                CircuitBreaker { consecutive_failures: 1_000_001, ..Default::default() },
+                "spec.breaker.consecutive_failures",
+                "must be between 0 and 1000000",
+            ),
+            (
+                CircuitBreaker { failure_rate: f64::NAN, ..Default::default() },
+                "spec.breaker.failure_rate",
+                "must be a number between 0 and 1",
+            ),
+            (
+                CircuitBreaker { failure_rate: 1.5, ..Default::default() },
+                "spec.breaker.failure_rate",
+                "must be a number between 0 and 1",
+            ),
+            (
+                CircuitBreaker { window_ms: 3_600_001, ..Default::default() },
+                "spec.breaker.window_ms",
+                "must be between 0 and 3600000",
+            ),
+            (
+                CircuitBreaker { min_requests: u32::MAX, ..Default::default() },
+                "spec.breaker.min_requests",
+                "must be between 0 and 1000000",
+            ),
+            (
+                CircuitBreaker { open_ms: 3_600_001, ..Default::default() },
+                "spec.breaker.open_ms",
+                "must be between 0 and 3600000",
+            ),
+            (
+                CircuitBreaker { max_open_ms: 86_400_001, ..Default::default() },
+                "spec.breaker.max_open_ms",
+                "must be between 0 and 86400000",
+            ),
+            (
+                CircuitBreaker { half_open_probes: 1_001, ..Default::default() },
+                "spec.breaker.half_open_probes",
+                "must be between 0 and 1000",
+            ),
+        ];
+        for (breaker, field, reason) in cases {
+            refused(b(breaker), field, reason);
+        }
+        let max = CircuitBreaker {
+            consecutive_failures: 1_000_000,
+            failure_rate: 1.0,
+            window_ms: 3_600_000,
+            min_requests: 1_000_000,
+            open_ms: 3_600_000,
+            max_open_ms: 86_400_000,
+            half_open_probes: 1_000,
+        };
+        assert_eq!(b(max).validate(), Ok(()));
+    }
+
+    #[test]
+    fn weights_timeout_cache_and_split_have_ranges() {
+        let weighted = PolicySpec {
+            strategy: Some(Strategy::Weighted),
+            weights: BTreeMap::from([("a".to_string(), 1_000_001)]),
+            ..Default::default()
+        };
+        refused(capability(weighted), "spec.weights", "must be between 0 and 1000000");
+        refused(
+            capability(PolicySpec { default_timeout_ms: Some(3_600_001), ..Default::default() }),
+            "spec.default_timeout_ms",
+            "must be between 1 and 3600000",
+        );
+        refused(
+            capability(PolicySpec { read_only: true, cache_ttl_ms: 86_400_001, ..Default::default() }),
+            "spec.cache_ttl_ms",
+            "must be between 0 and 86400000",
+        );
+        let split = VersionSplit { weights: vec![("a".into(), 101)], ..Default::default() };
+        refused(
+            capability(PolicySpec { split: Some(split), ..Default::default() }),
+            "spec.split.weights[0].percent",
+            "must be between 0 and 100",
+        );
+        // Many entries cannot overflow the sum.
+        let split = VersionSplit { weights: (0..100).map(|i| (format!("v{i}"), 100)).collect(), ..Default::default() };
+        refused(
+            capability(PolicySpec { split: Some(split), ..Default::default() }),
+            "spec.split.weights",
+            "percentages sum to 10000, not 100",
+        );
+    }
+
+    #[test]
+    fn admission_fields_have_ranges() {
+        let a = |admission| agent(PolicySpec { admission: Some(admission), ..Default::default() });
+        refused(
+            a(Admission { normal_percent: 101, ..Default::default() }),
+            "spec.admission.normal_percent",
+            "must be between 0 and 100",
+        );
+        refused(
+            a(Admission { low_percent: 101, ..Default::default() }),
+            "spec.admission.low_percent",
+            "must be between 0 and 100",
+        );
+        refused(
+            a(Admission { queue_length: 100_001, ..Default::default() }),
+            "spec.admission.queue_length",
+            "must be between 0 and 100000",
+        );
+        refused(
+            a(Admission { queue_timeout_ms: 60_001, ..Default::default() }),
+            "spec.admission.queue_timeout_ms",
+            "must be between 0 and 60000",
+        );
+        let max = Admission { normal_percent: 100, low_percent: 100, queue_length: 100_000, queue_timeout_ms: 60_000 };
+        assert_eq!(a(max).validate(), Ok(()));
+    }
+
+    mod properties {
+        use proptest::prelude::*;
+        use proptest::strategy::Strategy;
+
+        use super::super::{
+            Admission, CircuitBreaker, Fallback, Policy, PolicyKind, PolicySpec, RateLimit, RetryPolicy, VersionSplit,
+        };
+
+        /// Any f64, weighted towards the edges of the ranges.
+        fn number() -> impl Strategy<Value = f64> {
+            prop_oneof![
+                Just(0.0),
+                Just(1e-30),
+                Just(0.001),
+                Just(1.0),
+                Just(1_000_000.0),
+                Just(-1.0),
+                Just(f64::MAX),
+                Just(f64::MIN_POSITIVE),
+                0.0..1.5f64,
+                0.0..2_000_000.0f64,
+                any::<f64>(),
+            ]
+        }
+
+        fn count() -> impl Strategy<Value = u32> {
+            prop_oneof![Just(0u32), Just(1), Just(100), Just(101), 0..2_000_000u32, any::<u32>()]
+        }
+
+        fn name() -> impl Strategy<Value = String> {
+            prop_oneof![Just("c".to_string()), Just("a".to_string()), "[a-z][a-z0-9.-]{0,12}", ".{0,8}"]
+        }
+
+        fn spec() -> impl Strategy<Value = PolicySpec> {
+            let strategy = proptest::option::of(prop_oneof![
+                Just(super::super::Strategy::LeastLoaded),
+                Just(super::super::Strategy::Weighted),
+                Just(super::super::Strategy::ConsistentHash),
+                Just(super::super::Strategy::Random),
+                Just(super::super::Strategy::RoundRobin),
+            ]);
+            let retry = proptest::option::of((any::<bool>(), number(), count(), count()).prop_map(|(i, r, m, p)| {
+                RetryPolicy { idempotent: i, budget_ratio: r, budget_min_per_second: m, max_payload_bytes: p }
+            }));
+            let rate = proptest::option::of(
+                (number(), count()).prop_map(|(per_second, burst)| RateLimit { per_second, burst }),
+            );
+            let breaker =
+                proptest::option::of((count(), number(), count(), count(), count(), count(), count()).prop_map(
+                    |(c, f, w, m, o, mo, h)| CircuitBreaker {
+                        consecutive_failures: c,
+                        failure_rate: f,
+                        window_ms: w,
+                        min_requests: m,
+                        open_ms: o,
+                        max_open_ms: mo,
+                        half_open_probes: h,
+                    },
+                ));
+            let split = proptest::option::of(
+                (proptest::collection::vec((name(), count()), 0..4), name(), name(), name()).prop_map(
+                    |(w, k, v, mv)| VersionSplit { weights: w, match_key: k, match_value: v, match_version: mv },
+                ),
+            );
+            let admission = proptest::option::of((count(), count(), count(), count()).prop_map(|(n, l, q, t)| {
+                Admission { normal_percent: n, low_percent: l, queue_length: q, queue_timeout_ms: t }
+            }));
+            let fallback = proptest::option::of(prop_oneof![
+                name().prop_map(Fallback::Capability),
+                name().prop_map(Fallback::Agent)
+            ]);
+            (
+                (strategy, proptest::collection::btree_map(name(), count(), 0..3), proptest::option::of(count())),
+                (retry, fallback, rate, breaker),
+                (split, any::<bool>(), count(), admission),
+            )
+                .prop_map(
+                    |(
+                        (strategy, weights, timeout),
+                        (retry, fallback, rate_limit, breaker),
+                        (split, ro, ttl, admission),
+                    )| {
+                        PolicySpec {
+                            strategy,
+                            hash_key: String::new(),
+                            weights,
+                            default_timeout_ms: timeout,
+                            retry,
+                            fallback,
+                            rate_limit,
+                            breaker,
+                            split,
+                            read_only: ro,
+                            cache_ttl_ms: ttl,
+                            admission,
+                        }
+                    },
+                )
+        }
+
+        fn policy() -> impl Strategy<Value = Policy> {
+            let kind = prop_oneof![Just(PolicyKind::Capability), Just(PolicyKind::Agent), Just(PolicyKind::Tenant)];
+            (kind, name(), spec()).prop_map(|(kind, name, spec)| Policy {
+                tenant: "default".into(),
+                kind,
+                name: if kind == PolicyKind::Tenant { "default".into() } else { name },
+                spec,
+                description: String::new(),
+            })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(2000))]
+
+            /// Arbitrary bytes: the parser and the validator never panic.
+            #[test]
+            fn the_policy_json_parser_never_panics_on_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+                if let Ok(p) = serde_json::from_slice::<Policy>(&bytes) {
+                    let _ = p.validate();
+                }
+            }
+
+            /// Well-formed JSON with arbitrary values: every accepted policy round-trips
+            /// through JSON (how control stores it) and protobuf (how Admin and the
+            /// sidecars see it), and still validates.
+            #[test]
+            fn every_accepted_policy_round_trips(p in policy()) {
+                let json = serde_json::to_vec(&p).unwrap();
+                let parsed: Policy = serde_json::from_slice(&json).unwrap();
+                if parsed.validate().is_ok() {
+                    prop_assert_eq!(&parsed, &p);
+                    let back = crate::convert::policy_from_proto(crate::convert::policy_to_proto(&parsed, 1)).unwrap();
+                    prop_assert_eq!(&back, &p);
+                    prop_assert_eq!(back.validate(), Ok(()));
+                    let again: Policy = serde_json::from_slice(&serde_json::to_vec(&back).unwrap()).unwrap();
+                    prop_assert_eq!(again, p);
+                }
+            }
+
+            /// A policy's JSON with one field's number replaced by any text: no panic.
+            #[test]
+            fn any_number_text_in_any_field_never_panics(
+                field in prop_oneof![Just("per_second"), Just("burst"), Just("failure_rate"), Just("budget_ratio"), Just("queue_length")],
+                text in prop_oneof![Just("1e-30".to_string()), Just("1e400".to_string()), Just("-0".to_string()), "-?[0-9]{1,30}(\\.[0-9]{0,20})?(e-?[0-9]{1,4})?"],
+            ) {
+                let json = format!(
+                    r#"{{"tenant":"default","kind":"agent","name":"a","spec":{{"rate_limit":{{"per_second":{},"burst":{}}},"breaker":{{"failure_rate":{}}},"retry":{{"budget_ratio":{}}},"admission":{{"queue_length":{}}}}}}}"#,
+                    if field == "per_second" { &text } else { "1" },
+                    if field == "burst" { &text } else { "1" },
+                    if field == "failure_rate" { &text } else { "0" },
+                    if field == "budget_ratio" { &text } else { "0" },
+                    if field == "queue_length" { &text } else { "0" },
+                );
+                if let Ok(p) = serde_json::from_str::<Policy>(&json)
+                    && p.validate().is_ok()
+                {
+                    let again: Policy = serde_json::from_slice(&serde_json::to_vec(&p).unwrap()).unwrap();
+                    prop_assert_eq!(again, p);
+                }
+            }
+        }
     }
 }

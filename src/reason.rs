@@ -83,11 +83,75 @@ impl fmt::Display for Reason {
     }
 }
 
-/// Builds the status for `reason` with a human message and ErrorInfo metadata.
+/// Longest message a status carries: longer ones are cut (error messages may quote a
+/// caller's input, and gRPC clients commonly refuse response metadata past 8 KiB).
+pub const MAX_MESSAGE_BYTES: usize = 384;
+/// Longest ErrorInfo metadata value, BadRequest field or description.
+pub const MAX_DETAIL_BYTES: usize = 128;
+
+fn bounded_meta<'a>(metadata: impl Iterator<Item = (&'a str, &'a str)>) -> HashMap<String, String> {
+    metadata
+        .map(|(k, v)| (truncate(k, MAX_DETAIL_BYTES).into_owned(), truncate(v, MAX_DETAIL_BYTES).into_owned()))
+        .collect()
+}
+
+/// Builds the status for `reason` with a human message and ErrorInfo metadata (both cut
+/// to [`MAX_MESSAGE_BYTES`] and [`MAX_DETAIL_BYTES`]).
 pub fn status(reason: Reason, message: impl Into<String>, metadata: &[(&str, String)]) -> Status {
-    let meta: HashMap<String, String> = metadata.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+    let meta = bounded_meta(metadata.iter().map(|(k, v)| (*k, v.as_str())));
     let details = ErrorDetails::with_error_info(reason.as_str(), DOMAIN, meta);
-    Status::with_error_details(reason.code(), message, details)
+    bounded(Status::with_error_details(
+        reason.code(),
+        truncate(&message.into(), MAX_MESSAGE_BYTES).into_owned(),
+        details,
+    ))
+}
+
+/// Most bytes of details (message, ErrorInfo, RetryInfo, BadRequest) a status carries.
+pub const MAX_DETAILS_BYTES: usize = 1024;
+
+/// `status` with its message and details cut to fit [`MAX_DETAILS_BYTES`] (ErrorInfo,
+/// RetryInfo and the first BadRequest violations are kept, each string cut shorter until
+/// the whole fits); unchanged when already within. Every status the sidecar and control
+/// build with this module, and every status the sidecar answers with, passes through it.
+pub fn bounded(status: Status) -> Status {
+    if status.message().len() <= MAX_MESSAGE_BYTES + 3 && status.details().len() <= MAX_DETAILS_BYTES {
+        return status;
+    }
+    if status.details().is_empty() {
+        return Status::new(status.code(), truncate(status.message(), MAX_MESSAGE_BYTES).into_owned());
+    }
+    let details = status.get_error_details();
+    // (message, each string, metadata entries, violations), tighter each round.
+    let rounds = [(MAX_MESSAGE_BYTES, MAX_DETAIL_BYTES, 4, 4), (256, 64, 4, 2), (128, 32, 3, 1), (64, 16, 2, 1)];
+    let mut last = None;
+    for (message_max, string_max, entries, violations) in rounds {
+        let mut out = ErrorDetails::new();
+        if let Some(info) = details.error_info() {
+            let mut meta: Vec<_> = info.metadata.iter().collect();
+            meta.sort();
+            let meta: HashMap<String, String> = meta
+                .into_iter()
+                .take(entries)
+                .map(|(k, v)| (truncate(k, string_max).into_owned(), truncate(v, string_max).into_owned()))
+                .collect();
+            out.set_error_info(truncate(&info.reason, string_max), truncate(&info.domain, string_max), meta);
+        }
+        if let Some(retry) = details.retry_info() {
+            out.set_retry_info(retry.retry_delay);
+        }
+        if let Some(bad) = details.bad_request() {
+            for v in bad.field_violations.iter().take(violations) {
+                out.add_bad_request_violation(truncate(&v.field, string_max), truncate(&v.description, string_max));
+            }
+        }
+        let cut = Status::with_error_details(status.code(), truncate(status.message(), message_max).into_owned(), out);
+        if cut.details().len() <= MAX_DETAILS_BYTES {
+            return cut;
+        }
+        last = Some(cut);
+    }
+    last.unwrap_or(status)
 }
 
 /// Like [`status`], with a `google.rpc.RetryInfo` saying when to try again (and the same
@@ -98,11 +162,15 @@ pub fn status_retry_after(
     metadata: &[(&str, String)],
     retry_after: std::time::Duration,
 ) -> Status {
-    let mut meta: HashMap<String, String> = metadata.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+    let mut meta = bounded_meta(metadata.iter().map(|(k, v)| (*k, v.as_str())));
     meta.insert(META_RETRY_AFTER_MS.to_string(), retry_after.as_millis().max(1).to_string());
     let mut details = ErrorDetails::with_error_info(reason.as_str(), DOMAIN, meta);
     details.set_retry_info(Some(retry_after));
-    Status::with_error_details(reason.code(), message, details)
+    bounded(Status::with_error_details(
+        reason.code(),
+        truncate(&message.into(), MAX_MESSAGE_BYTES).into_owned(),
+        details,
+    ))
 }
 
 /// Metadata key: milliseconds to wait before trying again.
@@ -118,13 +186,19 @@ pub fn agent_not_found(message: String, target: String, suggestions: &[String]) 
 
 /// An INVALID_ARGUMENT status naming the bad field, with a `BadRequest` violation.
 pub fn invalid_argument(field: &str, why: &str) -> Status {
+    let (field, why) = (truncate(field, MAX_DETAIL_BYTES), truncate(why, MAX_MESSAGE_BYTES / 2));
+    let (field, why) = (field.as_ref(), why.as_ref());
     let mut details = ErrorDetails::with_error_info(
         Reason::InvalidArgument.as_str(),
         DOMAIN,
         HashMap::from([(META_FIELD.to_string(), field.to_string())]),
     );
     details.add_bad_request_violation(field, why);
-    Status::with_error_details(Code::InvalidArgument, format!("invalid {field}: {why}"), details)
+    bounded(Status::with_error_details(
+        Code::InvalidArgument,
+        truncate(&format!("invalid {field}: {why}"), MAX_MESSAGE_BYTES).into_owned(),
+        details,
+    ))
 }
 
 /// The reason and metadata read back from a status, when it carries an ErrorInfo.
@@ -133,6 +207,19 @@ pub struct ErrorInfo {
     pub reason: String,
     pub domain: String,
     pub metadata: HashMap<String, String>,
+}
+
+/// `text` cut to at most `max` bytes (on a character boundary), with `…` appended when
+/// cut: what an error message may quote of a caller's input.
+pub fn truncate(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(format!("{}…", &text[..end]))
 }
 
 /// Reads the ErrorInfo of a status, if any.
@@ -147,6 +234,8 @@ pub fn error_info(status: &Status) -> Option<ErrorInfo> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
@@ -168,5 +257,52 @@ mod tests {
         let v = &d.bad_request().expect("bad request").field_violations[0];
         assert_eq!(v.field, "registration.agent");
         assert_eq!(error_info(&s).unwrap().metadata[META_FIELD], "registration.agent");
+    }
+
+    #[test]
+    fn long_input_is_quoted_short() {
+        let long = "x".repeat(64 * 1024);
+        let s = status(Reason::AgentNotFound, format!("no agent for {long}"), &[("target", long.clone())]);
+        assert_eq!(s.message().len(), MAX_MESSAGE_BYTES + "…".len());
+        assert!(s.message().ends_with('…'));
+        assert_eq!(error_info(&s).unwrap().metadata["target"].len(), MAX_DETAIL_BYTES + "…".len());
+        assert!(s.details().len() <= 1024, "{}", s.details().len());
+        let s = invalid_argument(&long, &long);
+        assert!(s.message().len() <= MAX_MESSAGE_BYTES + 3 && s.details().len() <= 1024);
+        let s =
+            status_retry_after(Reason::RateLimited, long.clone(), &[("bucket", long.clone())], Duration::from_secs(1));
+        assert!(s.message().len() <= MAX_MESSAGE_BYTES + 3 && s.details().len() <= 1024);
+        let s = agent_not_found(long.clone(), long.clone(), &vec![long.clone(); 100]);
+        assert!(s.message().len() <= MAX_MESSAGE_BYTES + 3 && s.details().len() <= 1024);
+    }
+
+    #[test]
+    fn bounded_cuts_any_status_and_keeps_its_reason() {
+        let long = "é".repeat(10_000);
+        let mut details =
+            ErrorDetails::with_error_info("SOME_REASON", DOMAIN, HashMap::from([("k".to_string(), long.clone())]));
+        details.set_retry_info(Some(Duration::from_millis(1500)));
+        for i in 0..50 {
+            details.add_bad_request_violation(format!("f{i}"), long.clone());
+        }
+        let s = bounded(Status::with_error_details(Code::Unavailable, long.clone(), details));
+        assert_eq!(s.code(), Code::Unavailable);
+        assert!(s.message().len() <= MAX_MESSAGE_BYTES + 3);
+        assert!(s.details().len() <= 1024, "{}", s.details().len());
+        let d = s.get_error_details();
+        assert_eq!(d.error_info().unwrap().reason, "SOME_REASON");
+        assert_eq!(d.retry_info().unwrap().retry_delay, Some(Duration::from_millis(1500)));
+        assert!(!d.bad_request().unwrap().field_violations.is_empty());
+        let plain = bounded(Status::internal(long));
+        assert!(plain.message().len() <= MAX_MESSAGE_BYTES + 3);
+        let short = Status::not_found("short");
+        assert_eq!(bounded(short.clone()).message(), short.message());
+    }
+
+    #[test]
+    fn truncate_cuts_on_a_character_boundary() {
+        assert_eq!(truncate("abc", 3), "abc");
+        assert_eq!(truncate("abcd", 3), "abc…");
+        assert_eq!(truncate("éé", 3), "é…");
     }
 }

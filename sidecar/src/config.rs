@@ -96,6 +96,13 @@ pub struct SidecarArgs {
     #[arg(long, env = "AGENT_REACH_CACHE_MAX_BYTES", default_value_t = 64 * 1024 * 1024)]
     pub cache_max_bytes: usize,
 
+    /// Hosts an HTTP agent's endpoint may name besides loopback (127.0.0.0/8, ::1,
+    /// localhost), comma-separated, e.g. "10.0.0.5,agents.internal"; "*" allows any host.
+    /// Default: none, so the sidecar cannot be pointed at other machines (server-side
+    /// request forgery); a registration naming another host is refused.
+    #[arg(long, env = "AGENT_REACH_HTTP_AGENT_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub http_agent_allowed_hosts: Vec<String>,
+
     /// Admin HTTP address: /metrics, /healthz, /readyz, /traces/{trace-id}; "off" disables it.
     #[arg(long, env = "AGENT_REACH_ADMIN_LISTEN", default_value = "127.0.0.1:7702")]
     pub admin_listen: String,
@@ -169,6 +176,8 @@ pub struct SidecarConfig {
     /// Mutual TLS toward control with a certificate bought with a join token; `None`:
     /// plaintext.
     pub identity: Option<crate::identity::IdentitySettings>,
+    /// Non-loopback hosts an HTTP agent's endpoint may name (`--http-agent-allowed-hosts`).
+    pub http_agent_allowed_hosts: Vec<String>,
 }
 
 impl SidecarConfig {
@@ -198,6 +207,7 @@ impl SidecarConfig {
             recent_spans: 4096,
             ready_max_stale: Duration::from_secs(300),
             identity: None,
+            http_agent_allowed_hosts: Vec::new(),
         }
     }
 }
@@ -284,6 +294,12 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
                 }
                 _ => None,
             },
+            http_agent_allowed_hosts: a
+                .http_agent_allowed_hosts
+                .iter()
+                .map(|h| h.trim().to_ascii_lowercase())
+                .filter(|h| !h.is_empty())
+                .collect(),
         })
     }
 }

@@ -149,7 +149,7 @@ impl DeliveryError {
     pub(crate) fn into_status(self) -> Status {
         let message = self.to_string();
         match self {
-            DeliveryError::Unavailable(_) => Status::unavailable(message),
+            DeliveryError::Unavailable(_) => reason::bounded(Status::unavailable(message)),
             DeliveryError::Overloaded { instance, agent, .. } => reason::status_retry_after(
                 Reason::AgentOverloaded,
                 message,
@@ -164,9 +164,9 @@ impl DeliveryError {
             DeliveryError::ReplyNotStored => {
                 reason::status(Reason::IdempotentReplyNotStored, message, &[("mechanism", "idempotency".into())])
             }
-            DeliveryError::InvalidArgument(_) => Status::invalid_argument(message),
-            DeliveryError::DeadlineExceeded(_) => Status::deadline_exceeded(message),
-            DeliveryError::Internal(_) => Status::internal(message),
+            DeliveryError::InvalidArgument(_) => reason::bounded(Status::invalid_argument(message)),
+            DeliveryError::DeadlineExceeded(_) => reason::bounded(Status::deadline_exceeded(message)),
+            DeliveryError::Internal(_) => reason::bounded(Status::internal(message)),
             DeliveryError::Sidecar(e) => e.into_status(),
             DeliveryError::Remote(status) => status,
         }

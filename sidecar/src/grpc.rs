@@ -496,14 +496,15 @@ pub(crate) fn single_message(data: &Bytes) -> Option<Bytes> {
 }
 
 /// A trailers-only gRPC response carrying `status`.
+/// Its message and details are cut to `agent_reach::reason`'s bounds.
 pub(crate) fn status_response(status: Status) -> http::Response<Body> {
-    status.into_http()
+    agent_reach::reason::bounded(status).into_http()
 }
 
 /// A trailers-only response telling the caller's sidecar that the call never reached the
 /// agent, so it may retry on another instance.
 pub(crate) fn not_delivered_response(status: Status) -> http::Response<Body> {
-    let mut resp = status.into_http::<Body>();
+    let mut resp = agent_reach::reason::bounded(status).into_http::<Body>();
     resp.headers_mut().insert(header::NOT_DELIVERED, HeaderValue::from_static("1"));
     resp
 }

@@ -149,6 +149,7 @@ impl Sidecar {
             identity.clone(),
             control.clone(),
             registry::Timers::from(&config),
+            config.http_agent_allowed_hosts.clone(),
         ));
         // The overall status ("") starts SERVING.
         let health = tonic_health::pb::health_server::HealthServer::new(
@@ -657,6 +658,6 @@ where
             Box::pin(async move { fut.await.map(tonic::Response::new).map_err(error::SidecarError::into_status) })
         }
     }
-    let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::<Resp, Req>::default());
+    let mut grpc = tonic::server::Grpc::new(agent_reach::codec::StrictCodec::<Resp, Req>::default());
     grpc.unary(Svc(handler), req).await.map(Body::Tonic)
 }

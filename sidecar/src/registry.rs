@@ -52,6 +52,26 @@ impl From<&SidecarConfig> for Timers {
     }
 }
 
+/// Whether an HTTP agent may be reached at `authority` ("host:port"): loopback always,
+/// other hosts only when `allowed` lists them (or holds "*"). The sidecar forwards calls
+/// and returns error bodies from this endpoint, so an arbitrary host would let any local
+/// client make the sidecar reach other machines.
+pub(crate) fn http_endpoint_allowed(authority: &str, allowed: &[String]) -> Result<(), FieldError> {
+    let host = authority.rsplit_once(':').map_or(authority, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase();
+    let loopback = host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    if loopback || allowed.iter().any(|a| a == "*" || *a == host) {
+        return Ok(());
+    }
+    Err(FieldError::new(
+        "registration.endpoint",
+        format!(
+            "host {:?} is not loopback; an HTTP agent must listen on this host unless --http-agent-allowed-hosts lists it",
+            agent_reach::reason::truncate(&host, 64)
+        ),
+    ))
+}
+
 /// Counters of the registry.
 #[derive(Debug, Default)]
 pub struct RegistryStats {
@@ -88,6 +108,8 @@ pub struct Registry {
     /// Instances removed here whose removal control has not taken yet.
     removals: Mutex<Vec<Arc<LocalInstance>>>,
     stats: RegistryStats,
+    /// Non-loopback hosts an HTTP agent may name ([`http_endpoint_allowed`]).
+    http_allowed_hosts: Vec<String>,
 }
 
 impl Registry {
@@ -96,6 +118,7 @@ impl Registry {
         identity: proto::SidecarIdentity,
         control: Arc<ControlClients>,
         timers: Timers,
+        http_allowed_hosts: Vec<String>,
     ) -> Registry {
         Registry {
             tenant,
@@ -109,6 +132,7 @@ impl Registry {
             report_lock: tokio::sync::Mutex::new(()),
             removals: Mutex::new(Vec::new()),
             stats: RegistryStats::default(),
+            http_allowed_hosts,
         }
     }
 
@@ -170,6 +194,9 @@ impl Registry {
         let authority = agent_reach::model::endpoint_authority(&registration.endpoint)
             .map_err(|why| FieldError::new("registration.endpoint", why))?
             .to_string();
+        if registration.transport == agent_reach::model::Transport::Http {
+            http_endpoint_allowed(&authority, &self.http_allowed_hosts)?;
+        }
         let instance_id = if instance_id.is_empty() {
             new_instance_id(&registration.agent)
         } else {
@@ -564,5 +591,30 @@ fn control_error(status: Status) -> SidecarError {
             status.message().to_string(),
         )),
         _ => SidecarError::ControlUnavailable(status.message().to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::http_endpoint_allowed;
+
+    #[test]
+    fn http_endpoints_are_loopback_unless_allowed() {
+        for ok in ["127.0.0.1:80", "127.9.9.9:1", "localhost:8080", "LOCALHOST:1", "[::1]:80"] {
+            assert_eq!(http_endpoint_allowed(ok, &[]), Ok(()), "{ok}");
+        }
+        for refused in ["10.0.0.1:80", "169.254.169.254:80", "example.com:80", "[fe80::1]:80", "0.0.0.0:80"] {
+            let err = http_endpoint_allowed(refused, &[]).unwrap_err();
+            assert_eq!(err.field, "registration.endpoint", "{refused}");
+            assert!(err.reason.ends_with("--http-agent-allowed-hosts lists it"), "{err}");
+        }
+        let allowed = vec!["10.0.0.1".to_string(), "example.com".to_string()];
+        assert_eq!(http_endpoint_allowed("10.0.0.1:80", &allowed), Ok(()));
+        assert_eq!(http_endpoint_allowed("EXAMPLE.com:80", &allowed), Ok(()));
+        assert!(http_endpoint_allowed("10.0.0.2:80", &allowed).is_err());
+        assert_eq!(http_endpoint_allowed("anything:1", &["*".to_string()]), Ok(()));
+        // A long host is quoted short.
+        let long = format!("{}:80", "h".repeat(10_000));
+        assert!(http_endpoint_allowed(&long, &[]).unwrap_err().reason.len() < 256);
     }
 }

@@ -3,8 +3,14 @@
 //! the policy's `cache_ttl_ms`. Only capabilities whose policy says `read_only: true` are
 //! ever cached, only successful unary answers are kept, and the cache is bounded in entries
 //! and bytes (the oldest entries go first).
+//!
+//! Entries are keyed by the whole key ([`CacheKey`]: target kind, name and every tag,
+//! content type, the payload's bytes), compared in full on lookup: two different calls
+//! can never share an answer, whatever their hashes. The key's bytes count towards the
+//! cache's byte bound.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,52 +28,93 @@ use crate::telemetry::Rejections;
 
 type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 
-/// See the module documentation.
-pub(crate) struct ResultCache {
-    inner: Mutex<Inner>,
+/// What identifies a cacheable call, kept and compared whole.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct CacheKey {
+    agent: bool,
+    name: String,
+    tags: Vec<String>,
+    content_type: String,
+    payload: bytes::Bytes,
+}
+
+impl CacheKey {
+    pub(crate) fn new(target: &agent_reach::model::Target, content_type: &str, payload: &[u8]) -> CacheKey {
+        CacheKey {
+            agent: matches!(target.kind, agent_reach::model::TargetKind::Agent(_)),
+            name: target.name().to_string(),
+            tags: target.tags.clone(),
+            content_type: content_type.to_string(),
+            // A copy: the key must not hold on to the request's whole buffer.
+            payload: bytes::Bytes::copy_from_slice(payload),
+        }
+    }
+
+    /// Bytes held by the key.
+    fn size(&self) -> usize {
+        self.name.len()
+            + self.tags.iter().map(String::len).sum::<usize>()
+            + self.content_type.len()
+            + self.payload.len()
+    }
+}
+
+/// See the module documentation. `H` hashes keys (tests force collisions with it).
+pub(crate) struct ResultCache<H = RandomState> {
+    inner: Mutex<Inner<H>>,
     max_entries: usize,
     max_bytes: usize,
 }
 
-#[derive(Default)]
-struct Inner {
-    entries: HashMap<u64, (Instant, Arc<StoredResponse>)>,
-    order: VecDeque<u64>,
+struct Inner<H> {
+    entries: HashMap<Arc<CacheKey>, (Instant, Arc<StoredResponse>), H>,
+    /// Keys, oldest first; each key at most once.
+    order: VecDeque<Arc<CacheKey>>,
     bytes: usize,
 }
 
 impl ResultCache {
     pub(crate) fn new(max_entries: usize, max_bytes: usize) -> ResultCache {
-        ResultCache { inner: Mutex::new(Inner::default()), max_entries, max_bytes }
+        ResultCache::with_hasher(max_entries, max_bytes, RandomState::new())
+    }
+}
+
+impl<H: BuildHasher> ResultCache<H> {
+    pub(crate) fn with_hasher(max_entries: usize, max_bytes: usize, hasher: H) -> ResultCache<H> {
+        let inner = Inner { entries: HashMap::with_hasher(hasher), order: VecDeque::new(), bytes: 0 };
+        ResultCache { inner: Mutex::new(inner), max_entries, max_bytes }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner<H>> {
         // Poisoning only means a panic elsewhere; the map stays usable.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The cached answer for `key`, if fresh.
-    pub(crate) fn get(&self, key: u64, now: Instant) -> Option<Arc<StoredResponse>> {
+    pub(crate) fn get(&self, key: &CacheKey, now: Instant) -> Option<Arc<StoredResponse>> {
         let inner = self.lock();
-        inner.entries.get(&key).filter(|(expires, _)| *expires > now).map(|(_, r)| r.clone())
+        inner.entries.get(key).filter(|(expires, _)| *expires > now).map(|(_, r)| r.clone())
     }
 
     /// Keeps `answer` for `ttl`.
-    pub(crate) fn put(&self, key: u64, answer: StoredResponse, ttl: Duration, now: Instant) {
-        if answer.size() > self.max_bytes {
+    pub(crate) fn put(&self, key: CacheKey, answer: StoredResponse, ttl: Duration, now: Instant) {
+        let size = answer.size() + key.size();
+        if size > self.max_bytes {
             return;
         }
+        let key = Arc::new(key);
         let mut inner = self.lock();
-        if let Some((_, old)) = inner.entries.remove(&key) {
-            inner.bytes -= old.size();
+        if let Some((old_key, (_, old))) = inner.entries.remove_entry(&key) {
+            inner.bytes -= old.size() + old_key.size();
+            inner.order.retain(|k| **k != *key);
         }
-        inner.bytes += answer.size();
-        inner.entries.insert(key, (now + ttl, Arc::new(answer)));
+        inner.bytes += size;
+        inner.entries.insert(key.clone(), (now + ttl, Arc::new(answer)));
         inner.order.push_back(key);
         while inner.entries.len() > self.max_entries || inner.bytes > self.max_bytes {
             let Some(oldest) = inner.order.pop_front() else { break };
-            if let Some((_, old)) = inner.entries.remove(&oldest) {
-                inner.bytes -= old.size();
+            if let Some((old_key, (_, old))) = inner.entries.remove_entry(&oldest) {
+                inner.bytes -= old.size() + old_key.size();
             }
         }
     }
@@ -75,6 +122,11 @@ impl ResultCache {
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.lock().entries.len()
+    }
+
+    #[cfg(test)]
+    fn order_len(&self) -> usize {
+        self.lock().order.len()
     }
 }
 
@@ -98,14 +150,8 @@ pub(crate) fn layer<S>(
 }
 
 /// The cache key: target (with tags), content type and payload.
-fn cache_key(call: &OutboundCall) -> u64 {
-    let mut bytes = Vec::with_capacity(call.head.payload.len() + 64);
-    bytes.extend_from_slice(call.target.to_string().as_bytes());
-    bytes.push(0);
-    bytes.extend_from_slice(call.head.content_type.as_bytes());
-    bytes.push(0);
-    bytes.extend_from_slice(&call.head.payload);
-    agent_reach_routing::ring::hash64(&bytes)
+fn cache_key(call: &OutboundCall) -> CacheKey {
+    CacheKey::new(&call.target, &call.head.content_type, &call.head.payload)
 }
 
 impl<S> Service<OutboundCall> for Cached<S>
@@ -129,7 +175,7 @@ where
             _ => return Box::pin(self.inner.clone().oneshot(call)),
         };
         let key = cache_key(&call);
-        if let Some(hit) = self.cache.get(key, Instant::now()) {
+        if let Some(hit) = self.cache.get(&key, Instant::now()) {
             Rejections::count(&self.rejections.cache_hits);
             let mut resp = hit.to_response();
             resp.headers_mut().insert(header::CACHE, HeaderValue::from_static("hit"));
@@ -158,20 +204,85 @@ mod tests {
         StoredResponse { headers: HeaderMap::new(), data: Bytes::from(vec![b'x'; n]), trailers: None }
     }
 
+    fn key(n: u32) -> CacheKey {
+        CacheKey::new(&agent_reach::model::Target::capability("c"), "", n.to_string().as_bytes())
+    }
+
     #[tokio::test(start_paused = true)]
     async fn entries_expire_and_the_bounds_hold() {
         let cache = ResultCache::new(2, 100);
         let now = Instant::now();
-        cache.put(1, answer(10), Duration::from_secs(1), now);
-        assert!(cache.get(1, now).is_some());
-        assert!(cache.get(1, now + Duration::from_secs(1)).is_none(), "expired");
-        cache.put(2, answer(10), Duration::from_secs(5), now);
-        cache.put(3, answer(10), Duration::from_secs(5), now);
+        cache.put(key(1), answer(10), Duration::from_secs(1), now);
+        assert!(cache.get(&key(1), now).is_some());
+        assert!(cache.get(&key(1), now + Duration::from_secs(1)).is_none(), "expired");
+        cache.put(key(2), answer(10), Duration::from_secs(5), now);
+        cache.put(key(3), answer(10), Duration::from_secs(5), now);
         assert_eq!(cache.len(), 2, "at most two entries");
-        assert!(cache.get(1, now).is_none(), "the oldest went first");
-        cache.put(4, answer(95), Duration::from_secs(5), now);
-        assert_eq!(cache.len(), 1, "byte bound");
-        cache.put(5, answer(101), Duration::from_secs(5), now);
-        assert!(cache.get(5, now).is_none(), "larger than the whole cache: not kept");
+        assert!(cache.get(&key(1), now).is_none(), "the oldest went first");
+        cache.put(key(4), answer(90), Duration::from_secs(5), now);
+        assert_eq!(cache.len(), 1, "byte bound (answer and key)");
+        cache.put(key(5), answer(99), Duration::from_secs(5), now);
+        assert!(cache.get(&key(5), now).is_none(), "answer and key larger than the whole cache: not kept");
+    }
+
+    /// Every key hashes to the same value.
+    #[derive(Clone, Default)]
+    struct Colliding;
+    impl BuildHasher for Colliding {
+        type Hasher = Constant;
+        fn build_hasher(&self) -> Constant {
+            Constant
+        }
+    }
+    struct Constant;
+    impl std::hash::Hasher for Constant {
+        fn finish(&self) -> u64 {
+            42
+        }
+        fn write(&mut self, _: &[u8]) {}
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn colliding_hashes_never_share_an_answer() {
+        let cache = ResultCache::with_hasher(100, 1 << 20, Colliding);
+        let now = Instant::now();
+        let ttl = Duration::from_secs(5);
+        let target = agent_reach::model::Target::capability("c");
+        let tagged = agent_reach::model::Target { tags: vec!["zh".into()], ..target.clone() };
+        let keys = [
+            CacheKey::new(&target, "", b"a"),
+            CacheKey::new(&target, "", b"b"),
+            CacheKey::new(&target, "application/json", b"a"),
+            CacheKey::new(&tagged, "", b"a"),
+            CacheKey::new(&agent_reach::model::Target::agent("c"), "", b"a"),
+        ];
+        for (i, k) in keys.iter().enumerate() {
+            cache.put(k.clone(), answer(i + 1), ttl, now);
+        }
+        assert_eq!(cache.len(), keys.len());
+        for (i, k) in keys.iter().enumerate() {
+            assert_eq!(cache.get(k, now).unwrap().data.len(), i + 1, "{k:?}");
+        }
+        assert!(cache.get(&CacheKey::new(&target, "", b"c"), now).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_same_key_put_again_is_listed_once() {
+        let cache = ResultCache::new(10, 1 << 20);
+        let now = Instant::now();
+        for _ in 0..1000 {
+            cache.put(key(1), answer(1), Duration::from_secs(5), now);
+        }
+        assert_eq!((cache.len(), cache.order_len()), (1, 1));
+    }
+
+    #[test]
+    fn targets_differing_past_what_errors_show_have_different_keys() {
+        let tags = |last: &str| {
+            let mut tags: Vec<String> = (0..20).map(|i| format!("t{i}")).collect();
+            tags.push(last.into());
+            agent_reach::model::Target { tags, ..agent_reach::model::Target::capability("c") }
+        };
+        assert_ne!(CacheKey::new(&tags("x"), "", b""), CacheKey::new(&tags("y"), "", b""));
     }
 }

@@ -43,14 +43,28 @@ impl TokenBucket {
     pub(crate) fn try_take(&mut self, now: Instant) -> Result<(), Duration> {
         let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
         self.last = now;
-        self.tokens = (self.tokens + elapsed * self.limit.per_second).min(f64::from(self.limit.burst));
+        // A rate that is not a positive finite number refills nothing (control refuses such
+        // policies; this keeps the arithmetic total for any value that reaches it).
+        let rate =
+            if self.limit.per_second.is_finite() && self.limit.per_second > 0.0 { self.limit.per_second } else { 0.0 };
+        let refilled = self.tokens + elapsed * rate;
+        self.tokens = if refilled.is_nan() { 0.0 } else { refilled.min(f64::from(self.limit.burst)) };
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
             Ok(())
         } else {
-            Err(Duration::from_secs_f64((1.0 - self.tokens) / self.limit.per_second))
+            Err(retry_after(1.0 - self.tokens, rate))
         }
     }
+}
+
+/// Longest wait a refusal advertises, whatever the rate.
+pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+
+/// How long until `missing` tokens are refilled at `rate` per second, capped at
+/// [`MAX_RETRY_AFTER`]; never panics (a zero, tiny or non-finite rate gives the cap).
+pub(crate) fn retry_after(missing: f64, rate: f64) -> Duration {
+    Duration::try_from_secs_f64(missing / rate).map_or(MAX_RETRY_AFTER, |d| d.min(MAX_RETRY_AFTER))
 }
 
 /// Which bucket refused a call.
@@ -216,5 +230,45 @@ mod tests {
         let err = limits.check(now, Some((limit, 4)), None).unwrap_err();
         assert_eq!(err.bucket, "tenant");
         assert_eq!(err.retry_after, Duration::from_millis(100));
+    }
+
+    #[test]
+    fn a_rate_of_1e_minus_30_does_not_panic() {
+        let now = Instant::now();
+        let mut b = TokenBucket::new(RateLimit { per_second: 1e-30, burst: 1 }, now);
+        assert_eq!(b.try_take(now), Ok(()));
+        assert_eq!(b.try_take(now), Err(MAX_RETRY_AFTER));
+    }
+
+    #[test]
+    fn retry_after_is_total() {
+        assert_eq!(retry_after(1.0, 0.0), MAX_RETRY_AFTER);
+        assert_eq!(retry_after(1.0, f64::NAN), MAX_RETRY_AFTER);
+        assert_eq!(retry_after(1.0, -1.0), MAX_RETRY_AFTER);
+        assert_eq!(retry_after(1.0, 1e-300), MAX_RETRY_AFTER);
+        assert_eq!(retry_after(1.0, 4.0), Duration::from_millis(250));
+    }
+
+    proptest::proptest! {
+        /// Whatever limit reaches the sidecar (validated or not), taking tokens never
+        /// panics and never advertises a wait past the cap.
+        #[test]
+        fn any_limit_never_panics(
+            per_second in proptest::prelude::any::<f64>(),
+            burst in proptest::prelude::any::<u32>(),
+            sidecars in proptest::prelude::any::<u32>(),
+            steps in proptest::collection::vec(0u64..10_000_000_000, 1..20),
+        ) {
+            let limits = RateLimits::default();
+            let limit = RateLimit { per_second, burst };
+            let start = Instant::now();
+            let mut at = Duration::ZERO;
+            for step in steps {
+                at += Duration::from_nanos(step);
+                if let Err(l) = limits.check(start + at, Some((limit, sidecars)), Some((limit, "a", "b", "p"))) {
+                    proptest::prop_assert!(l.retry_after <= MAX_RETRY_AFTER);
+                }
+            }
+        }
     }
 }

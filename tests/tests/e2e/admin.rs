@@ -134,11 +134,41 @@ async fn listings_policies_tenants_and_explanations() {
         (proto::PolicySpec { hash_key: "user".into(), ..good.clone() }, "policy.spec.hash_key"),
         (proto::PolicySpec { cache_ttl_ms: 100, ..good.clone() }, "policy.spec.cache_ttl_ms"),
         (proto::PolicySpec { strategy: 99, ..good.clone() }, "policy.spec.strategy"),
+        // Numeric ranges (agent_reach::policy::ranges).
+        (
+            proto::PolicySpec { rate_limit: Some(proto::RateLimit { per_second: 1e-30, burst: 1 }), ..good.clone() },
+            "policy.spec.rate_limit.per_second",
+        ),
+        (
+            proto::PolicySpec {
+                rate_limit: Some(proto::RateLimit { per_second: 1.0, burst: u32::MAX }),
+                ..good.clone()
+            },
+            "policy.spec.rate_limit.burst",
+        ),
+        (
+            proto::PolicySpec {
+                retry: Some(proto::RetryPolicy { max_payload_bytes: u32::MAX, ..Default::default() }),
+                ..good.clone()
+            },
+            "policy.spec.retry.max_payload_bytes",
+        ),
+        (
+            proto::PolicySpec {
+                breaker: Some(proto::CircuitBreaker { window_ms: u32::MAX, ..Default::default() }),
+                ..good.clone()
+            },
+            "policy.spec.breaker.window_ms",
+        ),
     ];
     for (spec, expected) in bad_cases {
         let err = admin.put_policy(proto::PutPolicyRequest { policy: Some(policy(spec)) }).await.unwrap_err();
         assert_eq!((err.code(), field(&err)), (tonic::Code::InvalidArgument, expected.to_string()));
     }
+    let tiny_rate =
+        proto::PolicySpec { rate_limit: Some(proto::RateLimit { per_second: 1e-30, burst: 1 }), ..good.clone() };
+    let err = admin.put_policy(proto::PutPolicyRequest { policy: Some(policy(tiny_rate)) }).await.unwrap_err();
+    assert_eq!(err.message(), "invalid policy.spec.rate_limit.per_second: must be a number between 0.001 and 1000000");
     let err = admin
         .put_policy(proto::PutPolicyRequest { policy: Some(proto::Policy { kind: 0, ..policy(good.clone()) }) })
         .await

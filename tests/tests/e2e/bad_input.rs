@@ -157,3 +157,80 @@ async fn control_down_at_sidecar_start() {
     a.shutdown().await;
     control.shutdown().await;
 }
+
+/// What an error quotes of the input is a short prefix: the whole status, message and
+/// details (ErrorInfo, RetryInfo, BadRequest), fits in 1 KiB.
+fn assert_short(status: &tonic::Status, what: &str) {
+    assert!(status.message().len() <= 1024, "{what}: message of {} bytes", status.message().len());
+    assert!(status.details().len() <= 1024, "{what}: details of {} bytes", status.details().len());
+    assert!(error_info(status).is_some(), "{what}: no reason in {status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_quote_a_short_prefix_of_hostile_input() {
+    init_logging();
+    let ts = TestStore::start(Backend::Etcd).await;
+    let control = start_control(ts.store.clone(), Duration::from_secs(15)).await;
+    let a = start_sidecar(sidecar_config(&control.endpoint(), "host-a")).await;
+    let agent = echo_agent(a.local_addr(), "summarizer", &[("text.summarize", &[])]).await;
+    wait_for_instances(&a, &[agent.instance_id()]).await;
+    let client = Client::connect(&a.local_addr().to_string()).await.unwrap();
+
+    // A target with 1,000 tags: no instance has them; the message names a few.
+    let tags: Vec<String> = (0..1000).map(|i| format!("tag-number-{i:04}")).collect();
+    let err = client.invoke("text.summarize").tags(tags.clone()).text("x").send().await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    assert_eq!(err.reason(), Some("NO_HEALTHY_INSTANCE"));
+    assert_short(err.status(), "1,000 tags");
+    assert!(err.message().contains("tag-number-0000,"), "{err}");
+    assert!(err.message().contains("… 992 more]"), "{err}");
+    assert!(!err.message().contains("tag-number-0999"), "{err}");
+    // The same through Route.
+    let err = client
+        .raw()
+        .route(proto::RouteRequest {
+            target: Some(proto::Target { kind: Some(proto::target::Kind::Capability("nope".into())), tags }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_short(&err, "1,000 tags, Route");
+
+    // A 10 MB payload.
+    let err = client.invoke("text.summarize").payload(vec![b'x'; 10 * 1000 * 1000]).send().await.unwrap_err();
+    assert_eq!(err.reason(), Some("PAYLOAD_TOO_LARGE"));
+    assert_short(err.status(), "10 MB payload");
+
+    // A 64 KiB name and tenant: refused with a short quote.
+    let long = "n".repeat(64 * 1024);
+    let err = client.invoke(long.clone()).text("x").send().await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert_short(err.status(), "64 KiB capability name");
+    let mut admin = agent_reach_e2e::admin_client(&control.endpoint()).await;
+    let err =
+        admin.list_agents(proto::ListAgentsRequest { tenant: long.clone(), ..Default::default() }).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert_short(&err, "64 KiB tenant");
+    let err = client
+        .raw()
+        .register(proto::RegisterRequest {
+            registration: Some(proto::AgentRegistration {
+                agent: "x".into(),
+                capabilities: vec![proto::Capability { name: "c".into(), tags: vec![] }],
+                endpoint: format!("http://{long}"),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert_short(&err, "64 KiB endpoint");
+
+    // The connection is still fine.
+    let reply = client.invoke("text.summarize").text("ok").send().await.unwrap();
+    assert!(reply.text().ends_with("ok"));
+    agent.shutdown().await;
+    a.shutdown().await;
+    control.shutdown().await;
+}

@@ -132,3 +132,61 @@ async fn http_json_agents_join_the_mesh() {
     b.stop().await;
     control.shutdown().await;
 }
+
+/// An HTTP agent's endpoint must be loopback unless the sidecar's allow-list names its
+/// host: the sidecar would otherwise reach any machine on a local client's say-so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_agent_endpoints_are_loopback_unless_allowed() {
+    init_logging();
+    let ts = TestStore::start(Backend::Etcd).await;
+    let control = start_control(ts.store.clone(), Duration::from_secs(15)).await;
+    let a = start_sidecar(sidecar_config(&control.endpoint(), "host-a")).await;
+    let mut allowing = sidecar_config(&control.endpoint(), "host-b");
+    allowing.http_agent_allowed_hosts = vec!["10.20.30.40".into()];
+    let b = start_sidecar(allowing).await;
+    let register = |endpoint: &str| proto::RegisterRequest {
+        registration: Some(proto::AgentRegistration {
+            agent: "orders".into(),
+            capabilities: vec![proto::Capability { name: "orders.lookup".into(), tags: vec![] }],
+            endpoint: endpoint.into(),
+            transport: proto::Transport::Http as i32,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut on_a = Client::connect(&a.local_addr().to_string()).await.unwrap().raw();
+    for (endpoint, host) in [
+        ("http://10.20.30.40:8080/invoke", "10.20.30.40"),
+        ("http://169.254.169.254:80/latest", "169.254.169.254"),
+        ("http://example.com:80/", "example.com"),
+        ("http://[fe80::1]:80/", "fe80::1"),
+    ] {
+        let err = on_a.register(register(endpoint)).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{endpoint}: {err:?}");
+        let info = agent_reach::reason::error_info(&err).unwrap();
+        assert_eq!(info.reason, "INVALID_ARGUMENT");
+        assert_eq!(info.metadata["field"], "registration.endpoint");
+        assert_eq!(
+            err.message(),
+            format!(
+                "invalid registration.endpoint: host {host:?} is not loopback; an HTTP agent must listen on this host unless --http-agent-allowed-hosts lists it"
+            )
+        );
+    }
+    assert_eq!(a.local_instances(), 0, "nothing refused was registered");
+    // Loopback is always allowed.
+    for endpoint in ["http://127.0.0.1:9/invoke", "http://localhost:9/invoke", "http://[::1]:9/invoke"] {
+        let reply = on_a.register(register(endpoint)).await.unwrap().into_inner();
+        on_a.deregister(proto::DeregisterRequest { instance_id: reply.instance_id }).await.unwrap();
+    }
+    // The allow-list admits the hosts it names, and only those.
+    let mut on_b = Client::connect(&b.local_addr().to_string()).await.unwrap().raw();
+    let reply = on_b.register(register("http://10.20.30.40:8080/invoke")).await.unwrap().into_inner();
+    assert!(!reply.instance_id.is_empty());
+    let err = on_b.register(register("http://10.20.30.41:8080/invoke")).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+
+    a.shutdown().await;
+    b.shutdown().await;
+    control.shutdown().await;
+}

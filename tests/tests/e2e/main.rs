@@ -9,6 +9,7 @@ mod health;
 mod http_agent;
 mod identity;
 mod lifecycle;
+mod malformed;
 mod observability;
 mod policies;
 mod replicas;
