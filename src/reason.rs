@@ -64,6 +64,11 @@ reasons! {
     ShuttingDown => "SHUTTING_DOWN", Unavailable;
     IdempotentReplyNotStored => "IDEMPOTENT_REPLY_NOT_STORED", FailedPrecondition;
     Internal => "INTERNAL", Internal;
+    ContextFieldLocked => "CONTEXT_FIELD_LOCKED", FailedPrecondition;
+    ContextConflict => "CONTEXT_CONFLICT", Aborted;
+    ContextTooLarge => "CONTEXT_TOO_LARGE", ResourceExhausted;
+    ContextTooManySessions => "CONTEXT_TOO_MANY_SESSIONS", ResourceExhausted;
+    ContextHistoryCompacted => "CONTEXT_HISTORY_COMPACTED", OutOfRange;
 }
 
 impl fmt::Display for Reason {
