@@ -120,7 +120,7 @@ pub struct ControlArgs {
     pub session_redis: Option<String>,
 
     /// A session not written for this long is deleted (whole seconds).
-    #[arg(long, env = "AGENT_REACH_SESSION_TTL", default_value = "24h", value_parser = agent_reach::duration::parse)]
+    #[arg(long, env = "AGENT_REACH_SESSION_TTL", default_value = "24h", value_parser = agent_reach_support::duration::parse)]
     pub session_ttl: Duration,
 
     /// Largest session field (name + value + content type), in bytes.

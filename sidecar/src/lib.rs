@@ -59,10 +59,10 @@ use tokio::task::JoinSet;
 use tonic::{Code, Status};
 
 pub use agent_reach_routing::{RoutingTable, TableHandle};
-pub use session::SessionStats;
 pub use config::{SidecarArgs, SidecarConfig};
 pub use control::WatchStats;
 pub use registry::{Registry, RegistryStats};
+pub use session::SessionStats;
 
 use call::Shape;
 use grpc::Body;
@@ -384,8 +384,14 @@ fn entries(inner: &Inner) -> (InvokeEntry, MeshEntry, Arc<SidecarMetrics>) {
         metrics: metrics.clone(),
     });
     let invoke = InvokeEntry::new(inner.table.clone(), config.max_payload_bytes, config.default_timeout, outbound);
-    let mesh =
-        MeshEntry::new(inner.registry.clone(), &config.tenant, &config.sidecar_id, config.deadline_reserve, inbound);
+    let mesh = MeshEntry::new(
+        inner.registry.clone(),
+        &config.tenant,
+        &config.sidecar_id,
+        config.deadline_reserve,
+        inbound,
+        inner.sessions.clone(),
+    );
     (invoke, mesh, metrics)
 }
 

@@ -235,3 +235,85 @@ async fn policies_and_cached_reads_on_etcd() {
 async fn policies_and_cached_reads_on_redis() {
     policies_and_cache(Sessions::Redis).await;
 }
+
+/// An agent whose handler reads its session (saying whether the read was a cache hit),
+/// counts a turn in it, and answers "<instance>|cached=<bool>|turns=<n>".
+async fn turn_agent(sidecar: &Sidecar) -> RunningAgent {
+    Agent::builder("support")
+        .sidecar(sidecar.local_addr().to_string())
+        .capability("support.answer", Vec::<String>::new())
+        .handle("support.answer", |call| async move {
+            let session = call.session();
+            let snapshot = session.read().await.map_err(handler_error)?;
+            let turns = snapshot
+                .fields
+                .get("turns")
+                .map(|f| String::from_utf8_lossy(&f.value).parse::<u64>().unwrap_or(0))
+                .unwrap_or(0)
+                + 1;
+            session.set("turns", turns.to_string()).await.map_err(handler_error)?;
+            Ok(Reply::text(format!("{}|cached={}|turns={turns}", call.instance_id(), snapshot.cached)))
+        })
+        .register_timeout(Duration::from_secs(10))
+        .start()
+        .await
+        .expect("support agent")
+}
+
+/// The instance serving a session dies; the next call of the session lands on an instance
+/// behind another sidecar, which fetches the session before delivering the call (and says
+/// so in `ar-session-prewarmed`): the agent's first read there is a cache hit with the
+/// whole context.
+async fn prewarm(sessions: Sessions) {
+    let mesh = Mesh::start(sessions, 3).await;
+    let (a, b, c) = (&mesh.sidecars[0], &mesh.sidecars[1], &mesh.sidecars[2]);
+    let mut agents = vec![turn_agent(b).await, turn_agent(c).await];
+    let ids: Vec<String> = agents.iter().map(|a| a.instance_id()).collect();
+    agent_reach_e2e::wait_for_instances(a, &ids).await;
+
+    let client = Client::connect(&a.local_addr().to_string()).await.unwrap();
+    let call = || {
+        let mut raw = client.raw();
+        async move {
+            let request = agent_reach::proto::InvokeRequest {
+                target: Some(agent_reach::proto::Target {
+                    kind: Some(agent_reach::proto::target::Kind::Capability("support.answer".into())),
+                    tags: vec![],
+                }),
+                session_id: "chat-1".into(),
+                payload: bytes::Bytes::from_static(b"hello"),
+                ..Default::default()
+            };
+            let reply = raw.invoke(request).await.expect("support call");
+            let prewarmed = reply.metadata().get(agent_reach::headers::SESSION_PREWARMED).is_some();
+            (String::from_utf8_lossy(&reply.get_ref().payload).into_owned(), prewarmed)
+        }
+    };
+    let (first, _) = call().await;
+    let served = first.split('|').next().unwrap().to_string();
+    assert!(first.ends_with("|cached=false|turns=1"), "{first}");
+
+    let dead = agents.iter().position(|agent| agent.instance_id() == served).expect("a known instance served");
+    agents.remove(dead).abort();
+    let (second, prewarmed) = call().await;
+    let survivor = agents[0].instance_id();
+    assert_eq!(second, format!("{survivor}|cached=true|turns=2"), "the first read on the new instance");
+    assert!(prewarmed, "the reply must say the session was prewarmed");
+    let stats = if dead == 0 { c.session_stats() } else { b.session_stats() };
+    assert_eq!(stats.prewarms.load(std::sync::atomic::Ordering::Relaxed), 1);
+    // A session the sidecar already follows is not fetched again.
+    let (third, prewarmed) = call().await;
+    assert!(third.starts_with(&format!("{survivor}|")) && third.ends_with("|turns=3"), "{third}");
+    assert!(!prewarmed, "a followed session was prewarmed again");
+    mesh.stop(agents).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_moved_session_is_prewarmed_on_etcd() {
+    prewarm(Sessions::Etcd).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_moved_session_is_prewarmed_on_redis() {
+    prewarm(Sessions::Redis).await;
+}
