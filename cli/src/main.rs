@@ -14,6 +14,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod ctl;
 mod demo;
+mod session;
 mod trace;
 
 use std::net::SocketAddr;
