@@ -96,7 +96,9 @@ async fn sessions(name: &str, store: Arc<dyn SessionStore>) {
         }
     })
     .await;
-    println!("{name:<22} put p50 {p50:6.3} ms  p99 {p99:6.3} ms  {rate:8.0} puts/s  get p50 {g50:6.3} ms  p99 {g99:6.3} ms");
+    println!(
+        "{name:<22} put p50 {p50:6.3} ms  p99 {p99:6.3} ms  {rate:8.0} puts/s  get p50 {g50:6.3} ms  p99 {g99:6.3} ms"
+    );
 }
 
 #[tokio::main]
