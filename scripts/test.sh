@@ -15,6 +15,8 @@ if [ -z "${AGENT_REACH_ETCD_BIN:-}" ] && ! command -v etcd >/dev/null 2>&1; then
 fi
 echo "==> etcd: $( "${AGENT_REACH_ETCD_BIN:-etcd}" --version | head -1 )"
 
+echo "==> redis: $(./scripts/install-redis.sh)"
+
 # The benchmark's smoke test (bench/tests/smoke.rs) runs nginx, h2load and Envoy.
 ./scripts/install-bench-tools.sh
 

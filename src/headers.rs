@@ -48,6 +48,12 @@ pub const TENANT: &str = "ar-tenant";
 pub const PRIORITY: &str = "ar-priority";
 /// `Mesh` request metadata: the call's idempotency key (at-most-once at the target).
 pub const IDEMPOTENCY_KEY: &str = "ar-idempotency-key";
+/// `Mesh` request metadata: the call's session id, so that the target's sidecar can fetch
+/// the session's context before delivering the call.
+pub const SESSION: &str = "ar-session";
+/// Response metadata: `1` when the target's sidecar fetched the call's session context
+/// before delivering it (the session was new to that sidecar: its calls moved there).
+pub const SESSION_PREWARMED: &str = "ar-session-prewarmed";
 /// Trailer (or trailers-only header) carrying the serving instance's load ratio.
 pub const LOAD: &str = "ar-load";
 /// Request header of a call to an HTTP/JSON agent: the remaining deadline in milliseconds.

@@ -75,6 +75,11 @@ reasons! {
     RoleNotAllowed => "ROLE_NOT_ALLOWED", PermissionDenied;
     TenantNotAllowed => "TENANT_NOT_ALLOWED", PermissionDenied;
     Internal => "INTERNAL", Internal;
+    ContextFieldLocked => "CONTEXT_FIELD_LOCKED", FailedPrecondition;
+    ContextConflict => "CONTEXT_CONFLICT", Aborted;
+    ContextTooLarge => "CONTEXT_TOO_LARGE", ResourceExhausted;
+    ContextTooManySessions => "CONTEXT_TOO_MANY_SESSIONS", ResourceExhausted;
+    ContextHistoryCompacted => "CONTEXT_HISTORY_COMPACTED", OutOfRange;
 }
 
 impl fmt::Display for Reason {

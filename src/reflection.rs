@@ -16,8 +16,14 @@ const REFLECTION_V1: &str = "grpc.reflection.v1.ServerReflection";
 const REFLECTION_V1ALPHA: &str = "grpc.reflection.v1alpha.ServerReflection";
 
 /// What the control port serves.
-pub const CONTROL_SERVICES: &[&str] =
-    &["agentreach.v1.Control", "agentreach.v1.Admin", HEALTH, REFLECTION_V1, REFLECTION_V1ALPHA];
+pub const CONTROL_SERVICES: &[&str] = &[
+    "agentreach.v1.Control",
+    "agentreach.v1.Admin",
+    "agentreach.v1.Sessions",
+    HEALTH,
+    REFLECTION_V1,
+    REFLECTION_V1ALPHA,
+];
 /// What a sidecar's local port serves.
 pub const SIDECAR_SERVICES: &[&str] = &["agentreach.v1.Sidecar", HEALTH, REFLECTION_V1, REFLECTION_V1ALPHA];
 

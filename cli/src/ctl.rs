@@ -90,6 +90,9 @@ pub enum CtlCommand {
     /// Tenant records: put, list.
     #[command(subcommand)]
     Tenant(TenantCommand),
+    /// Session context: show a session's fields.
+    #[command(subcommand)]
+    Session(SessionCommand),
     /// Where a sidecar of the tenant would route a call, and why every other instance of the
     /// target was skipped.
     Explain {
@@ -109,6 +112,16 @@ pub enum CtlCommand {
         /// How many candidates to show.
         #[arg(long, default_value_t = 5)]
         max: u32,
+    },
+}
+
+/// `ctl session ...`.
+#[derive(Subcommand, Debug)]
+pub enum SessionCommand {
+    /// A session's fields with their versions, writers and locks.
+    Show {
+        /// The session id.
+        id: String,
     },
 }
 
@@ -381,6 +394,9 @@ pub async fn run(args: CtlArgs, out: &mut dyn Write) -> Result<(), CtlError> {
         CtlCommand::Policy(command) => policy(&mut admin, tenant, command, json, out).await?,
         CtlCommand::Tenant(command) => tenants(&mut admin, command, json, out).await?,
         CtlCommand::JoinToken(command) => join_tokens(&mut admin, tenant, command, json, out).await?,
+        CtlCommand::Session(SessionCommand::Show { id }) => {
+            crate::session::show(&args.control, args.timeout, tenant, id, json, out).await?
+        }
         CtlCommand::Explain { target, agent, tags, priority, session, max } => {
             let target =
                 Target { kind: if agent { TargetKind::Agent(target) } else { TargetKind::Capability(target) }, tags };
@@ -717,7 +733,7 @@ fn print_json<T: Serialize + ?Sized>(out: &mut dyn Write, value: &T) -> Result<(
     Ok(())
 }
 
-fn row<const N: usize>(cells: [&str; N]) -> Vec<String> {
+pub(crate) fn row<const N: usize>(cells: [&str; N]) -> Vec<String> {
     cells.iter().map(|c| c.to_string()).collect()
 }
 

@@ -145,3 +145,53 @@ async fn ctl_lists_pauses_explains_and_manages_policies_and_tenants() {
 
     tokio::time::timeout(Duration::from_secs(10), control.shutdown()).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctl_session_show_prints_fields_writers_and_locks() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let control = ControlHandle::spawn(Arc::new(EmbeddedStore::default()), ControlConfig::default(), listener).unwrap();
+    let endpoint = control.endpoint();
+    let mut sessions = proto::sessions_client::SessionsClient::connect(endpoint.clone()).await.unwrap();
+    let write = |name: &str, value: &[u8], policy: proto::WritePolicy| proto::SessionFieldWrite {
+        name: name.into(),
+        value: value.to_vec().into(),
+        policy: policy as i32,
+        ..Default::default()
+    };
+    let version = sessions
+        .put_session(proto::PutSessionRequest {
+            tenant: "default".into(),
+            session_id: "order-42".into(),
+            fields: vec![
+                write("user_id", b"u-7", proto::WritePolicy::FirstWriter),
+                write("blob", &[0xff, 0x00, 0x01], proto::WritePolicy::LastWriter),
+            ],
+            writer_agent: "intake".into(),
+            writer_instance: "intake-1".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .version;
+
+    let out = ctl(&endpoint, &["session", "show", "order-42"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let expected = format!(
+        "session order-42 (tenant default) at version {version}\n\
+         FIELD    VERSION  WRITER           POLICY                 VALUE\n\
+         blob     {version:<7}  intake/intake-1                         <3 bytes>\n\
+         user_id  {version:<7}  intake/intake-1  locked (first writer)  u-7\n"
+    );
+    assert_eq!(text, expected);
+    let out = ctl(&endpoint, &["--output", "json", "session", "show", "order-42"]).await;
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(json["fields"][1]["value"], "u-7");
+    assert_eq!(json["fields"][1]["locked"], true);
+    assert_eq!(json["fields"][0]["value_bytes"], 3);
+
+    let out = ctl(&endpoint, &["session", "show", "missing"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("no session \"missing\""), "{}", stderr(&out));
+    control.shutdown().await;
+}

@@ -153,6 +153,30 @@ pub struct ControlArgs {
     /// as anonymous and are counted), or "off" (plaintext, nothing checked).
     #[arg(long, env = "AGENT_REACH_MTLS", default_value = "off", value_parser = ["required", "permissive", "off"])]
     pub mtls: String,
+    /// Redis URL (`redis://host:port`) to keep session context in, for high write rates.
+    /// Without it sessions live in the control service's own store (etcd or embedded).
+    #[arg(long, env = "AGENT_REACH_SESSION_REDIS")]
+    pub session_redis: Option<String>,
+
+    /// A session not written for this long is deleted (whole seconds).
+    #[arg(long, env = "AGENT_REACH_SESSION_TTL", default_value = "24h", value_parser = agent_reach_support::duration::parse)]
+    pub session_ttl: Duration,
+
+    /// Largest session field (name + value + content type), in bytes.
+    #[arg(long, env = "AGENT_REACH_SESSION_MAX_FIELD_BYTES", default_value_t = 64 * 1024)]
+    pub session_max_field_bytes: usize,
+
+    /// Largest session (the sum over its fields), in bytes.
+    #[arg(long, env = "AGENT_REACH_SESSION_MAX_BYTES", default_value_t = 1024 * 1024)]
+    pub session_max_bytes: usize,
+
+    /// Most fields in one session.
+    #[arg(long, env = "AGENT_REACH_SESSION_MAX_FIELDS", default_value_t = 256)]
+    pub session_max_fields: usize,
+
+    /// Most live sessions of one tenant.
+    #[arg(long, env = "AGENT_REACH_SESSION_MAX_PER_TENANT", default_value_t = 10_000)]
+    pub session_max_per_tenant: usize,
 
     /// Log format: "text" or "json".
     #[arg(long, env = "AGENT_REACH_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
@@ -173,6 +197,10 @@ pub struct ControlConfig {
     pub mtls: Mtls,
     /// The bootstrap admin token; `None`: the Admin API is not authenticated.
     pub admin_token: Option<BootstrapToken>,
+    /// What the session store enforces.
+    pub session_limits: agent_reach_session::Limits,
+    /// Where sessions live; `None`: in the control service's own store.
+    pub session_store: Option<SessionBackend>,
 }
 
 /// The bootstrap admin token (never printed).
@@ -182,6 +210,16 @@ pub struct BootstrapToken(pub String);
 impl std::fmt::Debug for BootstrapToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("BootstrapToken(..)")
+    }
+}
+
+/// A session store chosen at start (Redis), shared by the service.
+#[derive(Clone)]
+pub struct SessionBackend(pub std::sync::Arc<dyn agent_reach_session::SessionStore>);
+
+impl std::fmt::Debug for SessionBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SessionBackend({})", self.0.backend())
     }
 }
 
@@ -196,6 +234,8 @@ impl Default for ControlConfig {
             identity: None,
             mtls: Mtls::Off,
             admin_token: None,
+            session_limits: agent_reach_session::Limits::default(),
+            session_store: None,
         }
     }
 }
@@ -277,6 +317,27 @@ impl TryFrom<&ControlArgs> for ControlConfig {
             (Some(url), Some(secret_file)) => Some(webhook(a, url, secret_file)?),
             _ => None,
         };
+        if a.session_ttl < Duration::from_secs(2) || a.session_ttl.subsec_nanos() != 0 {
+            return Err(format!("--session-ttl must be whole seconds, at least 2s, got {:?}", a.session_ttl));
+        }
+        for (flag, value) in [
+            ("--session-max-field-bytes", a.session_max_field_bytes),
+            ("--session-max-bytes", a.session_max_bytes),
+            ("--session-max-fields", a.session_max_fields),
+            ("--session-max-per-tenant", a.session_max_per_tenant),
+        ] {
+            if value == 0 {
+                return Err(format!("{flag} must be at least 1"));
+            }
+        }
+        if a.session_max_field_bytes > a.session_max_bytes {
+            return Err("--session-max-field-bytes must not exceed --session-max-bytes".into());
+        }
+        if let Some(url) = &a.session_redis
+            && !(url.starts_with("redis://") || url.starts_with("rediss://"))
+        {
+            return Err(format!("--session-redis: {url:?} is not a redis:// URL"));
+        }
         Ok(ControlConfig {
             lease_ttl: a.lease_ttl,
             load_step: a.load_step,
@@ -304,6 +365,14 @@ impl TryFrom<&ControlArgs> for ControlConfig {
                 }
                 None => None,
             },
+            session_limits: agent_reach_session::Limits {
+                ttl: a.session_ttl,
+                max_field_bytes: a.session_max_field_bytes,
+                max_session_bytes: a.session_max_bytes,
+                max_fields: a.session_max_fields,
+                max_sessions_per_tenant: a.session_max_per_tenant,
+            },
+            session_store: None,
         })
     }
 }
@@ -352,6 +421,9 @@ mod tests {
             ("--dashboard-listen", "0.0.0.0:7802"),
             ("--dashboard-listen", "nowhere"),
             ("--alert-lost-count", "0"),
+            ("--session-ttl", "1s"),
+            ("--session-max-fields", "0"),
+            ("--session-redis", "http://r:6379"),
         ] {
             let a = ControlArgs::parse_from(["control", flag, value]);
             let error = ControlConfig::try_from(&a).unwrap_err();
@@ -370,6 +442,7 @@ mod tests {
         );
         assert_eq!(c.lease_ttl, Duration::from_secs(20));
         assert_eq!(c.load_step, 0.1);
+        assert_eq!(c.session_limits, agent_reach_session::Limits::default());
         assert!(a.etcd_endpoints.is_empty());
         let a = ControlArgs::parse_from(["control", "--etcd-endpoints", "http://e:2379", "--etcd-ca-file", "/ca.pem"]);
         assert!(ControlConfig::try_from(&a).unwrap_err().contains("https://"));

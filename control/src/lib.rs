@@ -7,7 +7,8 @@
 //!   tenant's routing state to its sidecars: a snapshot, then deltas strictly in revision
 //!   order, resumable from any revision the store still has.
 //! - [`service`] (`agentreach.v1.Control`, for sidecars), [`identity`]
-//!   (`agentreach.v1.Identity`: the CA signing sidecars' certificates, join tokens) and
+//!   (`agentreach.v1.Identity`: the CA signing sidecars' certificates, join tokens),
+//!   [`sessions`] (`agentreach.v1.Sessions`, the session context, for sidecars) and
 //!   [`admin`] (`agentreach.v1.Admin`, for operators) on one gRPC port; [`error`] turns
 //!   every failure into a status.
 //!
@@ -32,6 +33,7 @@ pub mod metrics;
 pub mod record;
 pub mod registry;
 pub mod service;
+pub mod sessions;
 pub mod stats;
 pub mod watch;
 
@@ -109,6 +111,13 @@ pub async fn run(args: ControlArgs, config: ControlConfig) -> Result<(), String>
         key: args.etcd_key_file.clone(),
     };
     let store = open_store(&args.etcd_endpoints, args.etcd_timeout, &tls).await?;
+    let mut config = config;
+    if let Some(url) = &args.session_redis {
+        let redis = agent_reach_session::RedisSessions::connect(url, config.session_limits.clone())
+            .await
+            .map_err(|e| format!("--session-redis {url}: {e}"))?;
+        config.session_store = Some(config::SessionBackend(Arc::new(redis)));
+    }
     let listener = TcpListener::bind(args.listen).await.map_err(|e| format!("--listen {}: {e}", args.listen))?;
     let stats = Arc::new(ControlStats::default());
     let (stop_admin, admin_stopped) = tokio::sync::watch::channel(false);
@@ -196,6 +205,11 @@ pub async fn serve_parts(
             dashboard::Dashboard::new(feeds.clone(), registry.clone(), alerts, Box::new(dashboard::LoopbackOnly));
         tokio::spawn(dashboard::serve(listener, Arc::new(page), stop_rx.clone()));
     }
+    let session_store: Arc<dyn agent_reach_session::SessionStore> = match &config.session_store {
+        Some(backend) => backend.0.clone(),
+        None => Arc::new(agent_reach_session::KvSessions::new(store.clone(), config.session_limits.clone())),
+    };
+    let sessions = sessions::SessionService::new(session_store, stop_rx.clone(), authz.clone());
     let control = ControlService::new(registry.clone(), feeds, store.clone(), stats, stop_rx, authz);
     let operator_auth = match &config.admin_token {
         Some(token) => identity::OperatorAuth::new(store.clone(), &token.0),
@@ -215,6 +229,7 @@ pub async fn serve_parts(
         .add_service(ControlServer::new(control))
         .add_service(AdminServer::new(admin))
         .add_service(IdentityServer::new(identity))
+        .add_service(agent_reach::proto::sessions_server::SessionsServer::new(sessions))
         .add_service(agent_reach::reflection::v1(agent_reach::reflection::CONTROL_SERVICES))
         .add_service(agent_reach::reflection::v1alpha(agent_reach::reflection::CONTROL_SERVICES));
     let shutdown = async move {

@@ -117,6 +117,8 @@ pub(crate) struct AttemptRequest {
     pub shape: Shape,
     pub priority: Priority,
     pub idempotency_key: Option<String>,
+    /// The call's session id, if any (the target's sidecar prefetches its context).
+    pub session_id: Option<String>,
 }
 
 /// A call for a local instance, on its way through the inbound stack.

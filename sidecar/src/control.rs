@@ -33,6 +33,9 @@ pub struct ControlClients {
     endpoints: Vec<(String, ControlClient<Channel>)>,
     /// The identity service on the same channels, in the same order.
     identity: Vec<IdentityClient<Channel>>,
+    /// The channels themselves (TLS when the sidecar has an identity), for the other
+    /// services of control the sidecar calls (sessions).
+    channels: Vec<(String, Channel)>,
     current: AtomicUsize,
     timeout: Duration,
 }
@@ -70,8 +73,13 @@ impl ControlClients {
             return Err("--control: at least one endpoint is required".into());
         }
         let identity = channels.iter().map(|(_, c)| IdentityClient::new(c.clone())).collect();
-        let endpoints = channels.into_iter().map(|(uri, c)| (uri, ControlClient::new(c))).collect();
-        Ok(ControlClients { endpoints, identity, current: AtomicUsize::new(0), timeout })
+        let endpoints = channels.iter().map(|(uri, c)| (uri.clone(), ControlClient::new(c.clone()))).collect();
+        Ok(ControlClients { endpoints, identity, channels, current: AtomicUsize::new(0), timeout })
+    }
+
+    /// Every control endpoint with its (lazily connecting) channel, in order.
+    pub(crate) fn channels(&self) -> Vec<(String, Channel)> {
+        self.channels.clone()
     }
 
     /// Asks control's identity service for a certificate, trying each endpoint once while

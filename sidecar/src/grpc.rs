@@ -60,6 +60,8 @@ pub(crate) mod header {
     pub(crate) const PRIORITY: HeaderName = HeaderName::from_static(h::PRIORITY);
     pub(crate) const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static(h::IDEMPOTENCY_KEY);
     pub(crate) const LOAD: HeaderName = HeaderName::from_static(h::LOAD);
+    pub(crate) const SESSION: HeaderName = HeaderName::from_static(h::SESSION);
+    pub(crate) const SESSION_PREWARMED: HeaderName = HeaderName::from_static(h::SESSION_PREWARMED);
 }
 
 /// A hook on an answer's trailers, held until the answer ends: the target's sidecar writes

@@ -39,6 +39,7 @@ mod persist;
 mod pool;
 mod probe;
 mod registry;
+mod session;
 mod telemetry;
 
 use std::convert::Infallible;
@@ -63,6 +64,7 @@ pub use agent_reach_routing::{RoutingTable, TableHandle};
 pub use config::{SidecarArgs, SidecarConfig};
 pub use control::WatchStats;
 pub use registry::{Registry, RegistryStats};
+pub use session::SessionStats;
 
 use call::Shape;
 use grpc::Body;
@@ -76,6 +78,8 @@ struct Inner {
     config: SidecarConfig,
     table: TableHandle,
     registry: Arc<registry::Registry>,
+    /// Session context: the local API's session methods and the cache behind them.
+    sessions: Arc<session::SessionCache>,
     watch_stats: Arc<WatchStats>,
     /// Span export and the recent-span buffer.
     tracing: agent_reach_telemetry::Tracing,
@@ -180,7 +184,18 @@ impl Sidecar {
         })
         .map_err(StartError::Config)?;
         let calls = Arc::new(Calls::default());
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let sessions = Arc::new(
+            session::SessionCache::new(
+                config.tenant.clone(),
+                control.channels(),
+                config.control_timeout,
+                shutdown_rx.clone(),
+            )
+            .map_err(StartError::Config)?,
+        );
         let inner = Arc::new(Inner {
+            sessions,
             tracing,
             config: config.clone(),
             table: table.clone(),
@@ -189,7 +204,6 @@ impl Sidecar {
             calls: calls.clone(),
             health,
         });
-        let (shutdown, shutdown_rx) = watch::channel(false);
         let (revision_tx, revision) = watch::channel(0i64);
         let mut tasks = JoinSet::new();
         if let Some(path) = config.table_file.clone() {
@@ -260,6 +274,11 @@ impl Sidecar {
     }
 
     /// Address of the local API.
+    /// Counters of the session cache.
+    pub fn session_stats(&self) -> &SessionStats {
+        self.inner.sessions.stats()
+    }
+
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
     }
@@ -414,8 +433,14 @@ fn entries(
         metrics: metrics.clone(),
     });
     let invoke = InvokeEntry::new(inner.table.clone(), config.max_payload_bytes, config.default_timeout, outbound);
-    let mesh =
-        MeshEntry::new(inner.registry.clone(), &config.tenant, &config.sidecar_id, config.deadline_reserve, inbound);
+    let mesh = MeshEntry::new(
+        inner.registry.clone(),
+        &config.tenant,
+        &config.sidecar_id,
+        config.deadline_reserve,
+        inbound,
+        inner.sessions.clone(),
+    );
     (invoke, mesh, metrics)
 }
 
@@ -505,6 +530,9 @@ fn local_api(inner: Arc<Inner>, invoke: InvokeEntry, req: Request<Incoming>) -> 
             grpc::PATH_INVOKE_STREAM => {
                 let _call = inner.calls.begin();
                 invoke.invoke(req, Shape::Stream).await
+            }
+            session::PATH_GET | session::PATH_PUT | session::PATH_DELETE | session::PATH_WATCH => {
+                session::local_api(inner.sessions.clone(), inner.registry.clone(), req).await
             }
             "/agentreach.v1.Sidecar/Register" => {
                 unary(req, move |r: tonic::Request<proto::RegisterRequest>| {

@@ -344,6 +344,7 @@ impl AgentBuilder {
             default_capability: (registration.capabilities.len() == 1)
                 .then(|| registration.capabilities[0].name.clone()),
             stats: stats.clone(),
+            sidecar: SidecarClient::new(channel.clone()),
         };
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         health_reporter.set_serving::<AgentServer<AgentImpl>>().await;
@@ -634,6 +635,8 @@ struct AgentImpl {
     streaming: Arc<HashMap<String, StreamHandler>>,
     default_capability: Option<String>,
     stats: Arc<Stats>,
+    /// The agent's sidecar, handed to each call for its session context.
+    sidecar: SidecarClient<tonic::transport::Channel>,
 }
 
 impl AgentImpl {
@@ -652,14 +655,18 @@ impl AgentImpl {
     }
 }
 
-fn call_from_request(request: tonic::Request<proto::HandleRequest>, capability: String) -> Call {
+fn call_from_request(
+    request: tonic::Request<proto::HandleRequest>,
+    capability: String,
+    sidecar: &SidecarClient<tonic::transport::Channel>,
+) -> Call {
     let deadline = request
         .metadata()
         .get(agent_reach_support::grpc_timeout::HEADER)
         .and_then(|v| agent_reach_support::grpc_timeout::parse(v.as_bytes()))
         .map(|d| Instant::now() + d);
     let traceparent = request.metadata().get("traceparent").and_then(|v| v.to_str().ok()).map(str::to_string);
-    Call { inner: request.into_inner(), capability, deadline, traceparent }
+    Call { inner: request.into_inner(), sidecar: Some(sidecar.clone()), capability, deadline, traceparent }
 }
 
 #[tonic::async_trait]
@@ -676,7 +683,7 @@ impl AgentService for AgentImpl {
                 &[],
             ));
         };
-        let call = call_from_request(request, capability);
+        let call = call_from_request(request, capability, &self.sidecar);
         let _in_flight = self.stats.begin();
         let reply = handler(call).await.map_err(HandlerError::into_status)?;
         Ok(tonic::Response::new(proto::HandleReply {
@@ -700,7 +707,7 @@ impl AgentService for AgentImpl {
                 &[],
             ));
         };
-        let call = call_from_request(request, capability);
+        let call = call_from_request(request, capability, &self.sidecar);
         let in_flight = self.stats.begin();
         let stream = handler(call).map(move |item| {
             let _keep = &in_flight;
@@ -728,6 +735,8 @@ impl AgentService for AgentImpl {
 #[derive(Clone, Debug)]
 pub struct Call {
     inner: proto::HandleRequest,
+    /// The sidecar that delivered the call, for [`Call::session`].
+    sidecar: Option<SidecarClient<tonic::transport::Channel>>,
     capability: String,
     deadline: Option<Instant>,
     traceparent: Option<String>,
@@ -749,6 +758,7 @@ impl Call {
     pub fn new(capability: impl Into<String>, payload: impl Into<Bytes>) -> Call {
         Call {
             inner: proto::HandleRequest { payload: payload.into(), ..Default::default() },
+            sidecar: None,
             capability: capability.into(),
             deadline: None,
             traceparent: None,
@@ -782,6 +792,11 @@ impl Call {
     /// The session the caller named (empty if none).
     pub fn session_id(&self) -> &str {
         &self.inner.session_id
+    }
+    /// The call's session context, read through the sidecar that delivered the call and
+    /// written as the serving instance.
+    pub fn session(&self) -> crate::Session {
+        crate::Session::new(self.sidecar.clone(), self.inner.session_id.clone(), self.inner.instance_id.clone())
     }
     /// The call's message id: the caller's, or one its sidecar assigned.
     pub fn message_id(&self) -> &str {

@@ -138,6 +138,13 @@ impl Client {
         }
     }
 
+    /// The session `session_id` of this client's tenant, written as the client's caller
+    /// instance (see [`Client::with_caller`]; reads need none).
+    pub fn session(&self, session_id: impl Into<String>) -> crate::Session {
+        let instance = self.caller.as_ref().map(|c| c.instance_id.clone()).unwrap_or_default();
+        crate::Session::new(Some(self.sidecar.clone()), session_id.into(), instance)
+    }
+
     /// Starts a call to any instance offering `capability`.
     ///
     /// # Examples

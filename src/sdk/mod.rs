@@ -4,6 +4,7 @@
 pub mod agent;
 pub mod client;
 mod killable;
+pub mod session;
 
 /// Address of the local sidecar: `AGENT_REACH_SIDECAR` or [`crate::DEFAULT_SIDECAR_ADDR`].
 pub(crate) fn default_sidecar_addr() -> String {

@@ -23,6 +23,9 @@ use crate::grpc::{self, Body, PATH_HANDLE, PATH_HANDLE_STREAM, header};
 use crate::pool::{Pool, SendError, collect_chunks, send_h2};
 use crate::registry::Registry;
 
+/// Longest wait for a session's context before delivering a call of that session.
+const PREWARM_WAIT: Duration = Duration::from_millis(250);
+
 /// Serves `Mesh/Deliver` and `Mesh/DeliverStream`.
 #[derive(Clone)]
 pub(crate) struct MeshEntry {
@@ -32,6 +35,8 @@ pub(crate) struct MeshEntry {
     /// Taken off the caller's remaining time at this hop.
     deadline_reserve: Duration,
     stack: InboundService,
+    /// Prefetches the session context of calls whose sessions are new here.
+    sessions: Arc<crate::session::SessionCache>,
 }
 
 impl MeshEntry {
@@ -41,8 +46,9 @@ impl MeshEntry {
         sidecar_id: &str,
         deadline_reserve: Duration,
         stack: InboundService,
+        sessions: Arc<crate::session::SessionCache>,
     ) -> MeshEntry {
-        MeshEntry { registry, tenant: tenant.into(), sidecar_id: sidecar_id.into(), deadline_reserve, stack }
+        MeshEntry { registry, tenant: tenant.into(), sidecar_id: sidecar_id.into(), deadline_reserve, stack, sessions }
     }
 
     /// Sends the call for the local instance named by the `ar-instance` header through the
@@ -86,6 +92,16 @@ impl MeshEntry {
         let idempotency_key =
             parts.headers.get(header::IDEMPOTENCY_KEY).and_then(|v| v.to_str().ok()).map(str::to_string);
         let trace = agent_reach_telemetry::trace::extract(&parts.headers);
+        // Prewarm: a session new to this sidecar (its calls moved here) is fetched before
+        // the agent sees the call, so the agent's first read is a cache hit. Bounded, so a
+        // slow control service delays the call by at most PREWARM_WAIT.
+        let prewarmed = match parts.headers.get(header::SESSION).and_then(|v| v.to_str().ok()) {
+            Some(session) => {
+                let wait = timeout.map_or(PREWARM_WAIT, |t| t.min(PREWARM_WAIT * 2) / 2);
+                tokio::time::timeout(wait, self.sessions.prewarm(session)).await.unwrap_or(false)
+            }
+            None => false,
+        };
         let call = InboundCall {
             local,
             body: Body::Incoming(body),
@@ -105,6 +121,9 @@ impl MeshEntry {
             Attempt::Answered(resp, permit) => {
                 let (mut parts, body) = resp.into_parts();
                 parts.headers.remove(http::header::CONTENT_LENGTH);
+                if prewarmed {
+                    parts.headers.insert(header::SESSION_PREWARMED, http::HeaderValue::from_static("1"));
+                }
                 Response::from_parts(parts, body.tap(permit, None))
             }
             Attempt::NotDelivered(e) => grpc::not_delivered_response(e.into_status()),

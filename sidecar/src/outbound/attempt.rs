@@ -184,6 +184,11 @@ impl Dispatch {
         {
             headers.insert(header::IDEMPOTENCY_KEY, v);
         }
+        if let Some(s) = &req.session_id
+            && let Ok(v) = HeaderValue::from_str(s)
+        {
+            headers.insert(header::SESSION, v);
+        }
         let data = match req.body {
             Body::Frames(f) => grpc::frames_data(f),
             other => match collect_chunks(other, self.limit).await {

@@ -417,6 +417,7 @@ impl Router {
             shape: call.shape,
             priority: call.priority,
             idempotency_key: (!plan.key.is_empty()).then(|| plan.key.to_string()),
+            session_id: (!call.head.session_id.is_empty()).then(|| call.head.session_id.clone()),
         }
     }
 

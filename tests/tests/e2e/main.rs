@@ -16,6 +16,7 @@ mod replicas;
 mod reply_headers;
 mod resilience;
 mod routing;
+mod sessions;
 mod tenants;
 mod two_sidecars;
 mod watch_fidelity;

@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from agent_reach._proto.agentreach.v1 import agent_pb2 as agentreach_dot_v1_dot_agent__pb2
+from agent_reach._proto.agentreach.v1 import session_pb2 as agentreach_dot_v1_dot_session__pb2
 from agent_reach._proto.agentreach.v1 import sidecar_pb2 as agentreach_dot_v1_dot_sidecar__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -65,6 +66,26 @@ class SidecarStub:
                 request_serializer=agentreach_dot_v1_dot_sidecar__pb2.InvokeRequest.SerializeToString,
                 response_deserializer=agentreach_dot_v1_dot_agent__pb2.Chunk.FromString,
                 _registered_method=True)
+        self.GetSession = channel.unary_unary(
+                '/agentreach.v1.Sidecar/GetSession',
+                request_serializer=agentreach_dot_v1_dot_session__pb2.GetSessionRequest.SerializeToString,
+                response_deserializer=agentreach_dot_v1_dot_session__pb2.GetSessionReply.FromString,
+                _registered_method=True)
+        self.PutSession = channel.unary_unary(
+                '/agentreach.v1.Sidecar/PutSession',
+                request_serializer=agentreach_dot_v1_dot_session__pb2.PutSessionRequest.SerializeToString,
+                response_deserializer=agentreach_dot_v1_dot_session__pb2.PutSessionReply.FromString,
+                _registered_method=True)
+        self.DeleteSession = channel.unary_unary(
+                '/agentreach.v1.Sidecar/DeleteSession',
+                request_serializer=agentreach_dot_v1_dot_session__pb2.DeleteSessionRequest.SerializeToString,
+                response_deserializer=agentreach_dot_v1_dot_session__pb2.DeleteSessionReply.FromString,
+                _registered_method=True)
+        self.WatchSession = channel.unary_stream(
+                '/agentreach.v1.Sidecar/WatchSession',
+                request_serializer=agentreach_dot_v1_dot_session__pb2.WatchSessionRequest.SerializeToString,
+                response_deserializer=agentreach_dot_v1_dot_session__pb2.SessionChange.FromString,
+                _registered_method=True)
 
 
 class SidecarServicer:
@@ -113,6 +134,37 @@ class SidecarServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetSession(self, request, context):
+        """Session context (session.proto), in the sidecar's tenant. Reads a session; answered
+        from the sidecar's cache (no round trip) when it holds the session at the version
+        asked for.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutSession(self, request, context):
+        """Writes fields atomically under their policies, as the instance `writer_instance`
+        (registered with this sidecar).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSession(self, request, context):
+        """Deletes fields, or the whole session.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchSession(self, request, context):
+        """The session's changes after a version, then live ones.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SidecarServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -145,6 +197,26 @@ def add_SidecarServicer_to_server(servicer, server):
                     servicer.InvokeStream,
                     request_deserializer=agentreach_dot_v1_dot_sidecar__pb2.InvokeRequest.FromString,
                     response_serializer=agentreach_dot_v1_dot_agent__pb2.Chunk.SerializeToString,
+            ),
+            'GetSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSession,
+                    request_deserializer=agentreach_dot_v1_dot_session__pb2.GetSessionRequest.FromString,
+                    response_serializer=agentreach_dot_v1_dot_session__pb2.GetSessionReply.SerializeToString,
+            ),
+            'PutSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutSession,
+                    request_deserializer=agentreach_dot_v1_dot_session__pb2.PutSessionRequest.FromString,
+                    response_serializer=agentreach_dot_v1_dot_session__pb2.PutSessionReply.SerializeToString,
+            ),
+            'DeleteSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSession,
+                    request_deserializer=agentreach_dot_v1_dot_session__pb2.DeleteSessionRequest.FromString,
+                    response_serializer=agentreach_dot_v1_dot_session__pb2.DeleteSessionReply.SerializeToString,
+            ),
+            'WatchSession': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchSession,
+                    request_deserializer=agentreach_dot_v1_dot_session__pb2.WatchSessionRequest.FromString,
+                    response_serializer=agentreach_dot_v1_dot_session__pb2.SessionChange.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -309,6 +381,114 @@ class Sidecar:
             '/agentreach.v1.Sidecar/InvokeStream',
             agentreach_dot_v1_dot_sidecar__pb2.InvokeRequest.SerializeToString,
             agentreach_dot_v1_dot_agent__pb2.Chunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentreach.v1.Sidecar/GetSession',
+            agentreach_dot_v1_dot_session__pb2.GetSessionRequest.SerializeToString,
+            agentreach_dot_v1_dot_session__pb2.GetSessionReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentreach.v1.Sidecar/PutSession',
+            agentreach_dot_v1_dot_session__pb2.PutSessionRequest.SerializeToString,
+            agentreach_dot_v1_dot_session__pb2.PutSessionReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentreach.v1.Sidecar/DeleteSession',
+            agentreach_dot_v1_dot_session__pb2.DeleteSessionRequest.SerializeToString,
+            agentreach_dot_v1_dot_session__pb2.DeleteSessionReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/agentreach.v1.Sidecar/WatchSession',
+            agentreach_dot_v1_dot_session__pb2.WatchSessionRequest.SerializeToString,
+            agentreach_dot_v1_dot_session__pb2.SessionChange.FromString,
             options,
             channel_credentials,
             insecure,

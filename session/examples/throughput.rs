@@ -1,0 +1,178 @@
+//! Session-context write and read costs on each backend, next to the raw store doing the
+//! same operation: starts its own etcd and redis-server (like the tests), then prints
+//! put p50/p99 (one writer), puts/s (32 writers, each on its own session) and get p50/p99,
+//! for `KvSessions` on etcd vs a raw etcd put of the same bytes, and `RedisSessions` vs a
+//! raw `HSET` + `PEXPIRE` pipeline. Run: `cargo run --release -p agent-reach-session
+//! --features test-util --example throughput` (numbers, not a pass/fail test).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agent_reach_session::testing::RedisServer;
+use agent_reach_session::{FieldWrite, KvSessions, Limits, RedisSessions, SessionStore, WritePolicy, Writer};
+use agent_reach_store::testing::EtcdServer;
+use agent_reach_store::{EtcdOptions, EtcdStore, Store};
+use bytes::Bytes;
+
+const VALUE: &[u8] = &[b'x'; 256];
+const LATENCY_OPS: usize = 2000;
+const WRITERS: usize = 32;
+const RUN: Duration = Duration::from_secs(3);
+
+fn percentiles(mut samples: Vec<Duration>) -> (f64, f64) {
+    samples.sort();
+    let at = |q: f64| samples[((samples.len() as f64 * q) as usize).min(samples.len() - 1)].as_secs_f64() * 1e3;
+    (at(0.50), at(0.99))
+}
+
+async fn latency<F, Fut>(op: F) -> (f64, f64)
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut samples = Vec::with_capacity(LATENCY_OPS);
+    for i in 0..LATENCY_OPS {
+        let started = Instant::now();
+        op(i).await;
+        samples.push(started.elapsed());
+    }
+    percentiles(samples)
+}
+
+async fn throughput<F, Fut>(op: F) -> f64
+where
+    F: Fn(usize, usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let op = Arc::new(op);
+    let deadline = Instant::now() + RUN;
+    let tasks: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let op = op.clone();
+            tokio::spawn(async move {
+                let mut n = 0;
+                while Instant::now() < deadline {
+                    op(w, n).await;
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    total as f64 / RUN.as_secs_f64()
+}
+
+fn put(i: usize) -> Vec<FieldWrite> {
+    vec![FieldWrite::new(format!("f{}", i % 8), Bytes::from_static(VALUE), WritePolicy::LastWriter)]
+}
+
+async fn sessions(name: &str, store: Arc<dyn SessionStore>) {
+    let writer = Writer::new("bench", "bench-1");
+    let (s, w) = (store.clone(), writer.clone());
+    let (p50, p99) = latency(move |i| {
+        let (s, w) = (s.clone(), w.clone());
+        async move {
+            s.put("bench", "lat", &w, put(i)).await.unwrap();
+        }
+    })
+    .await;
+    let s = store.clone();
+    let rate = throughput(move |wr, i| {
+        let (s, w) = (s.clone(), Writer::new("bench", "bench-1"));
+        async move {
+            s.put("bench", &format!("tp-{wr}"), &w, put(i)).await.unwrap();
+        }
+    })
+    .await;
+    let s = store.clone();
+    let (g50, g99) = latency(move |_| {
+        let s = s.clone();
+        async move {
+            s.get("bench", "lat").await.unwrap();
+        }
+    })
+    .await;
+    println!(
+        "{name:<22} put p50 {p50:6.3} ms  p99 {p99:6.3} ms  {rate:8.0} puts/s  get p50 {g50:6.3} ms  p99 {g99:6.3} ms"
+    );
+}
+
+#[tokio::main]
+async fn main() {
+    let etcd = EtcdServer::start().expect("etcd");
+    let redis = RedisServer::start().expect("redis-server");
+    let raw_etcd: Arc<dyn Store> = Arc::new(
+        EtcdStore::connect(EtcdOptions {
+            tls: None,
+            endpoints: vec![etcd.endpoint()],
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(5),
+        })
+        .await
+        .expect("connect etcd"),
+    );
+    let limits = Limits { max_sessions_per_tenant: 100_000, ..Limits::default() };
+    println!("{} puts of one 256-byte field at 1 writer; {WRITERS} writers for {RUN:?}", LATENCY_OPS);
+
+    let e = raw_etcd.clone();
+    let (p50, p99) = latency(move |i| {
+        let e = e.clone();
+        async move {
+            e.put(&format!("/raw/lat/f{}", i % 8), Bytes::from_static(VALUE), None).await.unwrap();
+        }
+    })
+    .await;
+    let e = raw_etcd.clone();
+    let rate = throughput(move |w, i| {
+        let e = e.clone();
+        async move {
+            e.put(&format!("/raw/tp-{w}/f{}", i % 8), Bytes::from_static(VALUE), None).await.unwrap();
+        }
+    })
+    .await;
+    println!("{:<22} put p50 {p50:6.3} ms  p99 {p99:6.3} ms  {rate:8.0} puts/s", "raw etcd put");
+    sessions("sessions on etcd", Arc::new(KvSessions::new(raw_etcd.clone(), limits.clone()))).await;
+
+    let client = redis::Client::open(redis.url()).unwrap();
+    let conn = redis::aio::ConnectionManager::new(client).await.unwrap();
+    let c = conn.clone();
+    let (p50, p99) = latency(move |i| {
+        let mut c = c.clone();
+        async move {
+            let _: () = redis::pipe()
+                .atomic()
+                .hset("raw:lat", format!("f{}", i % 8), VALUE)
+                .ignore()
+                .pexpire("raw:lat", 86_400_000)
+                .ignore()
+                .query_async(&mut c)
+                .await
+                .unwrap();
+        }
+    })
+    .await;
+    let c = conn.clone();
+    let rate = throughput(move |w, i| {
+        let mut c = c.clone();
+        async move {
+            let key = format!("raw:tp-{w}");
+            let _: () = redis::pipe()
+                .atomic()
+                .hset(&key, format!("f{}", i % 8), VALUE)
+                .ignore()
+                .pexpire(&key, 86_400_000)
+                .ignore()
+                .query_async(&mut c)
+                .await
+                .unwrap();
+        }
+    })
+    .await;
+    println!("{:<22} put p50 {p50:6.3} ms  p99 {p99:6.3} ms  {rate:8.0} puts/s", "raw redis hset+pexpire");
+    let sessions_on_redis = RedisSessions::connect(&redis.url(), limits).await.expect("redis sessions");
+    sessions("sessions on redis", Arc::new(sessions_on_redis)).await;
+}

@@ -1,0 +1,460 @@
+//! Session context on the local API (`GetSession`, `PutSession`, `DeleteSession`,
+//! `WatchSession`) and the sidecar's cache of the sessions its own agents work on.
+//!
+//! Every request acts in the sidecar's tenant (a request naming another tenant is refused
+//! with PERMISSION_DENIED). Writes and deletes name an instance registered with this
+//! sidecar; the writer control records is that instance and its registered agent (with
+//! authenticated agents, the verified one). Requests go to the control service's
+//! `agentreach.v1.Sessions`, whose refusals (CONTEXT_FIELD_LOCKED, CONTEXT_CONFLICT, ...)
+//! reach the agent unchanged.
+//!
+//! The cache: a session an agent here reads or writes, or that a call delivered here
+//! carries ([`SessionCache::prewarm`]), is fetched once and then followed by a watch from
+//! control, so later reads of it are answered from memory (`cached: true`) while the
+//! watch is live and the cached version is at least the one asked for and at least the
+//! version of this sidecar's own last write to it (read-your-writes). A watch that fails
+//! drops its session from the cache (reads go to control again); a session not read for
+//! [`IDLE`] is dropped with its watch; at most [`MAX_CACHED`] sessions are followed.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use agent_reach::proto;
+use agent_reach::proto::sessions_client::SessionsClient;
+use agent_reach::reason::{self, Reason};
+use futures_util::{Stream, StreamExt};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+
+/// Sessions followed at most.
+pub const MAX_CACHED: usize = 10_000;
+/// A session not read for this long stops being followed.
+pub const IDLE: Duration = Duration::from_secs(300);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Counters of the cache (exported as metrics and read by tests).
+#[derive(Debug, Default)]
+pub struct SessionStats {
+    /// Reads answered from the cache.
+    pub hits: AtomicU64,
+    /// Reads that went to control.
+    pub misses: AtomicU64,
+    /// Sessions fetched because a call carrying them was delivered here.
+    pub prewarms: AtomicU64,
+}
+
+/// A followed session.
+struct Cached {
+    version: u64,
+    fields: BTreeMap<String, proto::SessionField>,
+    /// The version of this sidecar's last write; the cache serves nothing older.
+    written: u64,
+    last_read: Instant,
+}
+
+/// The cache and the clients of control's Sessions service.
+pub struct SessionCache {
+    tenant: String,
+    endpoints: Vec<(String, SessionsClient<Channel>)>,
+    current: AtomicUsize,
+    timeout: Duration,
+    entries: Mutex<HashMap<String, Arc<Mutex<Cached>>>>,
+    stats: SessionStats,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl SessionCache {
+    /// Clients of every control endpoint on `channels` (the control clients' own, so TLS
+    /// with the sidecar's certificate when it has one); nothing is dialled until used.
+    pub fn new(
+        tenant: String,
+        channels: Vec<(String, Channel)>,
+        timeout: Duration,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<SessionCache, String> {
+        let endpoints: Vec<_> = channels.into_iter().map(|(uri, c)| (uri, SessionsClient::new(c))).collect();
+        if endpoints.is_empty() {
+            return Err("--control: at least one endpoint is required".into());
+        }
+        Ok(SessionCache {
+            tenant,
+            endpoints,
+            current: AtomicUsize::new(0),
+            timeout,
+            entries: Mutex::new(HashMap::new()),
+            stats: SessionStats::default(),
+            shutdown,
+        })
+    }
+
+    pub fn stats(&self) -> &SessionStats {
+        &self.stats
+    }
+
+    /// Calls control, trying each endpoint once while they answer UNAVAILABLE or time out.
+    async fn call<T, F, Fut>(&self, f: F) -> Result<T, Status>
+    where
+        F: Fn(SessionsClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let start = self.current.load(Ordering::Relaxed);
+        let n = self.endpoints.len();
+        let mut last = Status::unavailable("no control endpoint");
+        for i in 0..n {
+            let idx = (start + i) % n;
+            let (uri, client) = &self.endpoints[idx];
+            match tokio::time::timeout(self.timeout, f(client.clone())).await {
+                Ok(Ok(resp)) => {
+                    self.current.store(idx, Ordering::Relaxed);
+                    return Ok(resp.into_inner());
+                }
+                Ok(Err(status)) if !matches!(status.code(), Code::Unavailable | Code::Unknown | Code::Cancelled) => {
+                    return Err(status);
+                }
+                Ok(Err(status)) => last = Status::new(status.code(), format!("{uri}: {}", status.message())),
+                Err(_) => {
+                    last = reason::status(
+                        Reason::ControlUnavailable,
+                        format!("{uri}: no answer within {:?}", self.timeout),
+                        &[],
+                    )
+                }
+            }
+        }
+        Err(last)
+    }
+
+    /// The tenant a request acts in: the sidecar's own.
+    fn tenant(&self, requested: &str) -> Result<String, Status> {
+        if !requested.is_empty() && requested != self.tenant {
+            return Err(reason::status(
+                Reason::PermissionDenied,
+                format!("this sidecar serves tenant {:?}, not {requested:?}", self.tenant),
+                &[("tenant", requested.to_string())],
+            ));
+        }
+        Ok(self.tenant.clone())
+    }
+
+    fn entry(&self, session: &str) -> Option<Arc<Mutex<Cached>>> {
+        lock(&self.entries).get(session).cloned()
+    }
+
+    /// `GetSession`: from the cache when it is fresh enough, else from control (and the
+    /// session is followed from then on).
+    pub async fn get(self: &Arc<Self>, r: proto::GetSessionRequest) -> Result<proto::GetSessionReply, Status> {
+        self.tenant(&r.tenant)?;
+        if r.session_id.is_empty() {
+            return Err(reason::invalid_argument("session_id", "must not be empty"));
+        }
+        if let Some(entry) = self.entry(&r.session_id) {
+            let mut cached = lock(&entry);
+            if cached.version >= r.min_version.max(cached.written) {
+                cached.last_read = Instant::now();
+                self.stats.hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(reply(&cached, &r.fields, true));
+            }
+        }
+        self.stats.misses.fetch_add(1, Ordering::Relaxed);
+        let fetched = self.fetch(&r.session_id).await?;
+        Ok(match fetched {
+            Some(entry) => reply(&lock(&entry), &r.fields, false),
+            None => proto::GetSessionReply::default(),
+        })
+    }
+
+    /// Reads the whole session from control and follows it; `None` when it does not exist.
+    async fn fetch(self: &Arc<Self>, session: &str) -> Result<Option<Arc<Mutex<Cached>>>, Status> {
+        let request = proto::GetSessionRequest {
+            tenant: self.tenant.clone(),
+            session_id: session.to_string(),
+            ..Default::default()
+        };
+        let fetched = self
+            .call(|mut c| {
+                let request = request.clone();
+                async move { c.get_session(request).await }
+            })
+            .await?;
+        if !fetched.found {
+            return Ok(None);
+        }
+        let fields: BTreeMap<_, _> = fetched.fields.into_iter().map(|f| (f.name.clone(), f)).collect();
+        let mut entries = lock(&self.entries);
+        if let Some(entry) = entries.get(session) {
+            let entry = entry.clone();
+            drop(entries);
+            let mut cached = lock(&entry);
+            if fetched.version > cached.version {
+                cached.version = fetched.version;
+                cached.fields = fields;
+            }
+            drop(cached);
+            return Ok(Some(entry));
+        }
+        let entry =
+            Arc::new(Mutex::new(Cached { version: fetched.version, fields, written: 0, last_read: Instant::now() }));
+        if entries.len() < MAX_CACHED {
+            entries.insert(session.to_string(), entry.clone());
+            tokio::spawn(self.clone().follow(session.to_string(), entry.clone(), fetched.version));
+        }
+        Ok(Some(entry))
+    }
+
+    /// Keeps a cached session fresh from control's watch until it ends, fails, goes idle
+    /// or the sidecar stops; then drops it from the cache.
+    async fn follow(self: Arc<Self>, session: String, entry: Arc<Mutex<Cached>>, from: u64) {
+        let request = proto::WatchSessionRequest {
+            tenant: self.tenant.clone(),
+            session_id: session.clone(),
+            after_version: from,
+        };
+        let stream = self
+            .call(|mut c| {
+                let request = request.clone();
+                async move { c.watch_session(request).await }
+            })
+            .await;
+        let mut shutdown = self.shutdown.clone();
+        if let Ok(mut stream) = stream {
+            loop {
+                let idle_at = lock(&entry).last_read + IDLE;
+                let next = tokio::select! {
+                    _ = shutdown.wait_for(|stop| *stop) => break,
+                    _ = tokio::time::sleep_until(idle_at) => {
+                        if lock(&entry).last_read + IDLE <= Instant::now() { break }
+                        continue;
+                    }
+                    next = stream.next() => next,
+                };
+                let Some(Ok(change)) = next else { break };
+                if change.ended {
+                    break;
+                }
+                let mut cached = lock(&entry);
+                if change.version > cached.version {
+                    cached.version = change.version;
+                    for name in change.removed {
+                        cached.fields.remove(&name);
+                    }
+                    for field in change.put {
+                        cached.fields.insert(field.name.clone(), field);
+                    }
+                }
+            }
+        }
+        let mut entries = lock(&self.entries);
+        if entries.get(&session).is_some_and(|e| Arc::ptr_eq(e, &entry)) {
+            entries.remove(&session);
+        }
+    }
+
+    /// Fetches and follows `session` (when not followed yet) before a call carrying it is
+    /// delivered. Returns whether it fetched.
+    pub async fn prewarm(self: &Arc<Self>, session: &str) -> bool {
+        if session.is_empty() || self.entry(session).is_some() {
+            return false;
+        }
+        self.stats.prewarms.fetch_add(1, Ordering::Relaxed);
+        matches!(self.fetch(session).await, Ok(Some(_)))
+    }
+
+    fn written(self: &Arc<Self>, session: &str, version: u64) {
+        if let Some(entry) = self.entry(session) {
+            let mut cached = lock(&entry);
+            cached.written = cached.written.max(version);
+        } else {
+            // An agent here works on this session: follow it.
+            let this = self.clone();
+            let session = session.to_string();
+            tokio::spawn(async move {
+                let _ = this.fetch(&session).await;
+            });
+        }
+    }
+
+    /// `PutSession` as `writer`, an instance registered here: (agent, instance).
+    pub async fn put(
+        self: &Arc<Self>,
+        mut r: proto::PutSessionRequest,
+        writer: (String, String),
+    ) -> Result<proto::PutSessionReply, Status> {
+        r.tenant = self.tenant(&r.tenant)?;
+        if !r.writer_agent.is_empty() && r.writer_agent != writer.0 {
+            return Err(reason::invalid_argument("writer_agent", "is not the agent of writer_instance"));
+        }
+        (r.writer_agent, r.writer_instance) = writer;
+        let session = r.session_id.clone();
+        let written = self
+            .call(|mut c| {
+                let r = r.clone();
+                async move { c.put_session(r).await }
+            })
+            .await?;
+        self.written(&session, written.version);
+        Ok(written)
+    }
+
+    /// `DeleteSession`, by an instance registered here.
+    pub async fn delete(
+        self: &Arc<Self>,
+        mut r: proto::DeleteSessionRequest,
+    ) -> Result<proto::DeleteSessionReply, Status> {
+        r.tenant = self.tenant(&r.tenant)?;
+        let session = r.session_id.clone();
+        let deleted = self
+            .call(|mut c| {
+                let r = r.clone();
+                async move { c.delete_session(r).await }
+            })
+            .await?;
+        if r.fields.is_empty() {
+            lock(&self.entries).remove(&session);
+        } else if deleted.deleted {
+            self.written(&session, deleted.version);
+        }
+        Ok(deleted)
+    }
+
+    /// `WatchSession`: control's stream, passed through.
+    pub async fn watch(&self, mut r: proto::WatchSessionRequest) -> Result<ChangeStream, Status> {
+        r.tenant = self.tenant(&r.tenant)?;
+        let stream = self
+            .call(|mut c| {
+                let r = r.clone();
+                async move { c.watch_session(r).await }
+            })
+            .await?;
+        let mut shutdown = self.shutdown.clone();
+        let stopped = async move {
+            let _ = shutdown.wait_for(|stop| *stop).await;
+        };
+        Ok(Box::pin(stream.take_until(Box::pin(stopped))))
+    }
+}
+
+/// A session's changes as the local API streams them.
+pub type ChangeStream = Pin<Box<dyn Stream<Item = Result<proto::SessionChange, Status>> + Send>>;
+
+fn reply(cached: &Cached, fields: &[String], from_cache: bool) -> proto::GetSessionReply {
+    let fields = if fields.is_empty() {
+        cached.fields.values().cloned().collect()
+    } else {
+        fields.iter().filter_map(|name| cached.fields.get(name).cloned()).collect()
+    };
+    proto::GetSessionReply { found: true, version: cached.version, fields, cached: from_cache }
+}
+
+/// The local API's session methods: `/agentreach.v1.Sidecar/{Get,Put,Delete,Watch}Session`.
+pub(crate) const PATH_GET: &str = "/agentreach.v1.Sidecar/GetSession";
+pub(crate) const PATH_PUT: &str = "/agentreach.v1.Sidecar/PutSession";
+pub(crate) const PATH_DELETE: &str = "/agentreach.v1.Sidecar/DeleteSession";
+pub(crate) const PATH_WATCH: &str = "/agentreach.v1.Sidecar/WatchSession";
+
+/// The writer of a write or delete: an instance registered with this sidecar.
+fn writer(registry: &crate::registry::Registry, instance: &str) -> Result<(String, String), Status> {
+    if instance.is_empty() {
+        return Err(reason::invalid_argument("writer_instance", "name the instance (registered here) that writes"));
+    }
+    let local = registry.get(instance).ok_or_else(|| {
+        reason::status(
+            Reason::InstanceNotFound,
+            format!("instance {instance} is not registered at this sidecar"),
+            &[("instance", instance.to_string())],
+        )
+    })?;
+    Ok((local.registration.agent.clone(), local.instance_id.clone()))
+}
+
+/// Serves one session method of the local API.
+pub(crate) async fn local_api(
+    sessions: Arc<SessionCache>,
+    registry: Arc<crate::registry::Registry>,
+    req: http::Request<hyper::body::Incoming>,
+) -> http::Response<crate::grpc::Body> {
+    match req.uri().path() {
+        PATH_GET => {
+            unary(req, move |r: tonic::Request<proto::GetSessionRequest>| {
+                let sessions = sessions.clone();
+                async move { sessions.get(r.into_inner()).await }
+            })
+            .await
+        }
+        PATH_PUT => {
+            unary(req, move |r: tonic::Request<proto::PutSessionRequest>| {
+                let (sessions, registry) = (sessions.clone(), registry.clone());
+                async move {
+                    let r = r.into_inner();
+                    let writer = writer(&registry, &r.writer_instance)?;
+                    sessions.put(r, writer).await
+                }
+            })
+            .await
+        }
+        PATH_DELETE => {
+            unary(req, move |r: tonic::Request<proto::DeleteSessionRequest>| {
+                let (sessions, registry) = (sessions.clone(), registry.clone());
+                async move {
+                    let r = r.into_inner();
+                    writer(&registry, &r.writer_instance)?;
+                    sessions.delete(r).await
+                }
+            })
+            .await
+        }
+        _ => {
+            struct Svc(Arc<SessionCache>);
+            impl tonic::server::ServerStreamingService<proto::WatchSessionRequest> for Svc {
+                type Response = proto::SessionChange;
+                type ResponseStream = ChangeStream;
+                type Future = Pin<Box<dyn Future<Output = Result<tonic::Response<ChangeStream>, Status>> + Send>>;
+                fn call(&mut self, r: tonic::Request<proto::WatchSessionRequest>) -> Self::Future {
+                    let sessions = self.0.clone();
+                    Box::pin(async move { sessions.watch(r.into_inner()).await.map(tonic::Response::new) })
+                }
+            }
+            let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::<
+                proto::SessionChange,
+                proto::WatchSessionRequest,
+            >::default());
+            grpc.server_streaming(Svc(sessions), req).await.map(crate::grpc::Body::Tonic)
+        }
+    }
+}
+
+/// A unary method whose failures are statuses (control's pass through unchanged).
+async fn unary<Req, Resp, F, Fut>(
+    req: http::Request<hyper::body::Incoming>,
+    handler: F,
+) -> http::Response<crate::grpc::Body>
+where
+    Req: prost::Message + Default + Send + 'static,
+    Resp: prost::Message + Send + 'static,
+    F: FnMut(tonic::Request<Req>) -> Fut + Send,
+    Fut: Future<Output = Result<Resp, Status>> + Send + 'static,
+{
+    struct Svc<F>(F);
+    impl<Req, Resp, F, Fut> tonic::server::UnaryService<Req> for Svc<F>
+    where
+        F: FnMut(tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<Resp, Status>> + Send + 'static,
+    {
+        type Response = Resp;
+        type Future = Pin<Box<dyn Future<Output = Result<tonic::Response<Resp>, Status>> + Send>>;
+        fn call(&mut self, request: tonic::Request<Req>) -> Self::Future {
+            let fut = (self.0)(request);
+            Box::pin(async move { fut.await.map(tonic::Response::new) })
+        }
+    }
+    let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::<Resp, Req>::default());
+    grpc.unary(Svc(handler), req).await.map(crate::grpc::Body::Tonic)
+}

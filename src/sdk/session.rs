@@ -1,0 +1,274 @@
+//! Session context from the SDK: read and write the fields the agents of one session share,
+//! through the local sidecar (which answers reads of sessions it follows from its cache).
+//!
+//! In a handler, `call.session()` addresses the call's session as the serving instance:
+//! ```no_run
+//! # async fn h(call: agent_reach::Call) -> Result<(), agent_reach::SessionError> {
+//! let order = call.session().get("order_id").await?;            // Option<SessionField>
+//! call.session().put_first("user_id", "u-42").await?;             // first writer wins
+//! # Ok(()) }
+//! ```
+//! Outside a handler, [`Client::session`](crate::Client::session) does the same for the
+//! client's caller instance. Refusals come back as typed [`SessionError`]s (locked field
+//! with its first writer, version conflict with the current version, limits); this module
+//! does not retry.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+
+use crate::proto;
+use crate::proto::sidecar_client::SidecarClient;
+use crate::reason::{self, Reason};
+
+/// One field of a session as read.
+pub type SessionField = proto::SessionField;
+
+/// Why a session call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// The field was set by a first writer and cannot change.
+    #[error("field {field:?} is locked by its first writer {writer_agent}/{writer_instance} (version {version})")]
+    FieldLocked { field: String, writer_agent: String, writer_instance: String, version: u64 },
+    /// A compare-and-set write expected another version; read again and retry.
+    #[error("field {field:?} is at version {current_version}, not the expected one")]
+    Conflict { field: String, current_version: u64 },
+    /// A field, the session or its number of fields is over a limit (`limit_name`).
+    #[error("session context too large: {limit_name} is {limit}, the write needs {size}")]
+    TooLarge { limit_name: String, size: u64, limit: u64 },
+    /// The tenant has as many live sessions as it may.
+    #[error("the tenant's limit of {limit} live sessions is reached")]
+    TooManySessions { limit: u64 },
+    /// Not a call in a session, or no instance to write as.
+    #[error("{0}")]
+    NoSession(&'static str),
+    /// Any other failure (store unavailable, invalid argument...), with its status.
+    #[error("session call failed: {0}")]
+    Status(Status),
+}
+
+impl From<Status> for SessionError {
+    fn from(status: Status) -> SessionError {
+        let Some(info) = reason::error_info(&status) else { return SessionError::Status(status) };
+        let text = |key: &str| info.metadata.get(key).cloned().unwrap_or_default();
+        let number = |key: &str| info.metadata.get(key).and_then(|v| v.parse().ok()).unwrap_or(0);
+        match Reason::parse(&info.reason) {
+            Some(Reason::ContextFieldLocked) => SessionError::FieldLocked {
+                field: text("field"),
+                writer_agent: text("writer_agent"),
+                writer_instance: text("writer_instance"),
+                version: number("version"),
+            },
+            Some(Reason::ContextConflict) => {
+                SessionError::Conflict { field: text("field"), current_version: number("current_version") }
+            }
+            Some(Reason::ContextTooLarge) => {
+                SessionError::TooLarge { limit_name: text("limit_name"), size: number("size"), limit: number("limit") }
+            }
+            Some(Reason::ContextTooManySessions) => SessionError::TooManySessions { limit: number("limit") },
+            _ => SessionError::Status(status),
+        }
+    }
+}
+
+impl SessionError {
+    /// The gRPC code of the failure.
+    pub fn code(&self) -> Code {
+        match self {
+            SessionError::FieldLocked { .. } => Code::FailedPrecondition,
+            SessionError::Conflict { .. } => Code::Aborted,
+            SessionError::TooLarge { .. } | SessionError::TooManySessions { .. } => Code::ResourceExhausted,
+            SessionError::NoSession(_) => Code::FailedPrecondition,
+            SessionError::Status(s) => s.code(),
+        }
+    }
+}
+
+/// A session as read: its version and fields by name.
+#[derive(Clone, Debug, Default)]
+pub struct SessionSnapshot {
+    /// False when the session does not exist.
+    pub found: bool,
+    pub version: u64,
+    pub fields: HashMap<String, SessionField>,
+    /// Answered from the local sidecar's cache.
+    pub cached: bool,
+}
+
+/// A session of the caller's tenant, addressed as one instance (the writer of its puts).
+#[derive(Clone, Debug)]
+pub struct Session {
+    /// `None` for a call built by hand (no sidecar to ask).
+    sidecar: Option<SidecarClient<Channel>>,
+    session_id: String,
+    instance_id: String,
+}
+
+/// How a [`Session::put`] treats a field's current value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// Only if the field does not exist; then it stands for good.
+    FirstWriter,
+    /// Whatever the current value.
+    LastWriter,
+    /// Only if the field is still at this version (0: does not exist).
+    CompareAndSet(u64),
+}
+
+impl Session {
+    pub(crate) fn new(sidecar: Option<SidecarClient<Channel>>, session_id: String, instance_id: String) -> Session {
+        Session { sidecar, session_id, instance_id }
+    }
+
+    pub fn id(&self) -> &str {
+        &self.session_id
+    }
+
+    /// The sidecar to ask, once the session is known to be addressable.
+    fn sidecar(&self) -> Result<SidecarClient<Channel>, SessionError> {
+        if self.session_id.is_empty() {
+            return Err(SessionError::NoSession("this call carries no session id"));
+        }
+        self.sidecar.clone().ok_or(SessionError::NoSession("a call built by hand has no sidecar"))
+    }
+
+    /// Reads the whole session.
+    pub async fn read(&self) -> Result<SessionSnapshot, SessionError> {
+        self.read_at_least(0).await
+    }
+
+    /// Reads the whole session, at least at `version` (e.g. a version a write returned on
+    /// another host).
+    pub async fn read_at_least(&self, version: u64) -> Result<SessionSnapshot, SessionError> {
+        let request = proto::GetSessionRequest {
+            session_id: self.session_id.clone(),
+            min_version: version,
+            ..Default::default()
+        };
+        let reply = self.sidecar()?.get_session(request).await?.into_inner();
+        Ok(SessionSnapshot {
+            found: reply.found,
+            version: reply.version,
+            cached: reply.cached,
+            fields: reply.fields.into_iter().map(|f| (f.name.clone(), f)).collect(),
+        })
+    }
+
+    /// One field, or `None` when the session or the field does not exist.
+    pub async fn get(&self, name: &str) -> Result<Option<SessionField>, SessionError> {
+        let request = proto::GetSessionRequest {
+            session_id: self.session_id.clone(),
+            fields: vec![name.to_string()],
+            ..Default::default()
+        };
+        let reply = self.sidecar()?.get_session(request).await?.into_inner();
+        Ok(reply.fields.into_iter().find(|f| f.name == name))
+    }
+
+    /// Writes fields atomically (all or none), each with its policy; returns the version
+    /// of the write.
+    pub async fn put<I, N, V>(&self, fields: I) -> Result<u64, SessionError>
+    where
+        I: IntoIterator<Item = (N, V, Policy)>,
+        N: Into<String>,
+        V: Into<Bytes>,
+    {
+        if self.instance_id.is_empty() {
+            return Err(SessionError::NoSession("writes need an instance to write as (use RunningAgent::client)"));
+        }
+        let fields = fields
+            .into_iter()
+            .map(|(name, value, policy)| {
+                let (policy, expected_version) = match policy {
+                    Policy::FirstWriter => (proto::WritePolicy::FirstWriter, 0),
+                    Policy::LastWriter => (proto::WritePolicy::LastWriter, 0),
+                    Policy::CompareAndSet(v) => (proto::WritePolicy::CompareAndSet, v),
+                };
+                proto::SessionFieldWrite {
+                    name: name.into(),
+                    value: value.into(),
+                    policy: policy as i32,
+                    expected_version,
+                    ..Default::default()
+                }
+            })
+            .collect();
+        let request = proto::PutSessionRequest {
+            session_id: self.session_id.clone(),
+            fields,
+            writer_instance: self.instance_id.clone(),
+            ..Default::default()
+        };
+        Ok(self.sidecar()?.put_session(request).await?.into_inner().version)
+    }
+
+    /// Sets one field, last writer wins.
+    pub async fn set(&self, name: &str, value: impl Into<Bytes>) -> Result<u64, SessionError> {
+        self.put([(name, value.into(), Policy::LastWriter)]).await
+    }
+
+    /// Sets one field only if no one has: the first value stands.
+    pub async fn put_first(&self, name: &str, value: impl Into<Bytes>) -> Result<u64, SessionError> {
+        self.put([(name, value.into(), Policy::FirstWriter)]).await
+    }
+
+    /// Deletes fields, or the whole session when `fields` is empty. Returns whether
+    /// anything was deleted.
+    pub async fn delete(&self, fields: &[&str]) -> Result<bool, SessionError> {
+        let request = proto::DeleteSessionRequest {
+            session_id: self.session_id.clone(),
+            fields: fields.iter().map(|f| f.to_string()).collect(),
+            writer_instance: self.instance_id.clone(),
+            ..Default::default()
+        };
+        Ok(self.sidecar()?.delete_session(request).await?.into_inner().deleted)
+    }
+
+    /// The session's changes after `version`, then live ones.
+    pub async fn watch(&self, version: u64) -> Result<tonic::Streaming<proto::SessionChange>, SessionError> {
+        let request = proto::WatchSessionRequest {
+            session_id: self.session_id.clone(),
+            after_version: version,
+            ..Default::default()
+        };
+        Ok(self.sidecar()?.watch_session(request).await?.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_refusals_become_typed_errors() {
+        let status = reason::status(
+            Reason::ContextFieldLocked,
+            "locked",
+            &[
+                ("field", "user_id".into()),
+                ("writer_agent", "intake".into()),
+                ("writer_instance", "intake-1".into()),
+                ("version", "12".into()),
+            ],
+        );
+        match SessionError::from(status) {
+            SessionError::FieldLocked { field, writer_agent, writer_instance, version } => {
+                assert_eq!(
+                    (field.as_str(), writer_agent.as_str(), writer_instance.as_str(), version),
+                    ("user_id", "intake", "intake-1", 12)
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let status = reason::status(
+            Reason::ContextConflict,
+            "conflict",
+            &[("field", "n".into()), ("current_version", "9".into())],
+        );
+        assert!(matches!(SessionError::from(status), SessionError::Conflict { current_version: 9, .. }));
+        let other = SessionError::from(Status::unavailable("down"));
+        assert_eq!(other.code(), Code::Unavailable);
+    }
+}
