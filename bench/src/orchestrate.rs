@@ -209,6 +209,10 @@ pub fn control_args(port: u16, extra: &[&str]) -> Result<Vec<String>, String> {
         "1".into(),
         "--admin-listen".into(),
         format!("127.0.0.1:{admin}"),
+        // Several control processes run at once; none needs the dashboard (its fixed
+        // default port would collide).
+        "--dashboard-listen".into(),
+        "off".into(),
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
     Ok(args)

@@ -146,7 +146,7 @@ def start_control(workdir: Path, etcd: str) -> tuple[Process, str]:
         port, admin = free_port(), free_port()
         proc = spawn("control", [
             binary("agent-reach-control"), f"--listen=127.0.0.1:{port}", f"--admin-listen=127.0.0.1:{admin}",
-            f"--etcd-endpoints={etcd}", "--lease-ttl=10s",
+            f"--etcd-endpoints={etcd}", "--lease-ttl=10s", "--dashboard-listen=off",
         ], workdir, {"RUST_LOG": os.environ.get("RUST_LOG", "info")})
         try:
             wait_http(f"http://127.0.0.1:{admin}/readyz", 30, proc)
