@@ -19,6 +19,7 @@ const REFLECTION_V1ALPHA: &str = "grpc.reflection.v1alpha.ServerReflection";
 pub const CONTROL_SERVICES: &[&str] = &[
     "agentreach.v1.Control",
     "agentreach.v1.Admin",
+    "agentreach.v1.Identity",
     "agentreach.v1.Sessions",
     HEALTH,
     REFLECTION_V1,

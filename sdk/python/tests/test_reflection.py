@@ -27,6 +27,8 @@ def test_control_and_sidecar_list_and_describe_their_services(mesh: Mesh) -> Non
     assert list_services(mesh.control_addr) == [
         "agentreach.v1.Admin",
         "agentreach.v1.Control",
+        "agentreach.v1.Identity",
+        "agentreach.v1.Sessions",
         "grpc.health.v1.Health",
         "grpc.reflection.v1.ServerReflection",
         "grpc.reflection.v1alpha.ServerReflection",
@@ -42,10 +44,12 @@ def test_control_and_sidecar_list_and_describe_their_services(mesh: Mesh) -> Non
         pool = DescriptorPool(ProtoReflectionDescriptorDatabase(channel))
         sidecar = pool.FindServiceByName("agentreach.v1.Sidecar")
         assert [m.name for m in sidecar.methods] == [
-            "Register", "Heartbeat", "Deregister", "Route", "Invoke", "InvokeStream"]
+            "Register", "Heartbeat", "Deregister", "Route", "Invoke", "InvokeStream",
+            "GetSession", "PutSession", "DeleteSession", "WatchSession"]
         invoke = pool.FindMessageTypeByName("agentreach.v1.InvokeRequest")
         assert invoke.fields_by_name["target"].number == 1
         assert invoke.fields_by_name["payload"].number == 2
     with grpc.insecure_channel(mesh.control_addr) as channel:
         pool = DescriptorPool(ProtoReflectionDescriptorDatabase(channel))
         assert "PutPolicy" in [m.name for m in pool.FindServiceByName("agentreach.v1.Admin").methods]
+        assert [m.name for m in pool.FindServiceByName("agentreach.v1.Identity").methods] == ["IssueCertificate"]
