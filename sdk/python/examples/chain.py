@@ -9,7 +9,7 @@ Run a mesh first (`cargo run -p agent-reach-cli -- up`: control and a sidecar on
 
 import asyncio
 
-from agent_reach import Agent, Call, Client, Reply
+from agent_reach import Agent, AgentNotFound, Call, Client, Reply
 
 translator = Agent("translator", version="1.0.0", max_concurrency=8)
 planner = Agent("planner", version="1.0.0")
@@ -29,10 +29,18 @@ async def plan(call: Call) -> Reply:
     return Reply.text(f"Say {phrase.text()!r} when you arrive (translated by {phrase.instance})")
 
 
+async def routable(mesh: Client, capability: str) -> bool:
+    """Whether the sidecar has an instance for `capability` yet (not known yet: False)."""
+    try:
+        return bool((await mesh.route(capability)).candidates)
+    except AgentNotFound:
+        return False
+
+
 async def main() -> None:
     async with translator, planner, Client.local() as mesh:
         for _ in range(100):  # wait until the sidecar routes to both
-            if (await mesh.route("plan.trip")).candidates and (await mesh.route("text.translate")).candidates:
+            if await routable(mesh, "plan.trip") and await routable(mesh, "text.translate"):
                 break
             await asyncio.sleep(0.05)
         reply = await mesh.invoke("plan.trip", text="hello thanks", timeout=5)

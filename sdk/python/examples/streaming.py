@@ -6,7 +6,7 @@ The caller reads chunks as they come; leaving the loop early cancels the handler
 
 import asyncio
 
-from agent_reach import Agent, Call, Client, Reply
+from agent_reach import Agent, AgentNotFound, Call, Client, Reply
 
 agent = Agent("counter", version="1.0.0")
 
@@ -23,9 +23,17 @@ async def count(call: Call):  # type: ignore[no-untyped-def]
         raise
 
 
+async def routable(mesh: Client, capability: str) -> bool:
+    """Whether the sidecar has an instance for `capability` yet (not known yet: False)."""
+    try:
+        return bool((await mesh.route(capability)).candidates)
+    except AgentNotFound:
+        return False
+
+
 async def main() -> None:
     async with agent, Client.local() as mesh:
-        while not (await mesh.route("text.count")).candidates:
+        while not await routable(mesh, "text.count"):
             await asyncio.sleep(0.05)
         async for chunk in mesh.invoke_stream("text.count", text="100", timeout=30):
             print(chunk.text())
