@@ -15,6 +15,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod ctl;
 mod demo;
 mod dev;
+mod output;
 mod session;
 mod trace;
 

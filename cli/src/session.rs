@@ -11,7 +11,7 @@ use serde::Serialize;
 use tonic::transport::Endpoint;
 use tonic::{Code, Status};
 
-use crate::ctl::{CtlError, row, table};
+use crate::output::{CtlError, row, table};
 
 /// Longest value shown in the table; longer or binary values show their size.
 const SHOWN_VALUE_CHARS: usize = 60;
