@@ -41,6 +41,7 @@ mod probe;
 mod registry;
 mod session;
 mod telemetry;
+pub mod workload;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -109,7 +110,7 @@ pub struct Sidecar {
     shutdown: watch::Sender<bool>,
     tasks: JoinSet<()>,
     /// The sidecar's identity, when it has one.
-    identity: Option<identity::Workload>,
+    identity: Option<workload::Workload>,
 }
 
 impl Sidecar {
@@ -139,7 +140,7 @@ impl Sidecar {
         let identity = proto::SidecarIdentity { sidecar_id: config.sidecar_id.clone(), mesh_address: advertise };
         // With identity settings, the first certificate is bought before anything else is
         // asked of control, and every connection to control is TLS with it.
-        let workload = identity::Workload::start(&config).await?;
+        let workload = workload::Workload::start(&config).await?;
         let control = Arc::new(
             control::ControlClients::with_tls(
                 &config.control,
@@ -269,7 +270,7 @@ impl Sidecar {
     }
 
     /// Certificate counters, when the sidecar has an identity.
-    pub fn identity_stats(&self) -> Option<&identity::IdentityStats> {
+    pub fn identity_stats(&self) -> Option<&workload::IdentityStats> {
         self.identity.as_ref().map(|w| &*w.stats)
     }
 
