@@ -30,7 +30,7 @@ pub enum ControlError {
     #[error("the control service is shutting down")]
     ShuttingDown,
     #[error(transparent)]
-    Refused(#[from] crate::identity::TokenRefusal),
+    Refused(#[from] TokenRefusal),
     #[error("join token {0} not found")]
     JoinTokenNotFound(String),
     #[error("unauthenticated: {0}")]
@@ -45,8 +45,9 @@ pub enum ControlError {
     NotOwned { instance: String, why: String },
     #[error("lease {lease:x} is not the caller's (it belongs to {owner})")]
     LeaseNotOwned { lease: LeaseId, owner: String },
-    #[error("{who} has role {}, this needs {}", .role.as_str(), .needed.as_str())]
-    RoleNotAllowed { who: String, role: crate::identity::Role, needed: crate::identity::Role },
+    /// Roles by name (`Role::as_str`), so errors need not know the identity module.
+    #[error("{who} has role {role}, this needs {needed}")]
+    RoleNotAllowed { who: String, role: &'static str, needed: &'static str },
     #[error("{who} may not act on tenant {tenant}")]
     TenantNotAllowed { who: String, tenant: String },
 }
@@ -75,22 +76,19 @@ impl From<ControlError> for Status {
             }
             ControlError::Conflict(_) => reason::status(Reason::Conflict, message, &[]),
             ControlError::ShuttingDown => reason::status(Reason::ShuttingDown, message, &[]),
-            ControlError::Refused(refusal) => {
-                use crate::identity::TokenRefusal;
-                match refusal {
-                    TokenRefusal::Invalid => reason::status(Reason::JoinTokenInvalid, message, &[]),
-                    TokenRefusal::Expired(id) => reason::status(Reason::JoinTokenExpired, message, &[("id", id)]),
-                    TokenRefusal::Revoked(id) => reason::status(Reason::JoinTokenRevoked, message, &[("id", id)]),
-                    TokenRefusal::Used { id, by } => {
-                        reason::status(Reason::JoinTokenUsed, message, &[("id", id), ("used_by", by)])
-                    }
-                    TokenRefusal::WrongTenant { id, requested, .. } => reason::status(
-                        Reason::TenantMismatch,
-                        message,
-                        &[("field", "tenant".into()), ("id", id), ("tenant", requested)],
-                    ),
+            ControlError::Refused(refusal) => match refusal {
+                TokenRefusal::Invalid => reason::status(Reason::JoinTokenInvalid, message, &[]),
+                TokenRefusal::Expired(id) => reason::status(Reason::JoinTokenExpired, message, &[("id", id)]),
+                TokenRefusal::Revoked(id) => reason::status(Reason::JoinTokenRevoked, message, &[("id", id)]),
+                TokenRefusal::Used { id, by } => {
+                    reason::status(Reason::JoinTokenUsed, message, &[("id", id), ("used_by", by)])
                 }
-            }
+                TokenRefusal::WrongTenant { id, requested, .. } => reason::status(
+                    Reason::TenantMismatch,
+                    message,
+                    &[("field", "tenant".into()), ("id", id), ("tenant", requested)],
+                ),
+            },
             ControlError::JoinTokenNotFound(id) => reason::status(Reason::JoinTokenNotFound, message, &[("id", id)]),
             ControlError::Unauthenticated(_) => reason::status(Reason::Unauthenticated, message, &[]),
             ControlError::TenantMismatch { field, claimed, verified } => reason::status(
@@ -108,7 +106,7 @@ impl From<ControlError> for Status {
             }
             ControlError::Identity(_) => reason::status(Reason::Internal, message, &[]),
             ControlError::RoleNotAllowed { needed, .. } => {
-                reason::status(Reason::RoleNotAllowed, message, &[("needed", needed.as_str().into())])
+                reason::status(Reason::RoleNotAllowed, message, &[("needed", needed.into())])
             }
             ControlError::TenantNotAllowed { tenant, .. } => {
                 reason::status(Reason::TenantNotAllowed, message, &[("tenant", tenant)])
@@ -121,6 +119,21 @@ impl From<ControlError> for Status {
             }
         }
     }
+}
+
+/// Why a token does not buy a certificate.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TokenRefusal {
+    #[error("the join token is malformed or unknown, or its secret is wrong")]
+    Invalid,
+    #[error("join token {0} has expired")]
+    Expired(String),
+    #[error("join token {0} has been revoked")]
+    Revoked(String),
+    #[error("join token {id} is single-use and was used by sidecar {by}")]
+    Used { id: String, by: String },
+    #[error("join token {id} belongs to tenant {token_tenant}, not {requested}")]
+    WrongTenant { id: String, token_tenant: String, requested: String },
 }
 
 #[cfg(test)]

@@ -23,9 +23,10 @@ use agent_reach_identity::{Ca, ClientAuth, Credentials, ExpectedPeer, PeerId, Tl
 use tonic::{Request, Response, Status};
 
 use crate::error::ControlError;
+pub use crate::error::TokenRefusal;
 pub use authz::{Authorizer, Mtls};
 pub use operators::{Action, OperatorAuth, Principal, Role};
-pub use tokens::{JoinToken, JoinTokens, TokenRefusal};
+pub use tokens::{JoinToken, JoinTokens};
 
 /// What an authenticator vouches for.
 #[derive(Clone, Debug, PartialEq, Eq)]

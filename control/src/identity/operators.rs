@@ -79,7 +79,11 @@ impl Principal {
             Action::ManageTokens => Role::Admin,
         };
         if self.role < needed {
-            return Err(ControlError::RoleNotAllowed { who: self.name.clone(), role: self.role, needed });
+            return Err(ControlError::RoleNotAllowed {
+                who: self.name.clone(),
+                role: self.role.as_str(),
+                needed: needed.as_str(),
+            });
         }
         if self.tenants.is_empty() {
             return Ok(());

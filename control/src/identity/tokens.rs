@@ -15,7 +15,7 @@ use agent_reach_store::{Compare, Op, Store, Txn};
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 
-use crate::error::ControlError;
+use crate::error::{ControlError, TokenRefusal};
 
 /// Store prefix of join tokens.
 pub const PREFIX: &str = "/agent-reach/v1/join-tokens/";
@@ -42,21 +42,6 @@ pub struct JoinToken {
     pub revoked_ms: Option<u64>,
     #[serde(default)]
     pub description: String,
-}
-
-/// Why a token does not buy a certificate.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum TokenRefusal {
-    #[error("the join token is malformed or unknown, or its secret is wrong")]
-    Invalid,
-    #[error("join token {0} has expired")]
-    Expired(String),
-    #[error("join token {0} has been revoked")]
-    Revoked(String),
-    #[error("join token {id} is single-use and was used by sidecar {by}")]
-    Used { id: String, by: String },
-    #[error("join token {id} belongs to tenant {token_tenant}, not {requested}")]
-    WrongTenant { id: String, token_tenant: String, requested: String },
 }
 
 /// A new token: the record to store and the text to hand out once.
