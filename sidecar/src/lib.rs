@@ -21,9 +21,12 @@
 //! call types every layer passes along (`call`), the gRPC framing (`grpc`), connections
 //! (`pool`), errors and their one mapping to statuses (`error`), telemetry, the registry
 //! of local agents, and the watch of control. Nothing beneath imports what is above it.
+//! The ports themselves: `serve` (HTTP/2 settings, accept loop, graceful shutdown) and `api`
+//! (which method of the local and mesh APIs goes where).
 //!
 //! [`Sidecar::start`] takes already-bound listeners, so tests run sidecars on port 0.
 
+mod api;
 mod call;
 mod coalesce;
 pub mod config;
@@ -39,27 +42,20 @@ mod persist;
 mod pool;
 mod probe;
 mod registry;
+mod serve;
 mod session;
 mod telemetry;
 pub mod workload;
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_reach::convert::{health_state_from_i32, registration_from_proto, target_from_proto};
-use agent_reach::model::Load;
 use agent_reach::proto;
-use http::{Request, Response};
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
-use tonic::{Code, Status};
 
 pub use agent_reach_routing::{RoutingTable, TableHandle};
 pub use config::{SidecarArgs, SidecarConfig};
@@ -67,10 +63,10 @@ pub use control::WatchStats;
 pub use registry::{Registry, RegistryStats};
 pub use session::SessionStats;
 
-use call::Shape;
-use grpc::Body;
+use api::{local_api, mesh_api};
 use inbound::deliver::MeshEntry;
 use outbound::invoke::InvokeEntry;
+use serve::serve_http2;
 use telemetry::{Calls, Rejections, SidecarMetrics};
 
 /// What the sidecar's handlers and background tasks share; each layer of the call path
@@ -463,230 +459,4 @@ fn readiness(inner: &Inner) -> Result<String, String> {
         age.as_secs(),
         inner.config.ready_max_stale.as_secs()
     ))
-}
-
-type HandlerFuture = Pin<Box<dyn Future<Output = Response<Body>> + Send>>;
-
-/// The HTTP/2 server settings of the local and mesh ports.
-pub(crate) fn server_builder() -> hyper::server::conn::http2::Builder<TokioExecutor> {
-    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-    builder
-        .timer(TokioTimer::new())
-        .initial_stream_window_size(1 << 20)
-        .initial_connection_window_size(8 << 20)
-        .max_concurrent_streams(4096)
-        .keep_alive_interval(Duration::from_secs(20))
-        .keep_alive_timeout(Duration::from_secs(10));
-    builder
-}
-
-/// Accepts HTTP/2 connections until shutdown, then closes them gracefully.
-async fn serve_http2<F>(listener: TcpListener, mut shutdown: watch::Receiver<bool>, handler: F)
-where
-    F: Fn(Request<Incoming>) -> HandlerFuture + Clone + Send + Sync + 'static,
-{
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let builder = server_builder();
-    loop {
-        let accepted = tokio::select! {
-            _ = agent_reach_support::process::stopped(&mut shutdown) => break,
-            a = listener.accept() => a,
-        };
-        let (stream, _) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::warn!("accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        let handler = handler.clone();
-        let service = hyper::service::service_fn(move |req| {
-            let fut = handler(req);
-            async move { Ok::<_, Infallible>(fut.await) }
-        });
-        let (io, drain) = coalesce::coalesced(stream);
-        let conn = builder.serve_connection(TokioIo::new(io), service);
-        let conn = coalesce::Flushing::new(graceful.watch(conn), drain);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!("connection ended: {e}");
-            }
-        });
-    }
-    drop(listener);
-    if tokio::time::timeout(Duration::from_secs(10), graceful.shutdown()).await.is_err() {
-        tracing::warn!("connections still open 10s after shutdown");
-    }
-}
-
-fn local_api(inner: Arc<Inner>, invoke: InvokeEntry, req: Request<Incoming>) -> HandlerFuture {
-    Box::pin(async move {
-        match req.uri().path() {
-            grpc::PATH_INVOKE => {
-                let _call = inner.calls.begin();
-                invoke.invoke(req, Shape::Unary).await
-            }
-            grpc::PATH_INVOKE_STREAM => {
-                let _call = inner.calls.begin();
-                invoke.invoke(req, Shape::Stream).await
-            }
-            session::PATH_GET | session::PATH_PUT | session::PATH_DELETE | session::PATH_WATCH => {
-                session::local_api(inner.sessions.clone(), inner.registry.clone(), req).await
-            }
-            "/agentreach.v1.Sidecar/Register" => {
-                unary(req, move |r: tonic::Request<proto::RegisterRequest>| {
-                    let inner = inner.clone();
-                    async move {
-                        let r = r.into_inner();
-                        let registration = registration_from_proto("registration", r.registration)
-                            .map_err(error::SidecarError::from)?;
-                        inner.registry.register(registration, r.instance_id, health_state_from_i32(r.state)).await
-                    }
-                })
-                .await
-            }
-            "/agentreach.v1.Sidecar/Heartbeat" => {
-                unary(req, move |r: tonic::Request<proto::HeartbeatRequest>| {
-                    let inner = inner.clone();
-                    async move {
-                        let r = r.into_inner();
-                        inner.registry.heartbeat(
-                            &r.instance_id,
-                            health_state_from_i32(r.state),
-                            r.load.map(Load::from),
-                        )?;
-                        Ok(proto::HeartbeatReply {})
-                    }
-                })
-                .await
-            }
-            "/agentreach.v1.Sidecar/Deregister" => {
-                unary(req, move |r: tonic::Request<proto::DeregisterRequest>| {
-                    let inner = inner.clone();
-                    async move {
-                        inner.registry.deregister(&r.into_inner().instance_id).await?;
-                        Ok(proto::DeregisterReply {})
-                    }
-                })
-                .await
-            }
-            "/agentreach.v1.Sidecar/Route" => {
-                unary(req, move |r: tonic::Request<proto::RouteRequest>| {
-                    let inner = inner.clone();
-                    async move { route_rpc(&inner, r.into_inner()) }
-                })
-                .await
-            }
-            p if p.starts_with("/grpc.health.v1.Health/") => health(&inner, req).await,
-            p if p.starts_with("/grpc.reflection.") => reflection(req).await,
-            p => unknown_method(p),
-        }
-    })
-}
-
-/// gRPC server reflection of the local API (see `agent_reach::reflection`).
-async fn reflection(req: Request<Incoming>) -> Response<Body> {
-    use tower_service::Service;
-    static ROUTES: std::sync::OnceLock<tonic::service::Routes> = std::sync::OnceLock::new();
-    let mut svc =
-        ROUTES.get_or_init(|| agent_reach::reflection::routes(agent_reach::reflection::SIDECAR_SERVICES)).clone();
-    match svc.call(req).await {
-        Ok(resp) => resp.map(Body::Tonic),
-        Err(never) => match never {},
-    }
-}
-
-fn mesh_api(inner: Arc<Inner>, mesh: MeshEntry, req: Request<Incoming>) -> HandlerFuture {
-    Box::pin(async move {
-        if let Err(status) = mesh_tls::authorize(&inner, &req) {
-            return grpc::status_response(status);
-        }
-        match req.uri().path() {
-            grpc::PATH_DELIVER => {
-                let _call = inner.calls.begin();
-                mesh.deliver(req, Shape::Unary).await
-            }
-            grpc::PATH_DELIVER_STREAM => {
-                let _call = inner.calls.begin();
-                mesh.deliver(req, Shape::Stream).await
-            }
-            p if p.starts_with("/grpc.health.v1.Health/") => health(&inner, req).await,
-            p => unknown_method(p),
-        }
-    })
-}
-
-/// The answer gRPC defines for a method the server does not have.
-fn unknown_method(path: &str) -> Response<Body> {
-    grpc::status_response(Status::new(Code::Unimplemented, format!("unknown method {path}")))
-}
-
-async fn health(inner: &Inner, req: Request<Incoming>) -> Response<Body> {
-    use tower_service::Service;
-    let mut svc = inner.health.clone();
-    match svc.call(req).await {
-        Ok(resp) => resp.map(Body::Tonic),
-        Err(never) => match never {},
-    }
-}
-
-fn route_rpc(inner: &Inner, r: proto::RouteRequest) -> Result<proto::RouteReply, error::SidecarError> {
-    let target = target_from_proto(r.target)?;
-    let table = inner.table.load();
-    agent_reach_routing::resolve(&table, &target)?;
-    let max = if r.max_candidates == 0 { 5 } else { r.max_candidates as usize };
-    let request = agent_reach_routing::PickRequest {
-        target: &target,
-        priority: agent_reach::convert::priority_from_i32(r.priority),
-        hash_key: (!r.session_id.is_empty()).then_some(r.session_id.as_str()),
-        exclude: &[],
-        version: None,
-        now: agent_reach_routing::clock(),
-    };
-    let explanation = agent_reach_routing::explain(&table, &request, max);
-    let (stale, age) = inner.watch_stats.staleness();
-    Ok(proto::RouteReply {
-        candidates: explanation
-            .candidates
-            .iter()
-            .map(|c| proto::RouteCandidate {
-                instance: Some(proto::Instance::from(&*c.member.instance)),
-                score: c.score,
-                note: c.note.clone(),
-            })
-            .collect(),
-        skipped: explanation.skipped.into_iter().map(proto::SkippedInstance::from).collect(),
-        table_revision: table.revision,
-        strategy: explanation.strategy.unwrap_or_default().as_str().to_string(),
-        table_stale: stale,
-        table_age_ms: age.as_millis() as i64,
-    })
-}
-
-/// Serves one unary tonic RPC with `handler`; errors become statuses in
-/// [`error::SidecarError::into_status`].
-async fn unary<Req, Resp, F, Fut>(req: Request<Incoming>, handler: F) -> Response<Body>
-where
-    Req: prost::Message + Default + Send + 'static,
-    Resp: prost::Message + Send + 'static,
-    F: FnMut(tonic::Request<Req>) -> Fut + Send,
-    Fut: Future<Output = Result<Resp, error::SidecarError>> + Send + 'static,
-{
-    struct Svc<F>(F);
-    impl<Req, Resp, F, Fut> tonic::server::UnaryService<Req> for Svc<F>
-    where
-        F: FnMut(tonic::Request<Req>) -> Fut,
-        Fut: Future<Output = Result<Resp, error::SidecarError>> + Send + 'static,
-    {
-        type Response = Resp;
-        type Future = Pin<Box<dyn Future<Output = Result<tonic::Response<Resp>, Status>> + Send>>;
-        fn call(&mut self, request: tonic::Request<Req>) -> Self::Future {
-            let fut = (self.0)(request);
-            Box::pin(async move { fut.await.map(tonic::Response::new).map_err(error::SidecarError::into_status) })
-        }
-    }
-    let mut grpc = tonic::server::Grpc::new(agent_reach::codec::StrictCodec::<Resp, Req>::default());
-    grpc.unary(Svc(handler), req).await.map(Body::Tonic)
 }

@@ -21,7 +21,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::Status;
 
-use crate::{HandlerFuture, Inner};
+use crate::Inner;
+use crate::serve::HandlerFuture;
 
 /// The verified identity of a mesh request's peer.
 #[derive(Clone, Debug)]
@@ -34,7 +35,7 @@ where
     F: Fn(Request<Incoming>) -> HandlerFuture + Clone + Send + Sync + 'static,
 {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let builder = crate::server_builder();
+    let builder = crate::serve::server_builder();
     let mut accepted = agent_reach_identity::net::accept_tls(listener, configs, Arc::default());
     loop {
         let tls = tokio::select! {
