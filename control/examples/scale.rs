@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use agent_reach::model::{Capability, HealthState, InstanceRecord, Load, Registration};
+use agent_reach::model::{Registration, fixture};
 use agent_reach::proto;
 use agent_reach::proto::control_client::ControlClient;
 use agent_reach_control::record::{StoredInstance, encode};
@@ -101,31 +101,28 @@ fn thread_cpu(name: &str) -> f64 {
 
 fn stored(instance_id: &str, agent: &str, capability: &str, sidecar: usize) -> StoredInstance {
     StoredInstance {
-        record: InstanceRecord {
-            instance_id: instance_id.into(),
-            tenant: TENANT.into(),
-            registration: registration(agent, capability),
-            sidecar_id: format!("sidecar-{sidecar}"),
-            sidecar_address: format!("10.0.{}.{}:7701", sidecar / 250, sidecar % 250),
-            state: HealthState::Up,
-            load: Load::default(),
-            registered_at_ms: 0,
-        },
+        record: instance(instance_id, agent, capability)
+            .sidecar(&format!("sidecar-{sidecar}"), &format!("10.0.{}.{}:7701", sidecar / 250, sidecar % 250))
+            .record(),
         instance_hold: None,
         agent_hold: None,
         generation: 1,
     }
 }
 
+/// An instance of `agent` offering `capability`, as the scale test registers them.
+fn instance(instance_id: &str, agent: &str, capability: &str) -> fixture::InstanceBuilder {
+    fixture::instance(instance_id)
+        .tenant(TENANT)
+        .agent(agent)
+        .version("1.4.2")
+        .capability(capability, &["en", "gpu"])
+        .endpoint("http://127.0.0.1:50051")
+        .max_concurrency(16)
+}
+
 fn registration(agent: &str, capability: &str) -> Registration {
-    Registration {
-        agent: agent.into(),
-        version: "1.4.2".into(),
-        capabilities: vec![Capability { name: capability.into(), tags: vec!["en".into(), "gpu".into()] }],
-        endpoint: "http://127.0.0.1:50051".into(),
-        max_concurrency: 16,
-        ..Default::default()
-    }
+    instance("", agent, capability).registration()
 }
 
 fn agent_of(n: usize) -> (String, String) {

@@ -544,33 +544,18 @@ fn operator_token_to_proto(t: &operators::OperatorToken) -> proto::OperatorToken
 
 #[cfg(test)]
 mod tests {
-    use agent_reach::model::{Capability, InstanceRecord, Load, Registration};
+    use agent_reach::model::fixture;
 
     use super::*;
 
     fn status(agent: &str, caps: &[(&str, &[&str])], state: HealthState) -> InstanceStatus {
         InstanceStatus {
-            record: InstanceRecord {
-                instance_id: format!("{agent}-1"),
-                tenant: "t".into(),
-                registration: Registration {
-                    agent: agent.into(),
-                    capabilities: caps
-                        .iter()
-                        .map(|(n, tags)| Capability {
-                            name: n.to_string(),
-                            tags: tags.iter().map(|t| t.to_string()).collect(),
-                        })
-                        .collect(),
-                    endpoint: "http://127.0.0.1:1".into(),
-                    ..Default::default()
-                },
-                sidecar_id: "s".into(),
-                sidecar_address: "127.0.0.1:2".into(),
-                state,
-                load: Load::default(),
-                registered_at_ms: 0,
-            },
+            record: caps
+                .iter()
+                .fold(fixture::instance(&format!("{agent}-1")).tenant("t").agent(agent).state(state), |b, (n, tags)| {
+                    b.capability(n, tags)
+                })
+                .record(),
             revision: 1,
             reported_state: state,
             holds: vec![],

@@ -102,27 +102,13 @@ pub fn decode_tenant(kv: &KeyValue) -> Result<TenantRecord, ControlError> {
 
 #[cfg(test)]
 mod tests {
-    use agent_reach::model::{Capability, HoldScope, Load, Registration};
+    use agent_reach::model::{HoldScope, fixture};
 
     use super::*;
 
     fn stored() -> StoredInstance {
         StoredInstance {
-            record: InstanceRecord {
-                instance_id: "a-1".into(),
-                tenant: "default".into(),
-                registration: Registration {
-                    agent: "a".into(),
-                    capabilities: vec![Capability { name: "c".into(), tags: vec![] }],
-                    endpoint: "http://127.0.0.1:1".into(),
-                    ..Default::default()
-                },
-                sidecar_id: "s".into(),
-                sidecar_address: "127.0.0.1:2".into(),
-                state: HealthState::Up,
-                load: Load::default(),
-                registered_at_ms: 1,
-            },
+            record: fixture::instance("a-1").agent("a").capability("c", &[]).registered_at_ms(1).record(),
             instance_hold: None,
             agent_hold: None,
             generation: 1,

@@ -485,7 +485,7 @@ pub(crate) fn now_ms() -> i64 {
 
 #[cfg(test)]
 mod tests {
-    use agent_reach::model::{Capability, HoldScope};
+    use agent_reach::model::{HoldScope, fixture};
     use agent_reach_store::EmbeddedStore;
 
     use super::*;
@@ -509,13 +509,10 @@ mod tests {
             instance_id: id.into(),
             sidecar_id: "s".into(),
             sidecar_address: "s:1".into(),
-            registration: Registration {
-                agent: agent.into(),
-                version: version.into(),
-                capabilities: vec![Capability { name: format!("cap-{version}"), tags: vec![] }],
-                endpoint: "http://127.0.0.1:1".into(),
-                ..Default::default()
-            },
+            registration: fixture::registration(agent)
+                .version(version)
+                .capability(&format!("cap-{version}"), &[])
+                .registration(),
             state: HealthState::Up,
             lease,
         }

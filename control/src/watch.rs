@@ -268,7 +268,7 @@ impl Subscription {
 
 #[cfg(test)]
 mod tests {
-    use agent_reach::model::{Capability, HealthState, InstanceRecord, Load, Registration};
+    use agent_reach::model::fixture;
     use agent_reach_store::EmbeddedStore;
 
     use super::*;
@@ -300,21 +300,7 @@ mod tests {
 
     async fn put(store: &Arc<dyn Store>, tenant: &str, id: &str) -> Revision {
         let stored = StoredInstance {
-            record: InstanceRecord {
-                instance_id: id.into(),
-                tenant: tenant.into(),
-                registration: Registration {
-                    agent: "a".into(),
-                    capabilities: vec![Capability { name: "c".into(), tags: vec![] }],
-                    endpoint: "http://127.0.0.1:1".into(),
-                    ..Default::default()
-                },
-                sidecar_id: "s".into(),
-                sidecar_address: "127.0.0.1:2".into(),
-                state: HealthState::Up,
-                load: Load::default(),
-                registered_at_ms: 0,
-            },
+            record: fixture::instance(id).tenant(tenant).agent("a").capability("c", &[]).record(),
             instance_hold: None,
             agent_hold: None,
             generation: 1,

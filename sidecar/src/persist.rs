@@ -242,8 +242,7 @@ pub(crate) async fn run_saver(
 
 #[cfg(test)]
 mod tests {
-    use agent_reach::model::Target;
-    use agent_reach::model::{Capability, HealthState, Registration};
+    use agent_reach::model::{Target, fixture};
     use agent_reach::policy::{PolicyKind, PolicySpec, Strategy};
     use agent_reach::proto;
 
@@ -251,24 +250,7 @@ mod tests {
     use crate::control::{Applied, WatchStats, apply};
 
     fn instance(id: &str, revision: i64) -> Instance {
-        Instance {
-            record: InstanceRecord {
-                instance_id: id.into(),
-                tenant: "default".into(),
-                registration: Registration {
-                    agent: "a".into(),
-                    capabilities: vec![Capability { name: "c".into(), tags: vec!["x".into()] }],
-                    endpoint: "http://127.0.0.1:1".into(),
-                    ..Default::default()
-                },
-                sidecar_id: "s".into(),
-                sidecar_address: "127.0.0.1:2".into(),
-                state: HealthState::Up,
-                load: Default::default(),
-                registered_at_ms: 1,
-            },
-            revision,
-        }
+        fixture::instance(id).agent("a").capability("c", &["x"]).registered_at_ms(1).revision(revision).build()
     }
 
     fn policy() -> Policy {
