@@ -10,6 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/agentreach/v1/policy.proto",
         "proto/agentreach/v1/agent.proto",
         "proto/agentreach/v1/session.proto",
+        "proto/agentreach/v1/task.proto",
         "proto/agentreach/v1/sidecar.proto",
         "proto/agentreach/v1/mesh.proto",
         "proto/agentreach/v1/control.proto",

@@ -80,6 +80,11 @@ reasons! {
     ContextTooLarge => "CONTEXT_TOO_LARGE", ResourceExhausted;
     ContextTooManySessions => "CONTEXT_TOO_MANY_SESSIONS", ResourceExhausted;
     ContextHistoryCompacted => "CONTEXT_HISTORY_COMPACTED", OutOfRange;
+    TaskNotFound => "TASK_NOT_FOUND", NotFound;
+    TaskFinished => "TASK_FINISHED", FailedPrecondition;
+    TaskBadTransition => "TASK_BAD_TRANSITION", FailedPrecondition;
+    TaskConflict => "TASK_CONFLICT", Aborted;
+    TaskResultTooLarge => "TASK_RESULT_TOO_LARGE", ResourceExhausted;
 }
 
 impl fmt::Display for Reason {

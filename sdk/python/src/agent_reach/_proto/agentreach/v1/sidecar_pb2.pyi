@@ -1,6 +1,7 @@
 from agent_reach._proto.agentreach.v1 import common_pb2 as _common_pb2
 from agent_reach._proto.agentreach.v1 import agent_pb2 as _agent_pb2
 from agent_reach._proto.agentreach.v1 import session_pb2 as _session_pb2
+from agent_reach._proto.agentreach.v1 import task_pb2 as _task_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message

@@ -6,6 +6,7 @@ import warnings
 from agent_reach._proto.agentreach.v1 import agent_pb2 as agentreach_dot_v1_dot_agent__pb2
 from agent_reach._proto.agentreach.v1 import session_pb2 as agentreach_dot_v1_dot_session__pb2
 from agent_reach._proto.agentreach.v1 import sidecar_pb2 as agentreach_dot_v1_dot_sidecar__pb2
+from agent_reach._proto.agentreach.v1 import task_pb2 as agentreach_dot_v1_dot_task__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -86,6 +87,41 @@ class SidecarStub:
                 request_serializer=agentreach_dot_v1_dot_session__pb2.WatchSessionRequest.SerializeToString,
                 response_deserializer=agentreach_dot_v1_dot_session__pb2.SessionChange.FromString,
                 _registered_method=True)
+        self.SubmitTask = channel.unary_unary(
+                '/agentreach.v1.Sidecar/SubmitTask',
+                request_serializer=agentreach_dot_v1_dot_task__pb2.SubmitTaskRequest.SerializeToString,
+                response_deserializer=agentreach_dot_v1_dot_task__pb2.SubmitTaskReply.FromString,
+                _registered_method=True)
+        self.GetTask = channel.unary_unary(
+                '/agentreach.v1.Sidecar/GetTask',
+                request_serializer=agentreach_dot_v1_dot_task__pb2.GetTaskRequest.SerializeToString,
+                response_deserializer=agentreach_dot_v1_dot_task__pb2.Task.FromString,
+                _registered_method=True)
+        self.ListTasks = channel.unary_unary(
+                '/agentreach.v1.Sidecar/ListTasks',
+                request_serializer=agentreach_dot_v1_dot_task__pb2.ListTasksRequest.SerializeToString,
+                response_deserializer=agentreach_dot_v1_dot_task__pb2.ListTasksReply.FromString,
+                _registered_method=True)
+        self.CancelTask = channel.unary_unary(
+                '/agentreach.v1.Sidecar/CancelTask',
+                request_serializer=agentreach_dot_v1_dot_task__pb2.CancelTaskRequest.SerializeToString,
+                response_deserializer=agentreach_dot_v1_dot_task__pb2.Task.FromString,
+                _registered_method=True)
+        self.SubscribeTask = channel.unary_stream(
+                '/agentreach.v1.Sidecar/SubscribeTask',
+                request_serializer=agentreach_dot_v1_dot_task__pb2.SubscribeTaskRequest.SerializeToString,
+                response_deserializer=agentreach_dot_v1_dot_task__pb2.TaskEvent.FromString,
+                _registered_method=True)
+        self.ReportTask = channel.unary_unary(
+                '/agentreach.v1.Sidecar/ReportTask',
+                request_serializer=agentreach_dot_v1_dot_task__pb2.ReportTaskRequest.SerializeToString,
+                response_deserializer=agentreach_dot_v1_dot_task__pb2.Task.FromString,
+                _registered_method=True)
+        self.AnswerTask = channel.unary_unary(
+                '/agentreach.v1.Sidecar/AnswerTask',
+                request_serializer=agentreach_dot_v1_dot_task__pb2.AnswerTaskRequest.SerializeToString,
+                response_deserializer=agentreach_dot_v1_dot_task__pb2.Task.FromString,
+                _registered_method=True)
 
 
 class SidecarServicer:
@@ -165,6 +201,58 @@ class SidecarServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitTask(self, request, context):
+        """Durable tasks (task.proto), in the sidecar's tenant. Stores a task and returns at once;
+        the mesh then dispatches it to an instance of the target (the agent's Handle receives
+        it with the metadata `ar-task-id`; its reply becomes the artifact "result").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTask(self, request, context):
+        """Reads one task (NOT_FOUND / TASK_NOT_FOUND when it does not exist).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTasks(self, request, context):
+        """The tenant's tasks, newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelTask(self, request, context):
+        """Cancels a task that is not finished; the running agent's call is canceled.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubscribeTask(self, request, context):
+        """The task at every change after a version, then live ones, until its final state;
+        resume with the last version seen.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportTask(self, request, context):
+        """The agent working on a task: progress, a question (INPUT_REQUIRED), or its end.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AnswerTask(self, request, context):
+        """The submitter answers a task waiting for input.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SidecarServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -217,6 +305,41 @@ def add_SidecarServicer_to_server(servicer, server):
                     servicer.WatchSession,
                     request_deserializer=agentreach_dot_v1_dot_session__pb2.WatchSessionRequest.FromString,
                     response_serializer=agentreach_dot_v1_dot_session__pb2.SessionChange.SerializeToString,
+            ),
+            'SubmitTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitTask,
+                    request_deserializer=agentreach_dot_v1_dot_task__pb2.SubmitTaskRequest.FromString,
+                    response_serializer=agentreach_dot_v1_dot_task__pb2.SubmitTaskReply.SerializeToString,
+            ),
+            'GetTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTask,
+                    request_deserializer=agentreach_dot_v1_dot_task__pb2.GetTaskRequest.FromString,
+                    response_serializer=agentreach_dot_v1_dot_task__pb2.Task.SerializeToString,
+            ),
+            'ListTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTasks,
+                    request_deserializer=agentreach_dot_v1_dot_task__pb2.ListTasksRequest.FromString,
+                    response_serializer=agentreach_dot_v1_dot_task__pb2.ListTasksReply.SerializeToString,
+            ),
+            'CancelTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelTask,
+                    request_deserializer=agentreach_dot_v1_dot_task__pb2.CancelTaskRequest.FromString,
+                    response_serializer=agentreach_dot_v1_dot_task__pb2.Task.SerializeToString,
+            ),
+            'SubscribeTask': grpc.unary_stream_rpc_method_handler(
+                    servicer.SubscribeTask,
+                    request_deserializer=agentreach_dot_v1_dot_task__pb2.SubscribeTaskRequest.FromString,
+                    response_serializer=agentreach_dot_v1_dot_task__pb2.TaskEvent.SerializeToString,
+            ),
+            'ReportTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportTask,
+                    request_deserializer=agentreach_dot_v1_dot_task__pb2.ReportTaskRequest.FromString,
+                    response_serializer=agentreach_dot_v1_dot_task__pb2.Task.SerializeToString,
+            ),
+            'AnswerTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.AnswerTask,
+                    request_deserializer=agentreach_dot_v1_dot_task__pb2.AnswerTaskRequest.FromString,
+                    response_serializer=agentreach_dot_v1_dot_task__pb2.Task.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -489,6 +612,195 @@ class Sidecar:
             '/agentreach.v1.Sidecar/WatchSession',
             agentreach_dot_v1_dot_session__pb2.WatchSessionRequest.SerializeToString,
             agentreach_dot_v1_dot_session__pb2.SessionChange.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentreach.v1.Sidecar/SubmitTask',
+            agentreach_dot_v1_dot_task__pb2.SubmitTaskRequest.SerializeToString,
+            agentreach_dot_v1_dot_task__pb2.SubmitTaskReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentreach.v1.Sidecar/GetTask',
+            agentreach_dot_v1_dot_task__pb2.GetTaskRequest.SerializeToString,
+            agentreach_dot_v1_dot_task__pb2.Task.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentreach.v1.Sidecar/ListTasks',
+            agentreach_dot_v1_dot_task__pb2.ListTasksRequest.SerializeToString,
+            agentreach_dot_v1_dot_task__pb2.ListTasksReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentreach.v1.Sidecar/CancelTask',
+            agentreach_dot_v1_dot_task__pb2.CancelTaskRequest.SerializeToString,
+            agentreach_dot_v1_dot_task__pb2.Task.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubscribeTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/agentreach.v1.Sidecar/SubscribeTask',
+            agentreach_dot_v1_dot_task__pb2.SubscribeTaskRequest.SerializeToString,
+            agentreach_dot_v1_dot_task__pb2.TaskEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentreach.v1.Sidecar/ReportTask',
+            agentreach_dot_v1_dot_task__pb2.ReportTaskRequest.SerializeToString,
+            agentreach_dot_v1_dot_task__pb2.Task.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AnswerTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentreach.v1.Sidecar/AnswerTask',
+            agentreach_dot_v1_dot_task__pb2.AnswerTaskRequest.SerializeToString,
+            agentreach_dot_v1_dot_task__pb2.Task.FromString,
             options,
             channel_credentials,
             insecure,
