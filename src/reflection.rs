@@ -21,6 +21,7 @@ pub const CONTROL_SERVICES: &[&str] = &[
     "agentreach.v1.Admin",
     "agentreach.v1.Identity",
     "agentreach.v1.Sessions",
+    "agentreach.v1.Tasks",
     HEALTH,
     REFLECTION_V1,
     REFLECTION_V1ALPHA,

@@ -178,6 +178,15 @@ pub struct ControlArgs {
     #[arg(long, env = "AGENT_REACH_SESSION_MAX_PER_TENANT", default_value_t = 10_000)]
     pub session_max_per_tenant: usize,
 
+    /// A finished task (completed, failed, canceled, rejected) is kept this long.
+    #[arg(long, env = "AGENT_REACH_TASK_RETENTION", default_value = "24h", value_parser = agent_reach_support::duration::parse)]
+    pub task_retention: Duration,
+
+    /// Largest task result (the sum of its artifacts), in bytes; larger ones are refused
+    /// at completion.
+    #[arg(long, env = "AGENT_REACH_TASK_MAX_RESULT_BYTES", default_value_t = 1024 * 1024)]
+    pub task_max_result_bytes: usize,
+
     /// Log format: "text" or "json".
     #[arg(long, env = "AGENT_REACH_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
@@ -201,6 +210,8 @@ pub struct ControlConfig {
     pub session_limits: agent_reach_session::Limits,
     /// Where sessions live; `None`: in the control service's own store.
     pub session_store: Option<SessionBackend>,
+    /// What the task store enforces.
+    pub task_limits: crate::tasks::TaskLimits,
 }
 
 /// The bootstrap admin token (never printed).
@@ -236,6 +247,7 @@ impl Default for ControlConfig {
             admin_token: None,
             session_limits: agent_reach_session::Limits::default(),
             session_store: None,
+            task_limits: crate::tasks::TaskLimits::default(),
         }
     }
 }
@@ -333,6 +345,12 @@ impl TryFrom<&ControlArgs> for ControlConfig {
         if a.session_max_field_bytes > a.session_max_bytes {
             return Err("--session-max-field-bytes must not exceed --session-max-bytes".into());
         }
+        if a.task_retention < Duration::from_secs(2) || a.task_retention.subsec_nanos() != 0 {
+            return Err(format!("--task-retention must be whole seconds, at least 2s, got {:?}", a.task_retention));
+        }
+        if a.task_max_result_bytes == 0 {
+            return Err("--task-max-result-bytes must be at least 1".into());
+        }
         if let Some(url) = &a.session_redis
             && !(url.starts_with("redis://") || url.starts_with("rediss://"))
         {
@@ -373,6 +391,11 @@ impl TryFrom<&ControlArgs> for ControlConfig {
                 max_sessions_per_tenant: a.session_max_per_tenant,
             },
             session_store: None,
+            task_limits: crate::tasks::TaskLimits {
+                retention: a.task_retention,
+                max_result_bytes: a.task_max_result_bytes,
+                ..crate::tasks::TaskLimits::default()
+            },
         })
     }
 }

@@ -8,7 +8,8 @@
 //!   order, resumable from any revision the store still has.
 //! - [`service`] (`agentreach.v1.Control`, for sidecars), [`identity`]
 //!   (`agentreach.v1.Identity`: the CA signing sidecars' certificates, join tokens),
-//!   [`sessions`] (`agentreach.v1.Sessions`, the session context, for sidecars) and
+//!   [`sessions`] (`agentreach.v1.Sessions`, the session context, for sidecars), [`tasks`]
+//!   (`agentreach.v1.Tasks`, durable tasks, for sidecars) and
 //!   [`admin`] (`agentreach.v1.Admin`, for operators) on one gRPC port; [`error`] turns
 //!   every failure into a status.
 //!
@@ -35,6 +36,7 @@ pub mod registry;
 pub mod service;
 pub mod sessions;
 pub mod stats;
+pub mod tasks;
 pub mod watch;
 
 use std::future::Future;
@@ -210,6 +212,7 @@ pub async fn serve_parts(
         None => Arc::new(agent_reach_session::KvSessions::new(store.clone(), config.session_limits.clone())),
     };
     let sessions = sessions::SessionService::new(session_store, stop_rx.clone(), authz.clone());
+    let tasks = tasks::TaskService::new(store.clone(), config.task_limits.clone(), stop_rx.clone(), authz.clone());
     let control = ControlService::new(registry.clone(), feeds, store.clone(), stats, stop_rx, authz);
     let operator_auth = match &config.admin_token {
         Some(token) => identity::OperatorAuth::new(store.clone(), &token.0),
@@ -230,6 +233,7 @@ pub async fn serve_parts(
         .add_service(AdminServer::new(admin))
         .add_service(IdentityServer::new(identity))
         .add_service(agent_reach::proto::sessions_server::SessionsServer::new(sessions))
+        .add_service(agent_reach::proto::tasks_server::TasksServer::new(tasks))
         .add_service(agent_reach::reflection::v1(agent_reach::reflection::CONTROL_SERVICES))
         .add_service(agent_reach::reflection::v1alpha(agent_reach::reflection::CONTROL_SERVICES));
     let shutdown = async move {

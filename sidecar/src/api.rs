@@ -1,5 +1,5 @@
 //! What the local and mesh ports answer: the method dispatch of `agentreach.v1.Sidecar`
-//! (register, heartbeat, route, invoke, session context) and of `agentreach.v1.Mesh`
+//! (register, heartbeat, route, invoke, session context, durable tasks) and of `agentreach.v1.Mesh`
 //! (deliver), plus health and reflection on both.
 
 use std::future::Future;
@@ -18,7 +18,7 @@ use crate::grpc::{self, Body};
 use crate::inbound::deliver::MeshEntry;
 use crate::outbound::invoke::InvokeEntry;
 use crate::serve::HandlerFuture;
-use crate::{Inner, error, mesh_tls, session};
+use crate::{Inner, error, mesh_tls, session, tasks};
 
 pub(crate) fn local_api(inner: Arc<Inner>, invoke: InvokeEntry, req: Request<Incoming>) -> HandlerFuture {
     Box::pin(async move {
@@ -34,6 +34,7 @@ pub(crate) fn local_api(inner: Arc<Inner>, invoke: InvokeEntry, req: Request<Inc
             session::PATH_GET | session::PATH_PUT | session::PATH_DELETE | session::PATH_WATCH => {
                 session::local_api(inner.sessions.clone(), inner.registry.clone(), req).await
             }
+            p if tasks::PATHS.contains(&p) => tasks::local_api(inner.tasks.clone(), inner.registry.clone(), req).await,
             "/agentreach.v1.Sidecar/Register" => {
                 unary(req, move |r: tonic::Request<proto::RegisterRequest>| {
                     let inner = inner.clone();

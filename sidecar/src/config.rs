@@ -139,6 +139,15 @@ pub struct SidecarArgs {
     #[arg(long, env = "AGENT_REACH_TRUST_DOMAIN", default_value = agent_reach_identity::DEFAULT_TRUST_DOMAIN)]
     pub trust_domain: String,
 
+    /// A task this sidecar dispatches is claimed for this long, renewed while it runs; a
+    /// claim not renewed in time (the sidecar died) lets another sidecar take the task over.
+    #[arg(long, env = "AGENT_REACH_TASK_CLAIM_TTL", default_value = "30s", value_parser = agent_reach_support::duration::parse)]
+    pub task_claim_ttl: Duration,
+
+    /// Longest time one attempt of a task may run before it fails (reason DEADLINE_EXCEEDED).
+    #[arg(long, env = "AGENT_REACH_TASK_TIMEOUT", default_value = "1h", value_parser = agent_reach_support::duration::parse)]
+    pub task_timeout: Duration,
+
     /// Log format: "text" or "json".
     #[arg(long, env = "AGENT_REACH_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
@@ -178,6 +187,10 @@ pub struct SidecarConfig {
     pub identity: Option<crate::identity::IdentitySettings>,
     /// Non-loopback hosts an HTTP agent's endpoint may name (`--http-agent-allowed-hosts`).
     pub http_agent_allowed_hosts: Vec<String>,
+    /// Durable tasks: how long this sidecar's dispatch claim lasts unless renewed.
+    pub task_claim_ttl: Duration,
+    /// Longest attempt of a task.
+    pub task_timeout: Duration,
 }
 
 impl SidecarConfig {
@@ -208,6 +221,8 @@ impl SidecarConfig {
             ready_max_stale: Duration::from_secs(300),
             identity: None,
             http_agent_allowed_hosts: Vec::new(),
+            task_claim_ttl: Duration::from_secs(30),
+            task_timeout: Duration::from_secs(3600),
         }
     }
 }
@@ -241,6 +256,12 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
         }
         if a.default_timeout.is_zero() {
             return Err("--default-timeout must be greater than 0".into());
+        }
+        if a.task_claim_ttl < Duration::from_secs(1) {
+            return Err(format!("--task-claim-ttl must be at least 1s, got {:?}", a.task_claim_ttl));
+        }
+        if a.task_timeout.is_zero() {
+            return Err("--task-timeout must be greater than 0".into());
         }
         let sidecar_id = match &a.sidecar_id {
             Some(id) => {
@@ -300,6 +321,8 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
                 .map(|h| h.trim().to_ascii_lowercase())
                 .filter(|h| !h.is_empty())
                 .collect(),
+            task_claim_ttl: a.task_claim_ttl,
+            task_timeout: a.task_timeout,
         })
     }
 }

@@ -24,6 +24,9 @@
 //! The ports themselves: `serve` (HTTP/2 settings, accept loop, graceful shutdown) and `api`
 //! (which method of the local and mesh APIs goes where).
 //!
+//! Durable tasks ([`tasks`]): the local API's task methods and the dispatch of the tasks
+//! this sidecar claims, through its own local API like any call.
+//!
 //! [`Sidecar::start`] takes already-bound listeners, so tests run sidecars on port 0.
 
 mod api;
@@ -44,6 +47,7 @@ mod probe;
 mod registry;
 mod serve;
 mod session;
+pub mod tasks;
 mod telemetry;
 pub mod workload;
 
@@ -77,6 +81,8 @@ struct Inner {
     registry: Arc<registry::Registry>,
     /// Session context: the local API's session methods and the cache behind them.
     sessions: Arc<session::SessionCache>,
+    /// Durable tasks: the local API's task methods and the dispatcher.
+    tasks: Arc<tasks::Tasks>,
     watch_stats: Arc<WatchStats>,
     /// Span export and the recent-span buffer.
     tracing: agent_reach_telemetry::Tracing,
@@ -191,8 +197,13 @@ impl Sidecar {
             )
             .map_err(StartError::Config)?,
         );
+        let durable = Arc::new(
+            tasks::Tasks::new(&config, control.channels(), shutdown_rx.clone()).map_err(StartError::Config)?,
+        );
+        durable.set_local(local_addr);
         let inner = Arc::new(Inner {
             sessions,
+            tasks: durable.clone(),
             tracing,
             config: config.clone(),
             table: table.clone(),
@@ -223,6 +234,7 @@ impl Sidecar {
             shutdown_rx.clone(),
         ));
         tasks.spawn(registry.clone().run_renewals(shutdown_rx.clone()));
+        tasks.spawn(durable.run_recovery());
         if let Some(w) = &workload {
             tasks.spawn(w.renewals(control.clone(), shutdown_rx.clone()));
         }
@@ -274,6 +286,11 @@ impl Sidecar {
     /// Counters of the session cache.
     pub fn session_stats(&self) -> &SessionStats {
         self.inner.sessions.stats()
+    }
+
+    /// Durable tasks: the API the local task methods (and other front ends) call.
+    pub fn tasks(&self) -> &Arc<tasks::Tasks> {
+        &self.inner.tasks
     }
 
     pub fn local_addr(&self) -> SocketAddr {

@@ -798,6 +798,10 @@ impl Call {
     pub fn session(&self) -> crate::Session {
         crate::Session::new(self.sidecar.clone(), self.inner.session_id.clone(), self.inner.instance_id.clone())
     }
+    /// The sidecar that delivered the call (none for a call built by hand).
+    pub(crate) fn sidecar_client(&self) -> Option<SidecarClient<tonic::transport::Channel>> {
+        self.sidecar.clone()
+    }
     /// The call's message id: the caller's, or one its sidecar assigned.
     pub fn message_id(&self) -> &str {
         &self.inner.message_id

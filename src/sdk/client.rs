@@ -241,6 +241,11 @@ impl Client {
     pub fn raw(&self) -> SidecarClient<Channel> {
         self.sidecar.clone()
     }
+
+    /// The caller this client's calls and tasks name.
+    pub(crate) fn caller_proto(&self) -> Option<proto::Caller> {
+        self.caller.clone()
+    }
 }
 
 fn endpoint(addr: &str) -> Result<Endpoint, InvokeError> {

@@ -1,10 +1,12 @@
 //! The Rust SDK: [`agent`] turns a few handler closures into a mesh agent; [`client`]
-//! calls capabilities through the local sidecar.
+//! calls capabilities through the local sidecar; [`task`] submits durable tasks and lets
+//! handlers report on them.
 
 pub mod agent;
 pub mod client;
 mod killable;
 pub mod session;
+pub mod task;
 
 /// Address of the local sidecar: `AGENT_REACH_SIDECAR` or [`crate::DEFAULT_SIDECAR_ADDR`].
 pub(crate) fn default_sidecar_addr() -> String {

@@ -29,6 +29,7 @@ def test_control_and_sidecar_list_and_describe_their_services(mesh: Mesh) -> Non
         "agentreach.v1.Control",
         "agentreach.v1.Identity",
         "agentreach.v1.Sessions",
+        "agentreach.v1.Tasks",
         "grpc.health.v1.Health",
         "grpc.reflection.v1.ServerReflection",
         "grpc.reflection.v1alpha.ServerReflection",

@@ -17,6 +17,7 @@ mod reply_headers;
 mod resilience;
 mod routing;
 mod sessions;
+mod tasks;
 mod tenants;
 mod two_sidecars;
 mod watch_fidelity;

@@ -265,22 +265,26 @@ class UpdateTaskRequest(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., task_id: _Optional[str] = ..., expected_version: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, _Mapping]] = ..., messages: _Optional[_Iterable[_Union[TaskMessage, _Mapping]]] = ..., artifacts: _Optional[_Iterable[_Union[TaskArtifact, _Mapping]]] = ..., attempt: _Optional[_Union[TaskAttempt, _Mapping]] = ..., dispatcher: _Optional[str] = ..., claim_until_ms: _Optional[int] = ...) -> None: ...
 
 class WatchTaskRequest(_message.Message):
-    __slots__ = ("tenant", "task_id", "after_version")
+    __slots__ = ("tenant", "task_id", "after_version", "with_push_secret")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     AFTER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WITH_PUSH_SECRET_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     task_id: str
     after_version: int
-    def __init__(self, tenant: _Optional[str] = ..., task_id: _Optional[str] = ..., after_version: _Optional[int] = ...) -> None: ...
+    with_push_secret: bool
+    def __init__(self, tenant: _Optional[str] = ..., task_id: _Optional[str] = ..., after_version: _Optional[int] = ..., with_push_secret: _Optional[bool] = ...) -> None: ...
 
 class TaskEvent(_message.Message):
-    __slots__ = ("task", "final")
+    __slots__ = ("task", "final", "push_secret")
     TASK_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
+    PUSH_SECRET_FIELD_NUMBER: _ClassVar[int]
     task: Task
     final: bool
-    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., final: _Optional[bool] = ...) -> None: ...
+    push_secret: bytes
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., final: _Optional[bool] = ..., push_secret: _Optional[bytes] = ...) -> None: ...
 
 class SubmitTaskRequest(_message.Message):
     __slots__ = ("target", "message", "session_id", "priority", "metadata", "caller", "task_id", "context_id", "push", "run_once")
