@@ -273,14 +273,12 @@ impl TaskService {
                     &[("state", from.as_str_name().to_string())],
                 ));
             }
-            if to != TaskState::Unspecified && !(to == from && to == TaskState::Working) {
-                if !transition_allowed(from, to) {
-                    return Err(reason::status(
-                        Reason::TaskBadTransition,
-                        format!("task {} cannot go from {} to {}", r.task_id, from.as_str_name(), to.as_str_name()),
-                        &[("from", from.as_str_name().to_string()), ("to", to.as_str_name().to_string())],
-                    ));
-                }
+            if to != TaskState::Unspecified && !(to == from && to == TaskState::Working) && !transition_allowed(from, to) {
+                return Err(reason::status(
+                    Reason::TaskBadTransition,
+                    format!("task {} cannot go from {} to {}", r.task_id, from.as_str_name(), to.as_str_name()),
+                    &[("from", from.as_str_name().to_string()), ("to", to.as_str_name().to_string())],
+                ));
             }
             if task.messages.len() + r.messages.len() > self.limits.max_messages {
                 return Err(reason::status(

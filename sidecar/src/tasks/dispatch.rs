@@ -469,10 +469,13 @@ impl Tasks {
         let mut local = local;
         let call = async move { local.invoke(request).await };
         tokio::pin!(call);
-        let mut events = match self.watch_stream(&task.id, task.version, false).await {
-            Ok(s) => Some(s),
-            Err(_) => None,
-        };
+        // Without a watch (control unreachable) the attempt still runs; the final state
+        // is then noticed when the call ends.
+        let (mut events, mut watching): (EventStream, bool) =
+            match self.watch_stream(&task.id, task.version, false).await {
+                Ok(s) => (s, true),
+                Err(_) => (Box::pin(futures_util::stream::pending()), false),
+            };
         let mut renew = tokio::time::interval_at(Instant::now() + self.claim_ttl / 3, self.claim_ttl / 3);
         let mut shutdown = self.shutdown.clone();
         loop {
@@ -483,11 +486,11 @@ impl Tasks {
                         Err(status) => Outcome::Failed(status),
                     };
                 }
-                event = async { match events.as_mut() { Some(s) => s.next().await, None => std::future::pending().await } } => {
+                event = events.next(), if watching => {
                     match event {
                         Some(Ok(e)) if e.r#final => return Outcome::Ended(e.task.unwrap_or_default()),
                         Some(Ok(_)) => {}
-                        _ => events = None,
+                        _ => watching = false,
                     }
                 }
                 _ = renew.tick() => {

@@ -23,7 +23,7 @@ use agent_reach::proto::tasks_client::TasksClient;
 use agent_reach::proto::{self, TaskState};
 use agent_reach::reason::{self, Reason};
 use futures_util::Stream;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
