@@ -500,7 +500,7 @@ impl Tasks {
                         tracing::debug!(task = %task.id, "claim not renewed: {s}");
                     }
                 }
-                _ = shutdown.wait_for(|s| *s) => return Outcome::Stopped,
+                _ = async { let _ = shutdown.wait_for(|s| *s).await; } => return Outcome::Stopped,
             }
         }
     }
