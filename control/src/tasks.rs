@@ -116,9 +116,8 @@ fn encode(task: &proto::Task, push_secret: &Bytes) -> Bytes {
 fn decode(kv: &agent_reach_store::KeyValue) -> Result<(proto::Task, Bytes), Status> {
     let stored = proto::CreateTaskRequest::decode(kv.value.clone())
         .map_err(|e| reason::status(Reason::Internal, format!("stored task {} is corrupt: {e}", kv.key), &[]))?;
-    let mut task = stored
-        .task
-        .ok_or_else(|| reason::status(Reason::Internal, format!("stored task {} is empty", kv.key), &[]))?;
+    let mut task =
+        stored.task.ok_or_else(|| reason::status(Reason::Internal, format!("stored task {} is empty", kv.key), &[]))?;
     task.version = kv.mod_revision as u64;
     Ok((task, stored.push_secret))
 }
@@ -273,7 +272,10 @@ impl TaskService {
                     &[("state", from.as_str_name().to_string())],
                 ));
             }
-            if to != TaskState::Unspecified && !(to == from && to == TaskState::Working) && !transition_allowed(from, to) {
+            if to != TaskState::Unspecified
+                && !(to == from && to == TaskState::Working)
+                && !transition_allowed(from, to)
+            {
                 return Err(reason::status(
                     Reason::TaskBadTransition,
                     format!("task {} cannot go from {} to {}", r.task_id, from.as_str_name(), to.as_str_name()),
@@ -302,7 +304,10 @@ impl TaskService {
             if size > self.limits.max_result_bytes {
                 return Err(reason::status(
                     Reason::TaskResultTooLarge,
-                    format!("the result of task {} is {size} bytes, over the limit of {}", r.task_id, self.limits.max_result_bytes),
+                    format!(
+                        "the result of task {} is {size} bytes, over the limit of {}",
+                        r.task_id, self.limits.max_result_bytes
+                    ),
                     &[("size", size.to_string()), ("limit", self.limits.max_result_bytes.to_string())],
                 ));
             }
@@ -556,7 +561,9 @@ mod tests {
 
     fn service() -> TaskService {
         let store: Arc<dyn Store> = Arc::new(agent_reach_store::EmbeddedStore::new(Default::default()));
-        let (_tx, rx) = watch::channel(false);
+        // Watches end when the service shuts down, i.e. when this sender is dropped.
+        let (tx, rx) = watch::channel(false);
+        std::mem::forget(tx);
         let stats = Arc::new(crate::ControlStats::default());
         let authz = Arc::new(Authorizer::new(crate::identity::Mtls::Off, stats));
         TaskService::new(store, TaskLimits { max_result_bytes: 10, ..TaskLimits::default() }, rx, authz)
@@ -594,8 +601,10 @@ mod tests {
 
         let working = s.update(to("a", Working)).await.unwrap();
         let mut big = to("a", Completed);
-        big.artifacts =
-            vec![proto::TaskArtifact { parts: vec![proto::TaskPart { data: Bytes::from(vec![0u8; 11]), ..Default::default() }], ..Default::default() }];
+        big.artifacts = vec![proto::TaskArtifact {
+            parts: vec![proto::TaskPart { data: Bytes::from(vec![0u8; 11]), ..Default::default() }],
+            ..Default::default()
+        }];
         let refused = s.update(big).await.unwrap_err();
         assert_eq!(reason::error_info(&refused).unwrap().reason, "TASK_RESULT_TOO_LARGE");
         let mut stale = to("a", Completed);
@@ -613,7 +622,10 @@ mod tests {
         let err = s.update(to("b", InputRequired)).await.unwrap_err();
         assert_eq!(reason::error_info(&err).unwrap().reason, "TASK_BAD_TRANSITION");
 
-        let listed = s.list(proto::ListTasksRequest { tenant: "t".into(), states: vec![Completed as i32], ..Default::default() }).await.unwrap();
+        let listed = s
+            .list(proto::ListTasksRequest { tenant: "t".into(), states: vec![Completed as i32], ..Default::default() })
+            .await
+            .unwrap();
         assert_eq!(listed.tasks.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(), vec!["a"]);
     }
 
@@ -622,7 +634,15 @@ mod tests {
         let s = service();
         let v1 = s.create(new_task("w")).await.unwrap().task.unwrap().version;
         let v2 = s.update(to("w", Working)).await.unwrap().version;
-        let mut events = s.watch(proto::WatchTaskRequest { tenant: "t".into(), task_id: "w".into(), after_version: v1 }).await.unwrap();
+        let mut events = s
+            .watch(proto::WatchTaskRequest {
+                tenant: "t".into(),
+                task_id: "w".into(),
+                after_version: v1,
+                with_push_secret: false,
+            })
+            .await
+            .unwrap();
         let first = events.next().await.unwrap().unwrap();
         assert_eq!((first.task.unwrap().version, first.r#final), (v2, false));
         let v3 = s.update(to("w", Completed)).await.unwrap().version;

@@ -197,9 +197,8 @@ impl Sidecar {
             )
             .map_err(StartError::Config)?,
         );
-        let durable = Arc::new(
-            tasks::Tasks::new(&config, control.channels(), shutdown_rx.clone()).map_err(StartError::Config)?,
-        );
+        let durable =
+            Arc::new(tasks::Tasks::new(&config, control.channels(), shutdown_rx.clone()).map_err(StartError::Config)?);
         durable.set_local(local_addr);
         let inner = Arc::new(Inner {
             sessions,

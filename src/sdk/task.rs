@@ -263,11 +263,8 @@ impl TaskContext {
                     )
                     .into());
                 }
-                if let Some(answer) = task
-                    .messages
-                    .iter()
-                    .skip(asked_messages)
-                    .find(|m| m.role == proto::TaskRole::User as i32)
+                if let Some(answer) =
+                    task.messages.iter().skip(asked_messages).find(|m| m.role == proto::TaskRole::User as i32)
                 {
                     let data = answer.parts.first().map(|p| p.data.clone()).unwrap_or_default();
                     return Ok(String::from_utf8_lossy(&data).into_owned());

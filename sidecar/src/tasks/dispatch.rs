@@ -386,11 +386,19 @@ impl Tasks {
                         }
                         Err(s) if reason_of(&s) == Reason::TaskResultTooLarge.as_str() => {
                             let a = proto::TaskAttempt { outcome: Reason::TaskResultTooLarge.as_str().into(), ..a };
-                            self.finish(&task, TaskState::Failed, Reason::TaskResultTooLarge.as_str(), s.message().into(), Some(a))
-                                .await;
+                            self.finish(
+                                &task,
+                                TaskState::Failed,
+                                Reason::TaskResultTooLarge.as_str(),
+                                s.message().into(),
+                                Some(a),
+                            )
+                            .await;
                         }
                         // Canceled meanwhile, or the agent reported its own end.
-                        Err(s) if reason_of(&s) == Reason::TaskFinished.as_str() => self.end_attempt(&task, Some(a)).await,
+                        Err(s) if reason_of(&s) == Reason::TaskFinished.as_str() => {
+                            self.end_attempt(&task, Some(a)).await
+                        }
                         Err(s) => tracing::warn!(task = %task.id, "cannot complete the task: {s}"),
                     }
                     return;

@@ -198,8 +198,11 @@ impl Tasks {
             run_once: r.run_once,
             ..Default::default()
         };
-        let request =
-            proto::CreateTaskRequest { tenant: self.tenant.clone(), task: Some(task), push_secret: push_secret.clone() };
+        let request = proto::CreateTaskRequest {
+            tenant: self.tenant.clone(),
+            task: Some(task),
+            push_secret: push_secret.clone(),
+        };
         let created = self
             .call(|mut c| {
                 let r = request.clone();

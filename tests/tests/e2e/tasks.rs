@@ -97,7 +97,8 @@ async fn all_final(client: &Client, ids: &[String], timeout: Duration) -> Vec<pr
             return tasks;
         }
         if Instant::now() > deadline {
-            let stuck: Vec<_> = tasks.iter().filter(|t| !is_final(state(t))).map(|t| (&t.id, state(t), &t.attempts)).take(5).collect();
+            let stuck: Vec<_> =
+                tasks.iter().filter(|t| !is_final(state(t))).map(|t| (&t.id, state(t), &t.attempts)).take(5).collect();
             panic!("{open} tasks still open after {timeout:?}: {stuck:?}");
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -115,7 +116,8 @@ async fn tasks_survive_a_killed_instance_a_restarted_sidecar_and_a_control_resta
     let replica = start_replica(&etcd, control_config());
     let control_addr = replica.addr();
     let mut replica: Option<ControlReplica> = Some(replica);
-    let a = start_on(task_sidecar(&replica.as_ref().unwrap().endpoint(), "host-a"), "127.0.0.1:0".parse().unwrap()).await;
+    let a =
+        start_on(task_sidecar(&replica.as_ref().unwrap().endpoint(), "host-a"), "127.0.0.1:0".parse().unwrap()).await;
     let b_config = task_sidecar(&format!("http://{control_addr}"), "host-b");
     let mut b = Some(start_on(b_config.clone(), "127.0.0.1:0".parse().unwrap()).await);
     let b_local = b.as_ref().unwrap().local_addr();
@@ -342,8 +344,7 @@ async fn input_required_round_trip() {
     let done = task.wait().await.unwrap();
     assert_eq!(state(&done), TaskState::Completed);
     assert_eq!(done.artifacts[0].parts[0].data.as_ref(), b"hello bob");
-    let history: Vec<TaskState> =
-        done.history.iter().map(|h| TaskState::try_from(h.state).unwrap()).collect();
+    let history: Vec<TaskState> = done.history.iter().map(|h| TaskState::try_from(h.state).unwrap()).collect();
     assert_eq!(
         history,
         vec![
@@ -435,9 +436,14 @@ async fn push_is_signed_and_retried_while_the_receiver_is_down() {
     });
     let t0 = Instant::now();
     loop {
-        let finals = received.lock().unwrap().iter().filter(|(_, body)| {
-            serde_json::from_slice::<serde_json::Value>(body).map(|v| v["final"] == true).unwrap_or(false)
-        }).count();
+        let finals = received
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, body)| {
+                serde_json::from_slice::<serde_json::Value>(body).map(|v| v["final"] == true).unwrap_or(false)
+            })
+            .count();
         if finals == 1 {
             break;
         }
@@ -460,7 +466,10 @@ async fn push_is_signed_and_retried_while_the_receiver_is_down() {
     assert_eq!(last["status"]["state"], "TASK_STATE_COMPLETED");
     assert_eq!(versions.last().copied(), Some(done.version));
     // A forged body does not verify.
-    assert_ne!(agent_reach_sidecar::tasks::dispatch::sign(b"other secret", &received[0].1), received[0].0["x-agent-reach-signature"]);
+    assert_ne!(
+        agent_reach_sidecar::tasks::dispatch::sign(b"other secret", &received[0].1),
+        received[0].0["x-agent-reach-signature"]
+    );
     serving.abort();
     w.abort();
     a.stop().await;
