@@ -461,22 +461,17 @@ async fn follow(
                 return;
             }
         };
-        loop {
-            match stream.next().await {
-                Some(Ok(batch)) => {
-                    for event in batch.events.into_iter().filter(|e| e.kv.key == key) {
-                        if event.kind == EventKind::Delete {
-                            return; // expired after its retention window
-                        }
-                        let Ok((task, _)) = decode(&event.kv) else { return };
-                        current = task.clone();
-                        let Some(a) = send_if_new(&tx, task, after, &secret).await else { return };
-                        after = a;
-                    }
+        // Until the watch falls behind compaction or the store goes away: then the task is
+        // read again (it carries its whole history, so nothing is lost) and watched from there.
+        while let Some(Ok(batch)) = stream.next().await {
+            for event in batch.events.into_iter().filter(|e| e.kv.key == key) {
+                if event.kind == EventKind::Delete {
+                    return; // expired after its retention window
                 }
-                // Fell behind compaction or the store went away: read the task again (it
-                // carries its whole history, so nothing is lost) and watch from there.
-                Some(Err(_)) | None => break,
+                let Ok((task, _)) = decode(&event.kv) else { return };
+                current = task.clone();
+                let Some(a) = send_if_new(&tx, task, after, &secret).await else { return };
+                after = a;
             }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;

@@ -92,7 +92,7 @@ async fn main() {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let control_writes = control.stats().store_writes.load(Ordering::Relaxed) - control_writes_before;
-    let started = started.lock().unwrap();
+    let started = started.lock().unwrap().clone();
     let mut latencies: Vec<Duration> =
         sent.iter().filter_map(|(id, at, _)| started.get(id).map(|s| s.saturating_duration_since(*at))).collect();
     latencies.sort();

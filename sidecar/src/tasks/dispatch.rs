@@ -170,10 +170,10 @@ pub fn push_body(event: &proto::TaskEvent) -> Vec<u8> {
 
 /// How one attempt ended.
 enum Outcome {
-    Replied(proto::InvokeReply),
+    Replied(Box<proto::InvokeReply>),
     Failed(Status),
     /// The task reached a final state while the call ran (cancel, the agent's report).
-    Ended(proto::Task),
+    Ended(Box<proto::Task>),
     /// The sidecar stops: the claim lapses and the task is resumed later.
     Stopped,
 }
@@ -490,13 +490,13 @@ impl Tasks {
             tokio::select! {
                 result = &mut call => {
                     return match result {
-                        Ok(reply) => Outcome::Replied(reply.into_inner()),
+                        Ok(reply) => Outcome::Replied(Box::new(reply.into_inner())),
                         Err(status) => Outcome::Failed(status),
                     };
                 }
                 event = events.next(), if watching => {
                     match event {
-                        Some(Ok(e)) if e.r#final => return Outcome::Ended(e.task.unwrap_or_default()),
+                        Some(Ok(e)) if e.r#final => return Outcome::Ended(Box::new(e.task.unwrap_or_default())),
                         Some(Ok(_)) => {}
                         _ => watching = false,
                     }

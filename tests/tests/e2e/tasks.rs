@@ -366,8 +366,11 @@ async fn input_required_round_trip() {
     b.stop().await;
 }
 
-/// One HTTP/1.1 request: (headers lower-cased, body).
-async fn read_request(conn: &mut tokio::net::TcpStream) -> Option<(HashMap<String, String>, Vec<u8>)> {
+/// An HTTP/1.1 request: headers (lower-cased names) and body.
+type Request = (HashMap<String, String>, Vec<u8>);
+
+/// Reads one HTTP/1.1 request.
+async fn read_request(conn: &mut tokio::net::TcpStream) -> Option<Request> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     let header_end = loop {
@@ -418,7 +421,7 @@ async fn push_is_signed_and_retried_while_the_receiver_is_down() {
     assert_eq!(state(&done), TaskState::Completed);
 
     let server = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
-    let received: Arc<Mutex<Vec<(HashMap<String, String>, Vec<u8>)>>> = Arc::default();
+    let received: Arc<Mutex<Vec<Request>>> = Arc::default();
     let got = received.clone();
     let serving = tokio::spawn(async move {
         loop {
