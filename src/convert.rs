@@ -9,7 +9,7 @@ use crate::model::{
     Priority, Registration, StateHold, Target, TargetKind, TenantRecord, Transport,
 };
 use crate::policy::{
-    Admission, CircuitBreaker, Fallback, Policy, PolicyKind, PolicySpec, RateLimit, RetryPolicy, Strategy, VersionSplit,
+    Admission, Authorization, CircuitBreaker, Fallback, Policy, PolicyKind, PolicySpec, RateLimit, RetryPolicy, Strategy, VersionSplit,
 };
 use crate::proto;
 
@@ -375,6 +375,10 @@ impl From<&PolicySpec> for proto::PolicySpec {
                 queue_length: a.queue_length,
                 queue_timeout_ms: a.queue_timeout_ms,
             }),
+            authorization: s.authorization.as_ref().map(|a| proto::Authorization {
+                allowed_agents: a.allowed_agents.clone(),
+                allow_anonymous: a.allow_anonymous,
+            }),
         }
     }
 }
@@ -426,6 +430,9 @@ pub fn policy_spec_from_proto(s: proto::PolicySpec) -> Result<PolicySpec, FieldE
             queue_length: a.queue_length,
             queue_timeout_ms: a.queue_timeout_ms,
         }),
+        authorization: s
+            .authorization
+            .map(|a| Authorization { allowed_agents: a.allowed_agents, allow_anonymous: a.allow_anonymous }),
     })
 }
 
@@ -527,6 +534,10 @@ mod tests {
                 read_only: true,
                 cache_ttl_ms: 100,
                 admission: None,
+                authorization: Some(Authorization {
+                    allowed_agents: vec!["planner".into()],
+                    allow_anonymous: true,
+                }),
             },
             description: "d".into(),
         };

@@ -11,12 +11,18 @@
 //! - [`CACHE`]: `hit` when the result cache answered;
 //! - [`TRACE_ID`]: the trace of a sampled call, for `agent-reach trace <id>`.
 //!
-//! Request metadata (caller → its sidecar): [`TRACE`] = [`TRACE_FORCE`] samples the call.
+//! Request metadata (caller → its sidecar): [`TRACE`] = [`TRACE_FORCE`] samples the call;
+//! [`AGENT_CREDENTIAL`] is the calling agent's credential (from `Register`).
 //!
 //! Between sidecars (`Mesh`): [`INSTANCE`] names the local instance a call is for;
 //! [`TENANT`], [`PRIORITY`] and [`IDEMPOTENCY_KEY`] travel with it; [`NOT_DELIVERED`] marks
 //! an answer that provably never reached the agent; [`LOAD`] (a trailer) carries the serving
-//! instance's load ratio.
+//! instance's load ratio. [`CALLER_AGENT`] and [`CALLER_INSTANCE`] name the caller its
+//! sidecar verified, trusted by the target's sidecar only from a mutual-TLS peer of the
+//! tenant; [`CAPABILITY`] names the capability the call was routed by.
+//!
+//! Target's sidecar → agent: [`CALLER_AGENT`] and [`CALLER_INSTANCE`] name the verified
+//! caller (absent for anonymous calls).
 
 /// The prefix of every mesh header; none of them is forwarded to the next hop.
 pub const PREFIX: &str = "ar-";
@@ -58,3 +64,14 @@ pub const SESSION_PREWARMED: &str = "ar-session-prewarmed";
 pub const LOAD: &str = "ar-load";
 /// Request header of a call to an HTTP/JSON agent: the remaining deadline in milliseconds.
 pub const HTTP_AGENT_DEADLINE_MS: &str = "x-agent-reach-deadline-ms";
+/// Request metadata (agent → its sidecar): the agent credential `Register` returned.
+pub const AGENT_CREDENTIAL: &str = "ar-agent-credential";
+/// The calling agent, verified by its sidecar (between sidecars, and to the target agent).
+pub const CALLER_AGENT: &str = "ar-caller-agent";
+/// The calling instance, verified by its sidecar.
+pub const CALLER_INSTANCE: &str = "ar-caller-instance";
+/// `Mesh` request metadata: the capability the call was routed by (absent when by agent).
+pub const CAPABILITY: &str = "ar-capability";
+/// Request metadata (any client → its sidecar): the sidecar's local API token, when it has
+/// one (`--local-token-file`; the SDKs send `$AGENT_REACH_API_TOKEN`).
+pub const API_TOKEN: &str = "ar-api-token";

@@ -199,6 +199,32 @@ impl Admission {
     }
 }
 
+/// Who may call a capability or an agent (enforced by the target's sidecar). The caller is
+/// the agent its own sidecar verified by its agent credential and vouched for over mutual
+/// TLS; a call without one is anonymous.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Authorization {
+    /// Agents allowed to call; empty: any verified agent of the tenant.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub allowed_agents: Vec<String>,
+    /// Anonymous calls are allowed too.
+    pub allow_anonymous: bool,
+}
+
+/// Most agents one authorization may list.
+pub const MAX_ALLOWED_AGENTS: usize = 1000;
+
+impl Authorization {
+    /// Whether a call from `caller` (`None`: anonymous) is allowed.
+    pub fn allows(&self, caller: Option<&str>) -> bool {
+        match caller {
+            None => self.allow_anonymous,
+            Some(agent) => self.allowed_agents.is_empty() || self.allowed_agents.iter().any(|a| a == agent),
+        }
+    }
+}
+
 /// The rules of a policy.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -217,6 +243,9 @@ pub struct PolicySpec {
     pub read_only: bool,
     pub cache_ttl_ms: u32,
     pub admission: Option<Admission>,
+    /// Who may call; `None`: the tenant policy's, else any caller of the tenant.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub authorization: Option<Authorization>,
 }
 
 /// A policy: kind, name and rules, within a tenant.
@@ -419,6 +448,17 @@ impl Policy {
             && a.low_percent > a.normal_percent()
         {
             return Err(FieldError::new("spec.admission.low_percent", "must not exceed normal_percent"));
+        }
+        if let Some(authz) = &s.authorization {
+            if authz.allowed_agents.len() > MAX_ALLOWED_AGENTS {
+                return Err(FieldError::new(
+                    "spec.authorization.allowed_agents",
+                    format!("at most {MAX_ALLOWED_AGENTS} agents"),
+                ));
+            }
+            for (i, agent) in authz.allowed_agents.iter().enumerate() {
+                validate_name(&format!("spec.authorization.allowed_agents[{i}]"), agent)?;
+            }
         }
         Ok(())
     }

@@ -74,6 +74,8 @@ reasons! {
     InstanceNotOwned => "INSTANCE_NOT_OWNED", PermissionDenied;
     RoleNotAllowed => "ROLE_NOT_ALLOWED", PermissionDenied;
     TenantNotAllowed => "TENANT_NOT_ALLOWED", PermissionDenied;
+    NotAuthorized => "NOT_AUTHORIZED", PermissionDenied;
+    AgentCredentialInvalid => "AGENT_CREDENTIAL_INVALID", Unauthenticated;
     Internal => "INTERNAL", Internal;
     ContextFieldLocked => "CONTEXT_FIELD_LOCKED", FailedPrecondition;
     ContextConflict => "CONTEXT_CONFLICT", Aborted;

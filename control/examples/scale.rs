@@ -139,6 +139,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 async fn etcd_client(etcd: &EtcdServer) -> Result<EtcdStore, String> {
     EtcdStore::connect(EtcdOptions {
+        user: None,
         endpoints: vec![etcd.endpoint()],
         connect_timeout: Duration::from_secs(5),
         request_timeout: Duration::from_secs(10),

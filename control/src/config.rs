@@ -91,6 +91,15 @@ pub struct ControlArgs {
     #[arg(long, env = "AGENT_REACH_ETCD_KEY_FILE", requires = "etcd_cert_file")]
     pub etcd_key_file: Option<PathBuf>,
 
+    /// etcd user for etcd's authentication (RBAC); needs --etcd-password-file. Use TLS to
+    /// etcd with it, or the password crosses the network in clear.
+    #[arg(long, env = "AGENT_REACH_ETCD_USERNAME", requires = "etcd_password_file")]
+    pub etcd_username: Option<String>,
+
+    /// File holding the password of --etcd-username (one line).
+    #[arg(long, env = "AGENT_REACH_ETCD_PASSWORD_FILE", requires = "etcd_username")]
+    pub etcd_password_file: Option<PathBuf>,
+
     /// Timeout of each etcd request.
     #[arg(long, env = "AGENT_REACH_ETCD_TIMEOUT", default_value = "5s", value_parser = agent_reach_support::duration::parse)]
     pub etcd_timeout: Duration,
@@ -267,6 +276,9 @@ impl TryFrom<&ControlArgs> for ControlConfig {
         }
         if a.etcd_endpoints.iter().any(|e| e.trim().is_empty()) {
             return Err("--etcd-endpoints: empty endpoint in the list".into());
+        }
+        if a.etcd_username.is_some() && a.etcd_endpoints.is_empty() {
+            return Err("--etcd-username needs --etcd-endpoints".into());
         }
         let tls = a.etcd_ca_file.is_some() || a.etcd_cert_file.is_some();
         if tls && a.etcd_endpoints.is_empty() {

@@ -55,17 +55,38 @@ pub use registry::{Registry, RegistryConfig};
 pub use service::ControlService;
 pub use stats::{ControlStats, CountingStore};
 
-/// Files of the TLS connection to etcd.
+/// How control connects to etcd beyond its endpoints: the files of the TLS connection, and
+/// the etcd user (etcd RBAC) with the file holding its password.
 #[derive(Clone, Debug, Default)]
 pub struct EtcdTlsFiles {
     pub ca: Option<std::path::PathBuf>,
     pub cert: Option<std::path::PathBuf>,
     pub key: Option<std::path::PathBuf>,
+    pub username: Option<String>,
+    pub password_file: Option<std::path::PathBuf>,
 }
 
 impl EtcdTlsFiles {
     fn is_empty(&self) -> bool {
         self.ca.is_none() && self.cert.is_none() && self.key.is_none()
+    }
+
+    /// The etcd user, with its password read from its file (one line; the trailing newline
+    /// is not part of it). The error names the flag.
+    fn user(&self) -> Result<Option<agent_reach_store::EtcdUser>, String> {
+        match (&self.username, &self.password_file) {
+            (None, None) => Ok(None),
+            (Some(name), Some(path)) => {
+                let password = std::fs::read_to_string(path)
+                    .map_err(|e| format!("--etcd-password-file {}: {e}", path.display()))?;
+                let password = password.trim_end_matches(['\r', '\n']).to_string();
+                if password.is_empty() {
+                    return Err(format!("--etcd-password-file {}: the file is empty", path.display()));
+                }
+                Ok(Some(agent_reach_store::EtcdUser { name: name.clone(), password }))
+            }
+            _ => Err("--etcd-username and --etcd-password-file go together".into()),
+        }
     }
 
     /// Reads the PEM files; the error names the flag and the file.
@@ -92,12 +113,14 @@ pub async fn open_store(
     if etcd_endpoints.is_empty() {
         return Ok(Arc::new(EmbeddedStore::default()));
     }
+    let user = tls.user()?;
     let tls = if tls.is_empty() { None } else { Some(tls.load()?) };
     let store = EtcdStore::connect(EtcdOptions {
         endpoints: etcd_endpoints.to_vec(),
         connect_timeout: timeout,
         request_timeout: timeout,
         tls,
+        user,
     })
     .await
     .map_err(|e| format!("--etcd-endpoints: {e}"))?;
@@ -111,6 +134,8 @@ pub async fn run(args: ControlArgs, config: ControlConfig) -> Result<(), String>
         ca: args.etcd_ca_file.clone(),
         cert: args.etcd_cert_file.clone(),
         key: args.etcd_key_file.clone(),
+        username: args.etcd_username.clone(),
+        password_file: args.etcd_password_file.clone(),
     };
     let store = open_store(&args.etcd_endpoints, args.etcd_timeout, &tls).await?;
     let mut config = config;

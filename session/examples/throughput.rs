@@ -107,6 +107,7 @@ async fn main() {
     let redis = RedisServer::start().expect("redis-server");
     let raw_etcd: Arc<dyn Store> = Arc::new(
         EtcdStore::connect(EtcdOptions {
+            user: None,
             tls: None,
             endpoints: vec![etcd.endpoint()],
             connect_timeout: Duration::from_secs(2),

@@ -15,6 +15,7 @@ use agent_reach_store::{EmbeddedStore, EtcdOptions, EtcdStore};
 async fn etcd_sessions_pass_the_conformance_suite() {
     let server = EtcdServer::start().unwrap_or_else(|e| panic!("{e}"));
     let options = EtcdOptions {
+        user: None,
         tls: None,
         endpoints: vec![server.endpoint()],
         connect_timeout: Duration::from_secs(2),

@@ -22,6 +22,11 @@ use crate::{Inner, error, mesh_tls, session, tasks};
 
 pub(crate) fn local_api(inner: Arc<Inner>, invoke: InvokeEntry, req: Request<Incoming>) -> HandlerFuture {
     Box::pin(async move {
+        if let Some(token) = &inner.config.local_token
+            && let Err(status) = token.check(req.uri().path(), req.headers())
+        {
+            return grpc::status_response(status);
+        }
         match req.uri().path() {
             grpc::PATH_INVOKE => {
                 let _call = inner.calls.begin();

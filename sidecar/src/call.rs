@@ -57,6 +57,14 @@ pub(crate) struct InvokeMetadata {
     pub metadata: HashMap<String, String>,
 }
 
+/// A calling agent its sidecar verified by its agent credential (see `credentials`), or,
+/// at the target's sidecar, that a mutual-TLS peer of the tenant vouched for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Caller {
+    pub agent: Arc<str>,
+    pub instance: Arc<str>,
+}
+
 /// A call read from the caller, on its way through the outbound stack.
 pub(crate) struct OutboundCall {
     /// The caller's `InvokeRequest`, forwarded as is.
@@ -73,6 +81,9 @@ pub(crate) struct OutboundCall {
     pub table: Arc<RoutingTable>,
     /// The caller's-sidecar span of the call (set by the telemetry layer).
     pub trace: opentelemetry::Context,
+    /// The verified caller (`None`: anonymous). The `caller` the message names is not
+    /// trusted for anything.
+    pub caller: Option<Caller>,
 }
 
 impl OutboundCall {
@@ -81,9 +92,9 @@ impl OutboundCall {
         policy_of(&self.table, &self.target)
     }
 
-    /// The calling agent, as the caller said ("" when it did not).
+    /// The verified calling agent ("" when the call is anonymous).
     pub(crate) fn caller_agent(&self) -> &str {
-        self.head.caller.as_ref().map(|c| c.agent.as_str()).unwrap_or_default()
+        self.caller.as_ref().map(|c| &*c.agent).unwrap_or_default()
     }
 }
 
@@ -119,6 +130,10 @@ pub(crate) struct AttemptRequest {
     pub idempotency_key: Option<String>,
     /// The call's session id, if any (the target's sidecar prefetches its context).
     pub session_id: Option<String>,
+    /// The verified caller (`None`: anonymous), vouched for toward the target's sidecar.
+    pub caller: Option<Caller>,
+    /// The capability the call was routed by ("" when by agent name).
+    pub capability: Arc<str>,
 }
 
 /// A call for a local instance, on its way through the inbound stack.
@@ -135,6 +150,10 @@ pub(crate) struct InboundCall {
     /// The trace context: the caller's attempt span on arrival, the server span once the
     /// telemetry layer opened it.
     pub trace: opentelemetry::Context,
+    /// The caller as verified by its sidecar (`None`: anonymous).
+    pub caller: Option<Caller>,
+    /// The capability the call was routed by ("" when by agent name).
+    pub capability: Arc<str>,
 }
 
 /// How one forwarding attempt ended.

@@ -148,6 +148,20 @@ pub struct SidecarArgs {
     #[arg(long, env = "AGENT_REACH_TASK_TIMEOUT", default_value = "1h", value_parser = agent_reach_support::duration::parse)]
     pub task_timeout: Duration,
 
+    /// Also serve the local API on this Unix domain socket (file mode --local-uds-mode).
+    #[arg(long, env = "AGENT_REACH_LOCAL_UDS")]
+    pub local_uds: Option<PathBuf>,
+
+    /// File mode of the --local-uds socket, in octal (who may connect).
+    #[arg(long, env = "AGENT_REACH_LOCAL_UDS_MODE", default_value = "600")]
+    pub local_uds_mode: String,
+
+    /// File holding the local API token (at least 16 characters): every local request must
+    /// then carry it as the metadata ar-api-token (SDKs: AGENT_REACH_API_TOKEN), health
+    /// checks excepted.
+    #[arg(long, env = "AGENT_REACH_LOCAL_TOKEN_FILE")]
+    pub local_token_file: Option<PathBuf>,
+
     /// Log format: "text" or "json".
     #[arg(long, env = "AGENT_REACH_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
@@ -191,6 +205,10 @@ pub struct SidecarConfig {
     pub task_claim_ttl: Duration,
     /// Longest attempt of a task.
     pub task_timeout: Duration,
+    /// The local API also on this Unix socket, with this file mode (`--local-uds`).
+    pub local_uds: Option<(PathBuf, u32)>,
+    /// The token every local request must carry (`--local-token-file`); `None`: none.
+    pub local_token: Option<crate::local_access::ApiToken>,
 }
 
 impl SidecarConfig {
@@ -223,6 +241,8 @@ impl SidecarConfig {
             http_agent_allowed_hosts: Vec::new(),
             task_claim_ttl: Duration::from_secs(30),
             task_timeout: Duration::from_secs(3600),
+            local_uds: None,
+            local_token: None,
         }
     }
 }
@@ -323,6 +343,17 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
                 .collect(),
             task_claim_ttl: a.task_claim_ttl,
             task_timeout: a.task_timeout,
+            local_uds: match &a.local_uds {
+                None => None,
+                Some(path) => {
+                    let mode = u32::from_str_radix(&a.local_uds_mode, 8)
+                        .ok()
+                        .filter(|m| *m <= 0o777)
+                        .ok_or_else(|| format!("--local-uds-mode: {:?} is not an octal file mode", a.local_uds_mode))?;
+                    Some((path.clone(), mode))
+                }
+            },
+            local_token: a.local_token_file.as_deref().map(crate::local_access::ApiToken::from_file).transpose()?,
         })
     }
 }

@@ -30,6 +30,12 @@ pub(crate) enum SidecarError {
     DeadlineExceeded { deadline: Duration, attempts: u32, tried: Vec<String> },
     #[error("rate limited by the {bucket} bucket of policy {policy}; retry in {retry_after:?}")]
     RateLimited { bucket: String, policy: String, retry_after: Duration },
+    /// An agent credential that is not (or no longer) one this sidecar issued.
+    #[error("the agent credential is not valid here: {0}")]
+    CredentialInvalid(String),
+    /// The target's authorization policy does not allow the caller.
+    #[error("{caller} may not call {target}: not allowed by policy {policy}")]
+    NotAuthorized { caller: String, target: String, policy: String },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -47,6 +53,8 @@ impl SidecarError {
             SidecarError::InstanceUnreachable { .. } => Reason::InstanceUnreachable,
             SidecarError::DeadlineExceeded { .. } => Reason::DeadlineExceeded,
             SidecarError::RateLimited { .. } => Reason::RateLimited,
+            SidecarError::CredentialInvalid(_) => Reason::AgentCredentialInvalid,
+            SidecarError::NotAuthorized { .. } => Reason::NotAuthorized,
             SidecarError::Internal(_) => Reason::Internal,
         }
     }
@@ -86,6 +94,16 @@ impl SidecarError {
                 message,
                 &[("mechanism", "token_bucket".into()), ("bucket", bucket), ("policy", policy)],
                 retry_after,
+            ),
+            SidecarError::CredentialInvalid(_) => reason::status(
+                Reason::AgentCredentialInvalid,
+                message,
+                &[("field", agent_reach::headers::AGENT_CREDENTIAL.into())],
+            ),
+            SidecarError::NotAuthorized { caller, target, policy } => reason::status(
+                Reason::NotAuthorized,
+                message,
+                &[("caller", caller), ("target", target), ("policy", policy)],
             ),
             SidecarError::Internal(_) => reason::status(Reason::Internal, message, &[]),
         }

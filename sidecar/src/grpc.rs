@@ -62,6 +62,10 @@ pub(crate) mod header {
     pub(crate) const LOAD: HeaderName = HeaderName::from_static(h::LOAD);
     pub(crate) const SESSION: HeaderName = HeaderName::from_static(h::SESSION);
     pub(crate) const SESSION_PREWARMED: HeaderName = HeaderName::from_static(h::SESSION_PREWARMED);
+    pub(crate) const AGENT_CREDENTIAL: HeaderName = HeaderName::from_static(h::AGENT_CREDENTIAL);
+    pub(crate) const CALLER_AGENT: HeaderName = HeaderName::from_static(h::CALLER_AGENT);
+    pub(crate) const CALLER_INSTANCE: HeaderName = HeaderName::from_static(h::CALLER_INSTANCE);
+    pub(crate) const CAPABILITY: HeaderName = HeaderName::from_static(h::CAPABILITY);
 }
 
 /// A hook on an answer's trailers, held until the answer ends: the target's sidecar writes

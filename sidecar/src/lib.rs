@@ -34,11 +34,13 @@ mod call;
 mod coalesce;
 pub mod config;
 pub mod control;
+mod credentials;
 mod error;
 mod grpc;
 mod http_client;
 pub mod identity;
 mod inbound;
+pub mod local_access;
 mod mesh_tls;
 mod outbound;
 mod persist;
@@ -254,9 +256,12 @@ impl Sidecar {
             None => None,
         };
         let local_inner = inner.clone();
-        tasks.spawn(serve_http2(local, shutdown_rx.clone(), move |req| {
-            local_api(local_inner.clone(), invoke.clone(), req)
-        }));
+        let local_handler = move |req| local_api(local_inner.clone(), invoke.clone(), req);
+        if let Some((path, mode)) = &config.local_uds {
+            let uds = local_access::bind_uds(path, *mode)?;
+            tasks.spawn(local_access::serve_uds(uds, path.clone(), shutdown_rx.clone(), local_handler.clone()));
+        }
+        tasks.spawn(serve_http2(local, shutdown_rx.clone(), local_handler));
         let mesh_inner = inner.clone();
         let mesh_handler = move |req| mesh_api(mesh_inner.clone(), mesh_entry.clone(), req);
         // With an identity the mesh port is mutual TLS with the sidecar's certificate.
@@ -445,7 +450,13 @@ fn entries(
         rejections,
         metrics: metrics.clone(),
     });
-    let invoke = InvokeEntry::new(inner.table.clone(), config.max_payload_bytes, config.default_timeout, outbound);
+    let invoke = InvokeEntry::new(
+        inner.table.clone(),
+        config.max_payload_bytes,
+        config.default_timeout,
+        outbound,
+        inner.registry.clone(),
+    );
     let mesh = MeshEntry::new(
         inner.registry.clone(),
         &config.tenant,

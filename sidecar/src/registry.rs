@@ -224,6 +224,7 @@ impl Registry {
             .map_err(|e| SidecarError::Internal(format!("agent endpoint: {e}")))?
             .connect_timeout(PROBE_TIMEOUT)
             .timeout(PROBE_TIMEOUT);
+        let (credential, credential_hash) = crate::credentials::mint(&instance_id);
         let inst = Arc::new(LocalInstance {
             instance_id: instance_id.clone(),
             registration,
@@ -234,6 +235,7 @@ impl Registry {
             published: Mutex::new(Some(state)),
             draining: AtomicBool::new(false),
             health: HealthClient::new(probe_endpoint.connect_lazy()),
+            credential: credential_hash,
         });
         tracing::info!(
             instance = %instance_id, agent = %inst.registration.agent, endpoint = %inst.registration.endpoint,
@@ -246,6 +248,7 @@ impl Registry {
             // An agent that stops heartbeating (and answering probes) is removed after this.
             lease_ttl_ms: millis(self.timers.dead_after),
             tenant: self.tenant.clone(),
+            credential,
         })
     }
 

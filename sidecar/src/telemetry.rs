@@ -3,8 +3,9 @@
 //! Metrics (Prometheus, on the admin port): calls by caller, target, instance and outcome;
 //! latency histograms end to end, per hop and for admission queueing; in-flight calls;
 //! breaker states; refusals by mechanism; retries; the watch's state. Labels come only
-//! from names in the routing table (an unknown target or caller is `(unknown)`), never
-//! from sessions or payloads, so their cardinality is bounded by the fleet.
+//! from names in the routing table (an unknown target is `(unknown)`) and from callers
+//! verified by their agent credential (`(anonymous)` without one), never from names a
+//! caller writes, sessions or payloads, so their cardinality is bounded by the fleet.
 //!
 //! Spans: [`OutboundTelemetry`] opens the caller's-sidecar span of a call (a child of
 //! the caller's `traceparent`, or a new trace), the router opens one client span per
@@ -150,6 +151,8 @@ pub(crate) struct Rejections {
     pub retries: AtomicU64,
     pub retry_budget_exhausted: AtomicU64,
     pub fallbacks: AtomicU64,
+    /// Calls the target's authorization policies refused.
+    pub not_authorized: AtomicU64,
 }
 
 impl Rejections {
@@ -245,6 +248,7 @@ impl Collector for ScrapeCollector {
             ("circuit_breaker", load(&r.breaker_open)),
             ("admission", load(&r.overloaded)),
             ("idempotency", load(&r.idempotency_refused)),
+            ("authorization", load(&r.not_authorized)),
         ] {
             ConstCounter::new(value).encode(rejections.encode_family(&[("mechanism", mechanism)])?)?;
         }
@@ -342,16 +346,11 @@ pub(crate) fn outcome_of(status: &tonic::Status) -> String {
     }
 }
 
-/// The caller's label: its agent name when the routing table knows it.
+/// The caller's label: the agent its credential verified, or `(anonymous)`. Names a caller
+/// writes into its call are never labels (they would buy unbounded label sets).
 fn caller_label(call: &OutboundCall) -> String {
     let name = call.caller_agent();
-    if name.is_empty() {
-        "(none)".to_string()
-    } else if call.table.by_agent.contains_key(name) {
-        name.to_string()
-    } else {
-        "(unknown)".to_string()
-    }
+    if name.is_empty() { "(anonymous)".to_string() } else { name.to_string() }
 }
 
 /// The outcome label of a failed delivery.

@@ -344,7 +344,7 @@ impl AgentBuilder {
             default_capability: (registration.capabilities.len() == 1)
                 .then(|| registration.capabilities[0].name.clone()),
             stats: stats.clone(),
-            sidecar: SidecarClient::new(channel.clone()),
+            sidecar: super::sidecar_client(channel.clone()),
         };
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         health_reporter.set_serving::<AgentServer<AgentImpl>>().await;
@@ -372,7 +372,7 @@ impl AgentBuilder {
                 .await
         });
 
-        let mut sidecar = SidecarClient::new(channel);
+        let mut sidecar = super::sidecar_client(channel);
         let deadline = self.register_timeout.map(|t| tokio::time::Instant::now() + t);
         let first = match register(&mut sidecar, &registration, deadline).await {
             Ok(r) => r,
@@ -383,11 +383,13 @@ impl AgentBuilder {
         };
         tracing::info!(agent = %registration.agent, instance = %first.instance_id, endpoint = %registration.endpoint, "registered with sidecar {sidecar_addr}");
         let identity = Arc::new(Mutex::new(first.instance_id.clone()));
+        let credential = Arc::new(Mutex::new(first.credential.clone()));
         let (state_tx, state_rx) = watch::channel(HealthState::Up);
         let heartbeat = tokio::spawn(heartbeat_loop(
             sidecar.clone(),
             registration.clone(),
             identity.clone(),
+            credential.clone(),
             Duration::from_millis(u64::from(first.heartbeat_interval_ms.max(50))),
             stats.clone(),
             state_rx,
@@ -396,6 +398,7 @@ impl AgentBuilder {
             name: registration.agent.clone(),
             endpoint: registration.endpoint.clone(),
             identity,
+            credential,
             sidecar,
             client,
             stats,
@@ -410,7 +413,7 @@ impl AgentBuilder {
 }
 
 async fn register(
-    sidecar: &mut SidecarClient<Channel>,
+    sidecar: &mut SidecarClient<super::SidecarChannel>,
     registration: &Registration,
     deadline: Option<tokio::time::Instant>,
 ) -> Result<proto::RegisterReply, AgentError> {
@@ -435,9 +438,10 @@ async fn register(
 }
 
 async fn heartbeat_loop(
-    mut sidecar: SidecarClient<Channel>,
+    mut sidecar: SidecarClient<super::SidecarChannel>,
     registration: Registration,
     identity: Arc<Mutex<String>>,
+    credential: Arc<Mutex<String>>,
     interval: Duration,
     stats: Arc<Stats>,
     state: watch::Receiver<HealthState>,
@@ -459,6 +463,7 @@ async fn heartbeat_loop(
                 tracing::warn!(agent = %registration.agent, instance = %instance_id, "sidecar no longer knows this instance; registering again");
                 if let Ok(reply) = register(&mut sidecar, &registration, None).await {
                     *lock(&identity) = reply.instance_id;
+                    *lock(&credential) = reply.credential;
                 }
             }
             Err(status) => {
@@ -481,7 +486,9 @@ pub struct RunningAgent {
     name: String,
     endpoint: String,
     identity: Arc<Mutex<String>>,
-    sidecar: SidecarClient<Channel>,
+    /// The agent credential of the current registration.
+    credential: Arc<Mutex<String>>,
+    sidecar: SidecarClient<super::SidecarChannel>,
     client: Client,
     stats: Arc<Stats>,
     state: watch::Sender<HealthState>,
@@ -505,8 +512,10 @@ impl RunningAgent {
     pub fn endpoint(&self) -> &str {
         &self.endpoint
     }
-    /// A client of the same sidecar whose calls name this agent as the caller (for rate
-    /// limits per caller, metrics and the target's [`Call::caller`]).
+    /// A client of the same sidecar whose calls are made as this agent: they present its
+    /// agent credential, so its sidecar vouches for it (rate limits per caller, metrics, the
+    /// target's authorization policies and [`Call::verified_caller`]), and name it in the
+    /// target's [`Call::caller`].
     ///
     /// # Examples
     ///
@@ -518,7 +527,7 @@ impl RunningAgent {
     /// # }
     /// ```
     pub fn client(&self) -> Client {
-        self.client.with_caller(&self.name, &self.instance_id())
+        self.client.with_caller(&self.name, &self.instance_id()).with_credential(lock(&self.credential).clone())
     }
     /// Calls handled so far.
     pub fn handled(&self) -> u64 {
@@ -636,7 +645,7 @@ struct AgentImpl {
     default_capability: Option<String>,
     stats: Arc<Stats>,
     /// The agent's sidecar, handed to each call for its session context.
-    sidecar: SidecarClient<tonic::transport::Channel>,
+    sidecar: SidecarClient<super::SidecarChannel>,
 }
 
 impl AgentImpl {
@@ -658,7 +667,7 @@ impl AgentImpl {
 fn call_from_request(
     request: tonic::Request<proto::HandleRequest>,
     capability: String,
-    sidecar: &SidecarClient<tonic::transport::Channel>,
+    sidecar: &SidecarClient<super::SidecarChannel>,
 ) -> Call {
     let deadline = request
         .metadata()
@@ -666,7 +675,17 @@ fn call_from_request(
         .and_then(|v| agent_reach_support::grpc_timeout::parse(v.as_bytes()))
         .map(|d| Instant::now() + d);
     let traceparent = request.metadata().get("traceparent").and_then(|v| v.to_str().ok()).map(str::to_string);
-    Call { inner: request.into_inner(), sidecar: Some(sidecar.clone()), capability, deadline, traceparent }
+    let text = |key: &str| request.metadata().get(key).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let verified_caller = text(crate::headers::CALLER_AGENT)
+        .map(|agent| proto::Caller { agent, instance_id: text(crate::headers::CALLER_INSTANCE).unwrap_or_default() });
+    Call {
+        inner: request.into_inner(),
+        sidecar: Some(sidecar.clone()),
+        capability,
+        deadline,
+        traceparent,
+        verified_caller,
+    }
 }
 
 #[tonic::async_trait]
@@ -736,10 +755,11 @@ impl AgentService for AgentImpl {
 pub struct Call {
     inner: proto::HandleRequest,
     /// The sidecar that delivered the call, for [`Call::session`].
-    sidecar: Option<SidecarClient<tonic::transport::Channel>>,
+    sidecar: Option<SidecarClient<super::SidecarChannel>>,
     capability: String,
     deadline: Option<Instant>,
     traceparent: Option<String>,
+    verified_caller: Option<proto::Caller>,
 }
 
 impl Call {
@@ -762,6 +782,7 @@ impl Call {
             capability: capability.into(),
             deadline: None,
             traceparent: None,
+            verified_caller: None,
         }
     }
     /// The payload, as the caller sent it.
@@ -814,9 +835,15 @@ impl Call {
     pub fn metadata(&self) -> &HashMap<String, String> {
         &self.inner.metadata
     }
-    /// The calling agent and instance, when the caller said.
+    /// The calling agent and instance, as the caller said (not verified; see
+    /// [`Call::verified_caller`]).
     pub fn caller(&self) -> Option<&proto::Caller> {
         self.inner.caller.as_ref()
+    }
+    /// The calling agent and instance as the mesh verified them (the caller's agent
+    /// credential, vouched for by its sidecar over mutual TLS); `None` for anonymous calls.
+    pub fn verified_caller(&self) -> Option<&proto::Caller> {
+        self.verified_caller.as_ref()
     }
     /// The instance handling the call.
     pub fn instance_id(&self) -> &str {

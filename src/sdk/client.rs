@@ -49,8 +49,10 @@ use crate::reason::{self, ErrorInfo, Reason};
 /// ```
 #[derive(Clone, Debug)]
 pub struct Client {
-    sidecar: SidecarClient<Channel>,
+    sidecar: SidecarClient<super::SidecarChannel>,
     caller: Option<proto::Caller>,
+    /// The agent credential presented on calls (`ar-agent-credential`).
+    credential: Option<String>,
 }
 
 impl Client {
@@ -94,7 +96,7 @@ impl Client {
         let channel = endpoint(addr)?.connect().await.map_err(|e| {
             InvokeError::local(Reason::SidecarUnreachable, format!("cannot connect to sidecar at {addr}: {e}"))
         })?;
-        Ok(Client { sidecar: SidecarClient::new(channel), caller: None })
+        Ok(Client { sidecar: super::sidecar_client(channel), caller: None, credential: None })
     }
 
     /// A client that connects on first use (and reconnects after failures): no I/O here,
@@ -115,12 +117,14 @@ impl Client {
     /// # }
     /// ```
     pub fn lazy(addr: &str) -> Result<Client, InvokeError> {
-        Ok(Client { sidecar: SidecarClient::new(endpoint(addr)?.connect_lazy()), caller: None })
+        Ok(Client { sidecar: super::sidecar_client(endpoint(addr)?.connect_lazy()), caller: None, credential: None })
     }
 
-    /// The same connection, with calls marked as made by `agent` / `instance_id` (rate
-    /// limits per caller, metrics, and the target's [`Call::caller`](crate::Call::caller)).
-    /// A [`RunningAgent::client`](crate::RunningAgent::client) already is one.
+    /// The same connection, with calls naming `agent` / `instance_id` as their caller (the
+    /// target's [`Call::caller`](crate::Call::caller)). The name is what the caller says,
+    /// not verified: rate limits, metrics and authorization use the caller verified by an
+    /// agent credential ([`Client::with_credential`]); a
+    /// [`RunningAgent::client`](crate::RunningAgent::client) presents its own.
     ///
     /// # Examples
     ///
@@ -135,7 +139,16 @@ impl Client {
         Client {
             sidecar: self.sidecar.clone(),
             caller: Some(proto::Caller { agent: agent.to_string(), instance_id: instance_id.to_string() }),
+            credential: self.credential.clone(),
         }
+    }
+
+    /// The same connection, presenting the agent credential `Register` returned
+    /// ([`RegisterReply::credential`](crate::proto::RegisterReply)) on every call: the
+    /// sidecar then vouches for that agent as the caller (rate limits, metrics, the target's
+    /// authorization policies). Without one, calls are anonymous.
+    pub fn with_credential(&self, credential: impl Into<String>) -> Client {
+        Client { credential: Some(credential.into()), ..self.clone() }
     }
 
     /// The session `session_id` of this client's tenant, written as the client's caller
@@ -238,7 +251,7 @@ impl Client {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn raw(&self) -> SidecarClient<Channel> {
+    pub fn raw(&self) -> SidecarClient<super::SidecarChannel> {
         self.sidecar.clone()
     }
 
@@ -400,7 +413,7 @@ impl InvokeBuilder {
         self
     }
 
-    fn into_request(self) -> (SidecarClient<Channel>, tonic::Request<proto::InvokeRequest>) {
+    fn into_request(self) -> (SidecarClient<super::SidecarChannel>, tonic::Request<proto::InvokeRequest>) {
         let mut request = tonic::Request::new(self.request);
         if let Some(t) = self.timeout {
             request.set_timeout(t);
@@ -409,6 +422,11 @@ impl InvokeBuilder {
             if let Ok(v) = value.parse() {
                 request.metadata_mut().insert(name, v);
             }
+        }
+        if let Some(credential) = &self.client.credential
+            && let Ok(v) = credential.parse()
+        {
+            request.metadata_mut().insert(headers::AGENT_CREDENTIAL, v);
         }
         (self.client.sidecar, request)
     }

@@ -101,7 +101,7 @@ pub struct SessionSnapshot {
 #[derive(Clone, Debug)]
 pub struct Session {
     /// `None` for a call built by hand (no sidecar to ask).
-    sidecar: Option<SidecarClient<Channel>>,
+    sidecar: Option<SidecarClient<super::SidecarChannel>>,
     session_id: String,
     instance_id: String,
 }
@@ -118,7 +118,7 @@ pub enum Policy {
 }
 
 impl Session {
-    pub(crate) fn new(sidecar: Option<SidecarClient<Channel>>, session_id: String, instance_id: String) -> Session {
+    pub(crate) fn new(sidecar: Option<SidecarClient<super::SidecarChannel>>, session_id: String, instance_id: String) -> Session {
         Session { sidecar, session_id, instance_id }
     }
 
@@ -127,7 +127,7 @@ impl Session {
     }
 
     /// The sidecar to ask, once the session is known to be addressable.
-    fn sidecar(&self) -> Result<SidecarClient<Channel>, SessionError> {
+    fn sidecar(&self) -> Result<SidecarClient<super::SidecarChannel>, SessionError> {
         if self.session_id.is_empty() {
             return Err(SessionError::NoSession("this call carries no session id"));
         }

@@ -53,6 +53,21 @@ pub struct EtcdOptions {
     pub request_timeout: Duration,
     /// TLS to etcd (endpoints must then be `https://`).
     pub tls: Option<EtcdTls>,
+    /// User name and password for etcd's authentication (etcd RBAC); none: no user.
+    pub user: Option<EtcdUser>,
+}
+
+/// An etcd user and its password (the password is never printed).
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdUser {
+    pub name: String,
+    pub password: String,
+}
+
+impl fmt::Debug for EtcdUser {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdUser").field("name", &self.name).finish_non_exhaustive()
+    }
 }
 
 /// TLS material for the connection to etcd, as PEM.
@@ -78,6 +93,7 @@ impl Default for EtcdOptions {
         Self {
             endpoints: vec!["http://127.0.0.1:2379".to_owned()],
             tls: None,
+            user: None,
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(5),
         }
@@ -130,6 +146,11 @@ impl EtcdStore {
                 config = config.identity(etcd::Identity::from_pem(cert, key));
             }
             connect = connect.with_tls(config);
+        }
+        if let Some(user) = &options.user {
+            // etcd's auth tokens expire (simple tokens after 5 min idle, JWTs at their TTL):
+            // a request that finds its token expired gets a new one and is retried once.
+            connect = connect.with_user(user.name.clone(), user.password.clone()).with_auto_token_refresh(true);
         }
         let client = etcd::Client::connect(&options.endpoints, Some(connect)).await.map_err(|error| match error {
             etcd::Error::InvalidUri(error) => StoreError::Invalid(format!("invalid etcd endpoint: {error}")),

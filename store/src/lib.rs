@@ -24,7 +24,7 @@ pub mod conformance;
 pub mod testing;
 
 pub use embedded::{EmbeddedOptions, EmbeddedStore};
-pub use etcd::{EtcdOptions, EtcdStore, EtcdTls};
+pub use etcd::{EtcdOptions, EtcdStore, EtcdTls, EtcdUser};
 
 /// A store revision: increases by one with every write that changes something.
 pub type Revision = i64;

@@ -20,6 +20,7 @@ fn start_etcd() -> EtcdServer {
 
 async fn connect(server: &EtcdServer) -> EtcdStore {
     let options = EtcdOptions {
+        user: None,
         tls: None,
         endpoints: vec![server.endpoint()],
         connect_timeout: Duration::from_secs(1),
@@ -82,6 +83,7 @@ async fn etcd_store_fails_fast_when_etcd_dies() {
 
     // Connecting to a dead etcd fails too, rather than at the first request.
     let options = EtcdOptions {
+        user: None,
         tls: None,
         endpoints: vec![server.endpoint()],
         connect_timeout: Duration::from_secs(1),

@@ -50,6 +50,7 @@ impl TestStore {
                     .expect("etcd start task")
                     .unwrap_or_else(|e| panic!("etcd is required for this test and did not start: {e}"));
                 let store = EtcdStore::connect(EtcdOptions {
+                    user: None,
                     tls: None,
                     endpoints: vec![etcd.endpoint()],
                     connect_timeout: Duration::from_secs(5),

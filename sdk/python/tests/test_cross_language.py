@@ -116,3 +116,35 @@ def test_calls_carry_the_current_opentelemetry_span_as_traceparent(mesh: Mesh, u
             assert seen["current"] == TRACE_ID, seen
 
     run(main())
+
+
+def test_the_sidecar_vouches_for_the_agent_whose_credential_a_call_presents(mesh: Mesh, unique: str) -> None:
+    """Nested calls from a handler present the handling agent's credential: the target,
+    here on the same sidecar, sees it as the verified caller; a client that names itself
+    is not verified."""
+
+    async def main() -> None:
+        front = Agent(f"front-{unique}", sidecar=mesh.a.local)
+        back = Agent(f"back-{unique}", sidecar=mesh.a.local)
+
+        @back.capability(f"back.{unique}")
+        async def report(call: Call) -> Reply:
+            return Reply.json({"verified": list(call.verified_caller or ()), "said": list(call.caller or ())})
+
+        @front.capability(f"front.{unique}")
+        async def forward(call: Call) -> Reply:
+            reply = await Client(mesh.a.local).invoke(f"back.{unique}", text="x")
+            return Reply.bytes(reply.payload, "application/json")
+
+        async with front, back, Client(mesh.a.local) as client:
+            await wait_routable(client, f"front.{unique}")
+            await wait_routable(client, f"back.{unique}")
+            seen = (await client.invoke(f"front.{unique}", text="go", timeout=4)).json()
+            assert seen["verified"] == [f"front-{unique}", front.instance_id], seen
+            named = client.with_caller(f"front-{unique}", front.instance_id)
+            seen = (await named.invoke(f"back.{unique}", text="x", timeout=4)).json()
+            assert seen == {"verified": [], "said": [f"front-{unique}", front.instance_id]}, seen
+            seen = (await front.client.invoke(f"back.{unique}", text="x", timeout=4)).json()
+            assert seen["verified"] == [f"front-{unique}", front.instance_id], seen
+
+    run(main())

@@ -17,7 +17,7 @@ use hyper::body::Incoming;
 use tower::{Service, ServiceExt};
 
 use super::InboundService;
-use crate::call::{Attempt, InboundCall, Shape};
+use crate::call::{Attempt, Caller, InboundCall, Shape};
 use crate::error::{DeliveryError, SidecarError};
 use crate::grpc::{self, Body, PATH_HANDLE, PATH_HANDLE_STREAM, header};
 use crate::pool::{Pool, SendError, collect_chunks, send_h2};
@@ -92,6 +92,19 @@ impl MeshEntry {
         let idempotency_key =
             parts.headers.get(header::IDEMPOTENCY_KEY).and_then(|v| v.to_str().ok()).map(str::to_string);
         let trace = agent_reach_telemetry::trace::extract(&parts.headers);
+        // The caller another sidecar vouches for counts only from a mutual-TLS peer (whose
+        // tenant `mesh_tls::authorize` checked); on a plaintext mesh every caller is
+        // anonymous, whatever the headers say.
+        let caller = parts
+            .extensions
+            .get::<crate::mesh_tls::MeshPeer>()
+            .and_then(|_| {
+                let agent = parts.headers.get(header::CALLER_AGENT)?.to_str().ok()?;
+                let instance = parts.headers.get(header::CALLER_INSTANCE)?.to_str().ok()?;
+                Some(Caller { agent: agent.into(), instance: instance.into() })
+            });
+        let capability: Arc<str> =
+            parts.headers.get(header::CAPABILITY).and_then(|v| v.to_str().ok()).unwrap_or_default().into();
         // Prewarm: a session new to this sidecar (its calls moved here) is fetched before
         // the agent sees the call, so the agent's first read is a cache hit. Bounded, so a
         // slow control service delays the call by at most PREWARM_WAIT.
@@ -112,6 +125,8 @@ impl MeshEntry {
             idempotency_key,
             tenant,
             trace,
+            caller,
+            capability,
         };
         let attempt = match self.stack.clone().oneshot(call).await {
             Ok(a) => a,
@@ -206,6 +221,15 @@ impl Deliver {
         }
         // The agent sees the target sidecar's server span as its parent.
         agent_reach_telemetry::trace::inject(&call.trace, &mut headers);
+        // The agent learns the verified caller from its sidecar (the `caller` in the message
+        // is what the caller wrote).
+        if let Some(c) = &call.caller
+            && let (Ok(agent), Ok(instance)) =
+                (http::HeaderValue::from_str(&c.agent), http::HeaderValue::from_str(&c.instance))
+        {
+            headers.insert(header::CALLER_AGENT, agent);
+            headers.insert(header::CALLER_INSTANCE, instance);
+        }
         // The request is one message: read it whole, so HEADERS and DATA leave together.
         let data = match call.body {
             Body::Frames(f) => grpc::frames_data(f),

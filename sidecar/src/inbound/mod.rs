@@ -1,10 +1,11 @@
 //! The target's sidecar side of a call, as tower layers:
 //!
 //! ```text
-//! MeshEntry → Telemetry → Idempotency → Admission → Deliver (gRPC agent, or the HTTP/JSON adapter)
+//! MeshEntry → Telemetry → Authz → Idempotency → Admission → Deliver (gRPC agent, or the HTTP/JSON adapter)
 //! ```
 //! - [`deliver::MeshEntry`]: `Mesh/Deliver` from other sidecars: reads the call's headers;
 //! - [`crate::telemetry`]: the server span and the inbound hop metric;
+//! - [`authz`]: whether the verified caller may call the instance (authorization policies);
 //! - [`idempotency`]: at-most-once execution of calls with an idempotency key;
 //! - [`admission`]: per-instance slots with priority shares and short queues, and the
 //!   instance's load in every reply's `ar-load` trailer (so callers see load changes on the
@@ -16,6 +17,7 @@
 //! through the same stack. Each layer holds only its own state.
 
 pub(crate) mod admission;
+pub(crate) mod authz;
 pub(crate) mod deliver;
 pub(crate) mod http_agent;
 pub(crate) mod idempotency;
@@ -51,6 +53,8 @@ pub(crate) fn stack(p: Parts) -> InboundService {
     let service = tower::ServiceBuilder::new()
         // The server span and hop metric cover everything the target's sidecar does.
         .layer(crate::telemetry::inbound_layer(p.tracing.clone(), p.metrics.clone()))
+        // Who may call comes first: a refused caller gets no replay, no slot, no agent.
+        .layer(authz::layer(p.table.clone(), p.rejections.clone()))
         // Duplicates are answered first: a replay needs no slot and never reaches the agent.
         .layer(idempotency::layer(p.idempotency, p.rejections.clone(), p.limit))
         // Then slots by priority: over its share a call waits briefly, then is refused

@@ -148,6 +148,8 @@ impl Dispatch {
             idempotency_key: req.idempotency_key,
             tenant: self.tenant.to_string(),
             trace: req.trace,
+            caller: req.caller,
+            capability: req.capability,
         };
         match self.inbound.clone().oneshot(call).await {
             Ok(a) => a,
@@ -188,6 +190,19 @@ impl Dispatch {
             && let Ok(v) = HeaderValue::from_str(s)
         {
             headers.insert(header::SESSION, v);
+        }
+        // This sidecar vouches for the caller it verified; the target's sidecar trusts it
+        // only over mutual TLS from a sidecar of the tenant.
+        if let Some(c) = &req.caller
+            && let (Ok(agent), Ok(instance)) = (HeaderValue::from_str(&c.agent), HeaderValue::from_str(&c.instance))
+        {
+            headers.insert(header::CALLER_AGENT, agent);
+            headers.insert(header::CALLER_INSTANCE, instance);
+        }
+        if !req.capability.is_empty()
+            && let Ok(v) = HeaderValue::from_str(&req.capability)
+        {
+            headers.insert(header::CAPABILITY, v);
         }
         let data = match req.body {
             Body::Frames(f) => grpc::frames_data(f),

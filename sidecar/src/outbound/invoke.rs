@@ -1,6 +1,6 @@
 //! The entry of the outbound stack: `Sidecar/Invoke` and `Sidecar/InvokeStream` from local
-//! agents. Reads the caller's message, decodes only the routing fields, and sends the call
-//! through the outbound stack.
+//! agents. Verifies the caller's agent credential (if any), reads the caller's message,
+//! decodes only the routing fields, and sends the call through the outbound stack.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,8 +17,10 @@ use tower::ServiceExt;
 
 use super::OutboundService;
 use crate::call::{InvokeHead, OutboundCall, Shape, policy_of};
+use crate::credentials;
 use crate::error::SidecarError;
 use crate::grpc::{self, Body, ENVELOPE_ALLOWANCE, ReadError};
+use crate::registry::Registry;
 
 /// Serves `Sidecar/Invoke` and `Sidecar/InvokeStream`.
 #[derive(Clone)]
@@ -28,6 +30,8 @@ pub(crate) struct InvokeEntry {
     /// For calls without a deadline whose policy names none.
     default_timeout: Duration,
     stack: OutboundService,
+    /// Local instances, whose agent credentials verify callers.
+    registry: Arc<Registry>,
 }
 
 impl InvokeEntry {
@@ -36,8 +40,9 @@ impl InvokeEntry {
         max_payload_bytes: usize,
         default_timeout: Duration,
         stack: OutboundService,
+        registry: Arc<Registry>,
     ) -> InvokeEntry {
-        InvokeEntry { table, max_payload_bytes, default_timeout, stack }
+        InvokeEntry { table, max_payload_bytes, default_timeout, stack, registry }
     }
 
     /// Reads the call and sends it through the outbound stack.
@@ -56,6 +61,9 @@ impl InvokeEntry {
     async fn read_call(&self, req: Request<Incoming>, shape: Shape) -> Result<OutboundCall, SidecarError> {
         let started = Instant::now();
         let (parts, mut body) = req.into_parts();
+        // Who is calling is settled before anything else: a bad credential is refused even
+        // when the call would fail for another reason.
+        let caller = credentials::verify(&self.registry, &parts.headers)?;
         let limit = self.max_payload_bytes;
         let message = match grpc::read_message(&mut body, limit + ENVELOPE_ALLOWANCE).await {
             Ok(m) => m,
@@ -98,6 +106,7 @@ impl InvokeEntry {
             deadline: started + timeout,
             table,
             trace: opentelemetry::Context::new(),
+            caller,
         })
     }
 }

@@ -418,6 +418,8 @@ impl Router {
             priority: call.priority,
             idempotency_key: (!plan.key.is_empty()).then(|| plan.key.to_string()),
             session_id: (!call.head.session_id.is_empty()).then(|| call.head.session_id.clone()),
+            caller: call.caller.clone(),
+            capability: plan.capability.as_str().into(),
         }
     }
 

@@ -32,6 +32,8 @@ pub(crate) struct LocalInstance {
     /// Set when the sidecar drains: PAUSED whatever the agent reports.
     pub(super) draining: AtomicBool,
     pub(crate) health: HealthClient<Channel>,
+    /// The SHA-256 of the secret of the agent credential `Register` returned.
+    pub(crate) credential: crate::credentials::CredentialHash,
 }
 
 impl LocalInstance {

@@ -22,9 +22,10 @@ async fn a_rate_limit_refuses_at_once_and_spares_other_callers() {
     let mesh = Mesh::start().await;
     let agent = echo_agent(mesh.b.local_addr(), "echo", &[("echo", &[])]).await;
     wait_for_instances(&mesh.a, &[agent.instance_id()]).await;
-    let client = mesh.client().await;
-    let planner = client.with_caller("planner", "planner-1");
-    let auditor = client.with_caller("auditor", "auditor-1");
+    // Buckets are per verified caller: two registered agents, calling with their credentials.
+    let planner_agent = echo_agent(mesh.a.local_addr(), "planner", &[("plan", &[])]).await;
+    let auditor_agent = echo_agent(mesh.a.local_addr(), "auditor", &[("audit", &[])]).await;
+    let (planner, auditor) = (planner_agent.client(), auditor_agent.client());
     // 1 call per second, burst 3: ten quick calls from one caller, three pass.
     let limit = PolicySpec { rate_limit: Some(RateLimit { per_second: 1.0, burst: 3 }), ..Default::default() };
     mesh.policy(capability_policy("echo", limit.clone())).await;
@@ -64,7 +65,7 @@ async fn a_rate_limit_refuses_at_once_and_spares_other_callers() {
     for _ in 0..20 {
         planner.invoke("echo").text("x").send().await.unwrap();
     }
-    mesh.stop(vec![agent]).await;
+    mesh.stop(vec![agent, planner_agent, auditor_agent]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

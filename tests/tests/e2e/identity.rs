@@ -21,12 +21,12 @@ use tonic::transport::Channel;
 
 const TD: &str = agent_reach_identity::DEFAULT_TRUST_DOMAIN;
 
-fn reason(status: &tonic::Status) -> String {
+pub(crate) fn reason(status: &tonic::Status) -> String {
     agent_reach::reason::error_info(status).map(|i| i.reason).unwrap_or_default()
 }
 
 /// Control with mutual TLS required, on `store`, with certificates of `cert_ttl`.
-async fn mtls_control(store: &TestStore, cert_ttl: Duration) -> ControlHandle {
+pub(crate) async fn mtls_control(store: &TestStore, cert_ttl: Duration) -> ControlHandle {
     let ca = Arc::new(Ca::generate(TD).expect("CA"));
     let config = ControlConfig {
         mtls: Mtls::Required,
@@ -38,7 +38,7 @@ async fn mtls_control(store: &TestStore, cert_ttl: Duration) -> ControlHandle {
 }
 
 /// A channel to control that checks control's certificate but presents none.
-fn anonymous_channel(control: &ControlHandle) -> Channel {
+pub(crate) fn anonymous_channel(control: &ControlHandle) -> Channel {
     let config = agent_reach_identity::tls::bootstrap_client(control.ca().bundle_pem(), TD).expect("client config");
     TlsConnector::fixed(Arc::new(config)).channel(&control.endpoint()).expect("channel")
 }
@@ -56,7 +56,7 @@ fn made_configs(ca: &Ca, uri: &str, from: SystemTime, to: SystemTime, bundle: &s
     TlsConfigs::new(creds, ClientAuth::Required, ExpectedPeer::AnyInTrustDomain).expect("configs")
 }
 
-async fn create_token(
+pub(crate) async fn create_token(
     admin: &mut AdminClient<Channel>,
     tenant: &str,
     ttl_ms: u64,
@@ -86,7 +86,7 @@ fn csr_request(tenant: &str, sidecar: &str, token: &str) -> proto::IssueCertific
 }
 
 /// Settings for a sidecar of `tenant` holding `token`.
-fn identity_settings(control: &ControlHandle, token: &str) -> IdentitySettings {
+pub(crate) fn identity_settings(control: &ControlHandle, token: &str) -> IdentitySettings {
     IdentitySettings {
         trust_domain: TD.into(),
         trust_bundle_pem: control.ca().bundle_pem().to_string(),

@@ -2,6 +2,7 @@
 //! process and on the embedded store.
 
 mod admin;
+mod authz;
 mod bad_input;
 mod dashboard;
 mod governance;

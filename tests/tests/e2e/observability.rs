@@ -85,13 +85,16 @@ async fn a_chain_of_three_agents_is_one_trace_with_the_retry_as_its_own_span() {
     let b = Sidecar::start(sidecar("sc-b"), listener().await, listener().await).await.unwrap();
     let c = Sidecar::start(sidecar("sc-c"), listener().await, listener().await).await.unwrap();
 
-    let mesh_b = Client::lazy(&b.local_addr().to_string()).unwrap().with_caller("agent-b", "");
+    // Agent B calls on as itself (its own client presents its credential): set once started.
+    let mesh_b: Arc<std::sync::OnceLock<Client>> = Arc::default();
+    let own_client = mesh_b.clone();
     let agent_b = Agent::builder("agent-b")
         .version("2.1")
         .sidecar(b.local_addr().to_string())
         .handle("step.b", move |call| {
-            let mesh = mesh_b.clone();
+            let mesh = own_client.get().cloned();
             async move {
+                let mesh = mesh.ok_or_else(|| HandlerError::unavailable("not started yet"))?;
                 let reply = mesh.invoke("step.c").within(&call).payload(call.payload().clone()).send().await?;
                 Ok(Reply::text(format!("b({})", reply.text())))
             }
@@ -99,6 +102,7 @@ async fn a_chain_of_three_agents_is_one_trace_with_the_retry_as_its_own_span() {
         .start()
         .await
         .unwrap();
+    let _ = mesh_b.set(agent_b.client());
     let c1 = echo_agent(c.local_addr(), "agent-c", &[("step.c", &[])]).await;
     let c2 = echo_agent(c.local_addr(), "agent-c", &[("step.c", &[])]).await;
     let ids = [agent_b.instance_id(), c1.instance_id(), c2.instance_id()];

@@ -27,6 +27,7 @@ from agent_reach._types import HealthState, Priority, Reply
 from agent_reach.agent import Agent, AgentStartError, Call
 from agent_reach.client import Candidate, Chunk, ChunkStream, Client, Response, Route, Skipped
 from agent_reach.errors import (
+    AgentCredentialInvalid,
     AgentNotFound,
     AgentOverloaded,
     CircuitOpen,
@@ -42,6 +43,7 @@ from agent_reach.errors import (
     LeaseNotFound,
     MeshError,
     NoHealthyInstance,
+    NotAuthorized,
     PayloadTooLarge,
     PermissionDenied,
     PolicyNotFound,
@@ -56,6 +58,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Agent",
+    "AgentCredentialInvalid",
     "AgentNotFound",
     "AgentOverloaded",
     "AgentStartError",
@@ -78,6 +81,7 @@ __all__ = [
     "LeaseNotFound",
     "MeshError",
     "NoHealthyInstance",
+    "NotAuthorized",
     "PayloadTooLarge",
     "PermissionDenied",
     "PolicyNotFound",

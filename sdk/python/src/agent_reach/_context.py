@@ -28,6 +28,8 @@ class Inherited:
     traceparent: str | None
     agent: str
     instance_id: str
+    # The handling agent's credential: nested calls are made as that agent.
+    credential: str = ""
 
 
 CURRENT: contextvars.ContextVar[Inherited | None] = contextvars.ContextVar("agent_reach_current_call", default=None)

@@ -41,7 +41,7 @@ from grpc_health.v1._async import HealthServicer
 from agent_reach import _context
 from agent_reach._proto.agentreach.v1 import agent_pb2, common_pb2, sidecar_pb2
 from agent_reach._types import HealthState, Priority, Reply, as_reply
-from agent_reach.client import CHANNEL_OPTIONS, Client, sidecar_address
+from agent_reach.client import CHANNEL_OPTIONS, Client, api_token_metadata, sidecar_address, sidecar_channel
 from agent_reach.errors import HandlerError, MeshError, from_rpc_error
 
 log = logging.getLogger("agent_reach")
@@ -72,8 +72,12 @@ class Call:
         traceparent: str | None = None,
         context: grpc.aio.ServicerContext[Any, Any] | None = None,
         client: Client | None = None,
+        verified_caller: tuple[str, str] | None = None,
     ) -> None:
         self.request = request
+        self.verified_caller = verified_caller
+        """The calling agent and instance id as the mesh verified them (the caller's agent
+        credential, vouched for by its sidecar over mutual TLS); None for anonymous calls."""
         self.capability = capability
         """The capability the call was routed by."""
         self.deadline = deadline
@@ -138,7 +142,8 @@ class Call:
 
     @property
     def caller(self) -> tuple[str, str] | None:
-        """The calling agent and instance id, when the caller said."""
+        """The calling agent and instance id, as the caller said (not verified; see
+        :attr:`verified_caller`)."""
         if not self.request.HasField("caller"):
             return None
         return (self.request.caller.agent, self.request.caller.instance_id)
@@ -265,6 +270,8 @@ class Agent:
         self._stats = _Stats()
         self._state = HealthState.UP
         self._instance_id = ""
+        # The agent credential of the current registration (see Client.with_credential).
+        self._credential = ""
         self._endpoint = ""
         self._server: grpc.aio.Server | None = None
         self._channel: grpc.aio.Channel | None = None
@@ -341,7 +348,8 @@ class Agent:
 
     @property
     def client(self) -> Client:
-        """A client of the same sidecar whose calls name this agent as the caller."""
+        """A client of the same sidecar whose calls are made as this agent (they present
+        its agent credential, so its sidecar vouches for it)."""
         if self._client is None:
             raise RuntimeError("the agent has not started")
         return self._client
@@ -391,7 +399,7 @@ class Agent:
         self._server = server
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self._health.set("agentreach.v1.Agent", health_pb2.HealthCheckResponse.SERVING)
-        self._channel = grpc.aio.insecure_channel(self.sidecar, options=CHANNEL_OPTIONS)
+        self._channel = sidecar_channel(self.sidecar)
         try:
             reply = await self._register()
         except BaseException:
@@ -400,7 +408,10 @@ class Agent:
             self._server = None
             raise
         self._instance_id = reply.instance_id
-        self._client = Client(self.sidecar, caller_agent=self.name, caller_instance=self._instance_id)
+        self._credential = reply.credential
+        self._client = Client(
+            self.sidecar, caller_agent=self.name, caller_instance=self._instance_id, credential=reply.credential
+        )
         interval = max(reply.heartbeat_interval_ms, 50) / 1000
         self.loop_tick = time.monotonic()
         self._watchdog = loop.create_task(self._tick())
@@ -560,11 +571,20 @@ class Agent:
     def _call(self, request: agent_pb2.HandleRequest, handler: _Handler, context: grpc.aio.ServicerContext[Any, Any]) -> Call:
         remaining = context.time_remaining()
         deadline = time.monotonic() + remaining if remaining is not None else None
-        traceparent = None
+        seen: dict[str, str] = {}
         for key, value in context.invocation_metadata() or ():
-            if key == "traceparent":
-                traceparent = value if isinstance(value, str) else value.decode()
-        return Call(request, handler.name, deadline=deadline, traceparent=traceparent, context=context, client=self._client)
+            if key in ("traceparent", "ar-caller-agent", "ar-caller-instance"):
+                seen[key] = value if isinstance(value, str) else value.decode()
+        verified = (seen["ar-caller-agent"], seen.get("ar-caller-instance", "")) if "ar-caller-agent" in seen else None
+        return Call(
+            request,
+            handler.name,
+            deadline=deadline,
+            traceparent=seen.get("traceparent"),
+            context=context,
+            client=self._client,
+            verified_caller=verified,
+        )
 
     async def _admit(self) -> None:
         """Waits for a ``max_concurrency`` slot and counts the call in flight."""
@@ -652,7 +672,7 @@ class Agent:
             self._idle.clear()
 
     def _inherited(self, call: Call) -> _context.Inherited:
-        return _context.Inherited(call.deadline, call.traceparent, self.name, self._instance_id)
+        return _context.Inherited(call.deadline, call.traceparent, self.name, self._instance_id, self._credential)
 
 
 def _status_of(error: BaseException, capability: str) -> tuple[grpc.StatusCode, str]:
@@ -733,7 +753,7 @@ class _Heartbeats(threading.Thread):
                 load=agent._stats.load(agent.max_concurrency),
             )
             try:
-                self._heartbeat(request, timeout=max(self.interval, 1.0))
+                self._heartbeat(request, timeout=max(self.interval, 1.0), metadata=api_token_metadata())
             except grpc.RpcError as e:
                 code = e.code() if isinstance(e, grpc.Call) else None
                 if code == grpc.StatusCode.NOT_FOUND and not self._stopped.is_set():
@@ -748,11 +768,14 @@ class _Heartbeats(threading.Thread):
         log.warning("sidecar no longer knows %s; registering again", agent.instance_id)
         request = sidecar_pb2.RegisterRequest(registration=agent.registration(), instance_id=agent.instance_id)
         try:
-            reply = self._register(request, timeout=5)
+            reply = self._register(request, timeout=5, metadata=api_token_metadata())
         except grpc.RpcError as e:
             log.warning("registering %s again failed: %s", agent.instance_id, e)
             return
         agent._instance_id = reply.instance_id
+        agent._credential = reply.credential
+        if agent._client is not None:
+            agent._client.credential = reply.credential
 
     def run(self) -> None:
         while not self._stopped.is_set():

@@ -45,6 +45,43 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
 ]
 
 
+def api_token_metadata() -> list[tuple[str, str]]:
+    """The sidecar's local API token (``AGENT_REACH_API_TOKEN``) as call metadata, if set."""
+    token = os.environ.get("AGENT_REACH_API_TOKEN", "").strip()
+    return [("ar-api-token", token)] if token else []
+
+
+class _ApiToken(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
+    """Adds the local API token to every call on a channel to the sidecar."""
+
+    def __init__(self, metadata: list[tuple[str, str]]) -> None:
+        self._metadata = metadata
+
+    def _details(self, details: Any) -> Any:
+        metadata = grpc.aio.Metadata()
+        for key, value in details.metadata or ():
+            metadata.add(key, value)
+        for key, value in self._metadata:
+            metadata.add(key, value)
+        return grpc.aio.ClientCallDetails(
+            details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
+        )
+
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+
+def sidecar_channel(address: str) -> grpc.aio.Channel:
+    """An asyncio channel to the sidecar at ``address``; every call carries the local API
+    token when ``AGENT_REACH_API_TOKEN`` is set."""
+    token = api_token_metadata()
+    interceptors = [_ApiToken(token)] if token else None
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=interceptors)
+
+
 def sidecar_address(address: str | None = None) -> str:
     """``address``, else ``AGENT_REACH_SIDECAR``, else 127.0.0.1:7700, without a scheme."""
     addr = address or os.environ.get("AGENT_REACH_SIDECAR") or DEFAULT_SIDECAR
@@ -154,11 +191,15 @@ class Client:
         *,
         caller_agent: str = "",
         caller_instance: str = "",
+        credential: str = "",
         channel: grpc.aio.Channel | None = None,
     ) -> None:
         self.address = sidecar_address(address)
+        # The agent credential presented on calls (``ar-agent-credential``); empty: the
+        # handled call's agent's inside a handler, else anonymous.
+        self.credential = credential
         self._own_channel = channel is None
-        self._channel = channel or grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+        self._channel = channel or sidecar_channel(self.address)
         self._caller = (
             common_pb2.Caller(agent=caller_agent, instance_id=caller_instance) if caller_agent else None
         )
@@ -184,8 +225,23 @@ class Client:
         return cls()
 
     def with_caller(self, agent: str, instance_id: str = "") -> Client:
-        """The same connection, with calls marked as made by ``agent`` / ``instance_id``."""
-        clone = Client(self.address, caller_agent=agent, caller_instance=instance_id, channel=self._channel)
+        """The same connection, with calls naming ``agent`` / ``instance_id`` as their caller.
+        The name is not verified: rate limits, metrics and authorization use the caller an
+        agent credential proves (see :meth:`with_credential`)."""
+        clone = Client(
+            self.address,
+            caller_agent=agent,
+            caller_instance=instance_id,
+            credential=self.credential,
+            channel=self._channel,
+        )
+        return clone
+
+    def with_credential(self, credential: str) -> Client:
+        """The same connection, presenting the agent credential ``Register`` returned on
+        every call, so the sidecar vouches for that agent as the caller."""
+        clone = Client(self.address, credential=credential, channel=self._channel)
+        clone._caller = self._caller
         return clone
 
     async def __aenter__(self) -> Client:
@@ -251,9 +307,14 @@ class Client:
             request.caller.CopyFrom(caller)
         return request
 
-    @staticmethod
-    def _call_metadata(force_trace: bool, headers: Mapping[str, str] | None) -> list[tuple[str, str]]:
+    def _call_metadata(self, force_trace: bool, headers: Mapping[str, str] | None) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
+        credential = self.credential
+        current = _context.CURRENT.get()
+        if not credential and self._caller is None and current is not None:
+            credential = current.credential
+        if credential:
+            out.append(("ar-agent-credential", credential))
         traceparent = _context.outgoing_traceparent()
         if traceparent:
             out.append(("traceparent", traceparent))

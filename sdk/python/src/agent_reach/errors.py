@@ -199,6 +199,18 @@ class PermissionDenied(MeshError):
     REASON = "PERMISSION_DENIED"
 
 
+class NotAuthorized(PermissionDenied):
+    """The target's authorization policy (``policy`` in details) does not allow the caller."""
+
+    REASON = "NOT_AUTHORIZED"
+
+
+class AgentCredentialInvalid(MeshError):
+    """The agent credential presented is not (or no longer) one the sidecar issued."""
+
+    REASON = "AGENT_CREDENTIAL_INVALID"
+
+
 class ShuttingDown(MeshError):
     REASON = "SHUTTING_DOWN"
 
@@ -231,6 +243,8 @@ _BY_REASON: dict[str, type[MeshError]] = {
         InstanceUnreachable,
         SidecarUnreachable,
         PermissionDenied,
+        NotAuthorized,
+        AgentCredentialInvalid,
         ShuttingDown,
         IdempotentReplyNotStored,
         Internal,

@@ -111,8 +111,16 @@ class Admission(_message.Message):
     queue_timeout_ms: int
     def __init__(self, normal_percent: _Optional[int] = ..., low_percent: _Optional[int] = ..., queue_length: _Optional[int] = ..., queue_timeout_ms: _Optional[int] = ...) -> None: ...
 
+class Authorization(_message.Message):
+    __slots__ = ("allowed_agents", "allow_anonymous")
+    ALLOWED_AGENTS_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_ANONYMOUS_FIELD_NUMBER: _ClassVar[int]
+    allowed_agents: _containers.RepeatedScalarFieldContainer[str]
+    allow_anonymous: bool
+    def __init__(self, allowed_agents: _Optional[_Iterable[str]] = ..., allow_anonymous: _Optional[bool] = ...) -> None: ...
+
 class PolicySpec(_message.Message):
-    __slots__ = ("strategy", "hash_key", "weights", "default_timeout_ms", "retry", "fallback", "rate_limit", "breaker", "split", "read_only", "cache_ttl_ms", "admission")
+    __slots__ = ("strategy", "hash_key", "weights", "default_timeout_ms", "retry", "fallback", "rate_limit", "breaker", "split", "read_only", "cache_ttl_ms", "admission", "authorization")
     class WeightsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -132,6 +140,7 @@ class PolicySpec(_message.Message):
     READ_ONLY_FIELD_NUMBER: _ClassVar[int]
     CACHE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     ADMISSION_FIELD_NUMBER: _ClassVar[int]
+    AUTHORIZATION_FIELD_NUMBER: _ClassVar[int]
     strategy: Strategy
     hash_key: str
     weights: _containers.ScalarMap[str, int]
@@ -144,7 +153,8 @@ class PolicySpec(_message.Message):
     read_only: bool
     cache_ttl_ms: int
     admission: Admission
-    def __init__(self, strategy: _Optional[_Union[Strategy, str]] = ..., hash_key: _Optional[str] = ..., weights: _Optional[_Mapping[str, int]] = ..., default_timeout_ms: _Optional[int] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., fallback: _Optional[_Union[Fallback, _Mapping]] = ..., rate_limit: _Optional[_Union[RateLimit, _Mapping]] = ..., breaker: _Optional[_Union[CircuitBreaker, _Mapping]] = ..., split: _Optional[_Union[VersionSplit, _Mapping]] = ..., read_only: _Optional[bool] = ..., cache_ttl_ms: _Optional[int] = ..., admission: _Optional[_Union[Admission, _Mapping]] = ...) -> None: ...
+    authorization: Authorization
+    def __init__(self, strategy: _Optional[_Union[Strategy, str]] = ..., hash_key: _Optional[str] = ..., weights: _Optional[_Mapping[str, int]] = ..., default_timeout_ms: _Optional[int] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., fallback: _Optional[_Union[Fallback, _Mapping]] = ..., rate_limit: _Optional[_Union[RateLimit, _Mapping]] = ..., breaker: _Optional[_Union[CircuitBreaker, _Mapping]] = ..., split: _Optional[_Union[VersionSplit, _Mapping]] = ..., read_only: _Optional[bool] = ..., cache_ttl_ms: _Optional[int] = ..., admission: _Optional[_Union[Admission, _Mapping]] = ..., authorization: _Optional[_Union[Authorization, _Mapping]] = ...) -> None: ...
 
 class Policy(_message.Message):
     __slots__ = ("tenant", "kind", "name", "spec", "revision", "description")

@@ -28,7 +28,7 @@ from agent_reach._proto.agentreach.v1 import session_pb2 as agentreach_dot_v1_do
 from agent_reach._proto.agentreach.v1 import task_pb2 as agentreach_dot_v1_dot_task__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x61gentreach/v1/sidecar.proto\x12\ragentreach.v1\x1a\x1a\x61gentreach/v1/common.proto\x1a\x19\x61gentreach/v1/agent.proto\x1a\x1b\x61gentreach/v1/session.proto\x1a\x18\x61gentreach/v1/task.proto\"\x89\x01\n\x0fRegisterRequest\x12\x36\n\x0cregistration\x18\x01 \x01(\x0b\x32 .agentreach.v1.AgentRegistration\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.agentreach.v1.HealthState\"i\n\rRegisterReply\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\x12\x14\n\x0clease_ttl_ms\x18\x03 \x01(\r\x12\x0e\n\x06tenant\x18\x04 \x01(\t\"u\n\x10HeartbeatRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12)\n\x05state\x18\x02 \x01(\x0e\x32\x1a.agentreach.v1.HealthState\x12!\n\x04load\x18\x03 \x01(\x0b\x32\x13.agentreach.v1.Load\"\x10\n\x0eHeartbeatReply\"(\n\x11\x44\x65registerRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\"\x11\n\x0f\x44\x65registerReply\"\x8c\x01\n\x0cRouteRequest\x12%\n\x06target\x18\x01 \x01(\x0b\x32\x15.agentreach.v1.Target\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12)\n\x08priority\x18\x03 \x01(\x0e\x32\x17.agentreach.v1.Priority\x12\x16\n\x0emax_candidates\x18\x04 \x01(\r\"X\n\x0eRouteCandidate\x12)\n\x08instance\x18\x01 \x01(\x0b\x32\x17.agentreach.v1.Instance\x12\r\n\x05score\x18\x02 \x01(\x01\x12\x0c\n\x04note\x18\x03 \x01(\t\"U\n\x0fSkippedInstance\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"\xc5\x01\n\nRouteReply\x12\x31\n\ncandidates\x18\x01 \x03(\x0b\x32\x1d.agentreach.v1.RouteCandidate\x12/\n\x07skipped\x18\x02 \x03(\x0b\x32\x1e.agentreach.v1.SkippedInstance\x12\x16\n\x0etable_revision\x18\x03 \x01(\x03\x12\x10\n\x08strategy\x18\x04 \x01(\t\x12\x13\n\x0btable_stale\x18\x05 \x01(\x08\x12\x14\n\x0ctable_age_ms\x18\x06 \x01(\x03\"\xdf\x02\n\rInvokeRequest\x12%\n\x06target\x18\x01 \x01(\x0b\x32\x15.agentreach.v1.Target\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x03 \x01(\t\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12)\n\x08priority\x18\x05 \x01(\x0e\x32\x17.agentreach.v1.Priority\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\x12<\n\x08metadata\x18\x07 \x03(\x0b\x32*.agentreach.v1.InvokeRequest.MetadataEntry\x12\x12\n\nmessage_id\x18\x08 \x01(\t\x12%\n\x06\x63\x61ller\x18\t \x01(\x0b\x32\x15.agentreach.v1.Caller\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x85\x02\n\x0bInvokeReply\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x02 \x01(\t\x12:\n\x08metadata\x18\x03 \x03(\x0b\x32(.agentreach.v1.InvokeReply.MetadataEntry\x12\x13\n\x0binstance_id\x18\x10 \x01(\t\x12\r\n\x05\x61gent\x18\x11 \x01(\t\x12\x15\n\ragent_version\x18\x12 \x01(\t\x12\x10\n\x08\x61ttempts\x18\x13 \x01(\r\x12\x15\n\rfallback_from\x18\x14 \x01(\t\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32\x85\n\n\x07Sidecar\x12H\n\x08Register\x12\x1e.agentreach.v1.RegisterRequest\x1a\x1c.agentreach.v1.RegisterReply\x12K\n\tHeartbeat\x12\x1f.agentreach.v1.HeartbeatRequest\x1a\x1d.agentreach.v1.HeartbeatReply\x12N\n\nDeregister\x12 .agentreach.v1.DeregisterRequest\x1a\x1e.agentreach.v1.DeregisterReply\x12?\n\x05Route\x12\x1b.agentreach.v1.RouteRequest\x1a\x19.agentreach.v1.RouteReply\x12\x42\n\x06Invoke\x12\x1c.agentreach.v1.InvokeRequest\x1a\x1a.agentreach.v1.InvokeReply\x12\x44\n\x0cInvokeStream\x12\x1c.agentreach.v1.InvokeRequest\x1a\x14.agentreach.v1.Chunk0\x01\x12N\n\nGetSession\x12 .agentreach.v1.GetSessionRequest\x1a\x1e.agentreach.v1.GetSessionReply\x12N\n\nPutSession\x12 .agentreach.v1.PutSessionRequest\x1a\x1e.agentreach.v1.PutSessionReply\x12W\n\rDeleteSession\x12#.agentreach.v1.DeleteSessionRequest\x1a!.agentreach.v1.DeleteSessionReply\x12R\n\x0cWatchSession\x12\".agentreach.v1.WatchSessionRequest\x1a\x1c.agentreach.v1.SessionChange0\x01\x12N\n\nSubmitTask\x12 .agentreach.v1.SubmitTaskRequest\x1a\x1e.agentreach.v1.SubmitTaskReply\x12=\n\x07GetTask\x12\x1d.agentreach.v1.GetTaskRequest\x1a\x13.agentreach.v1.Task\x12K\n\tListTasks\x12\x1f.agentreach.v1.ListTasksRequest\x1a\x1d.agentreach.v1.ListTasksReply\x12\x43\n\nCancelTask\x12 .agentreach.v1.CancelTaskRequest\x1a\x13.agentreach.v1.Task\x12P\n\rSubscribeTask\x12#.agentreach.v1.SubscribeTaskRequest\x1a\x18.agentreach.v1.TaskEvent0\x01\x12\x43\n\nReportTask\x12 .agentreach.v1.ReportTaskRequest\x1a\x13.agentreach.v1.Task\x12\x43\n\nAnswerTask\x12 .agentreach.v1.AnswerTaskRequest\x1a\x13.agentreach.v1.Taskb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x61gentreach/v1/sidecar.proto\x12\ragentreach.v1\x1a\x1a\x61gentreach/v1/common.proto\x1a\x19\x61gentreach/v1/agent.proto\x1a\x1b\x61gentreach/v1/session.proto\x1a\x18\x61gentreach/v1/task.proto\"\x89\x01\n\x0fRegisterRequest\x12\x36\n\x0cregistration\x18\x01 \x01(\x0b\x32 .agentreach.v1.AgentRegistration\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.agentreach.v1.HealthState\"}\n\rRegisterReply\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\x12\x14\n\x0clease_ttl_ms\x18\x03 \x01(\r\x12\x0e\n\x06tenant\x18\x04 \x01(\t\x12\x12\n\ncredential\x18\x05 \x01(\t\"u\n\x10HeartbeatRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12)\n\x05state\x18\x02 \x01(\x0e\x32\x1a.agentreach.v1.HealthState\x12!\n\x04load\x18\x03 \x01(\x0b\x32\x13.agentreach.v1.Load\"\x10\n\x0eHeartbeatReply\"(\n\x11\x44\x65registerRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\"\x11\n\x0f\x44\x65registerReply\"\x8c\x01\n\x0cRouteRequest\x12%\n\x06target\x18\x01 \x01(\x0b\x32\x15.agentreach.v1.Target\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12)\n\x08priority\x18\x03 \x01(\x0e\x32\x17.agentreach.v1.Priority\x12\x16\n\x0emax_candidates\x18\x04 \x01(\r\"X\n\x0eRouteCandidate\x12)\n\x08instance\x18\x01 \x01(\x0b\x32\x17.agentreach.v1.Instance\x12\r\n\x05score\x18\x02 \x01(\x01\x12\x0c\n\x04note\x18\x03 \x01(\t\"U\n\x0fSkippedInstance\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"\xc5\x01\n\nRouteReply\x12\x31\n\ncandidates\x18\x01 \x03(\x0b\x32\x1d.agentreach.v1.RouteCandidate\x12/\n\x07skipped\x18\x02 \x03(\x0b\x32\x1e.agentreach.v1.SkippedInstance\x12\x16\n\x0etable_revision\x18\x03 \x01(\x03\x12\x10\n\x08strategy\x18\x04 \x01(\t\x12\x13\n\x0btable_stale\x18\x05 \x01(\x08\x12\x14\n\x0ctable_age_ms\x18\x06 \x01(\x03\"\xdf\x02\n\rInvokeRequest\x12%\n\x06target\x18\x01 \x01(\x0b\x32\x15.agentreach.v1.Target\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x03 \x01(\t\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12)\n\x08priority\x18\x05 \x01(\x0e\x32\x17.agentreach.v1.Priority\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\x12<\n\x08metadata\x18\x07 \x03(\x0b\x32*.agentreach.v1.InvokeRequest.MetadataEntry\x12\x12\n\nmessage_id\x18\x08 \x01(\t\x12%\n\x06\x63\x61ller\x18\t \x01(\x0b\x32\x15.agentreach.v1.Caller\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x85\x02\n\x0bInvokeReply\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x02 \x01(\t\x12:\n\x08metadata\x18\x03 \x03(\x0b\x32(.agentreach.v1.InvokeReply.MetadataEntry\x12\x13\n\x0binstance_id\x18\x10 \x01(\t\x12\r\n\x05\x61gent\x18\x11 \x01(\t\x12\x15\n\ragent_version\x18\x12 \x01(\t\x12\x10\n\x08\x61ttempts\x18\x13 \x01(\r\x12\x15\n\rfallback_from\x18\x14 \x01(\t\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32\x85\n\n\x07Sidecar\x12H\n\x08Register\x12\x1e.agentreach.v1.RegisterRequest\x1a\x1c.agentreach.v1.RegisterReply\x12K\n\tHeartbeat\x12\x1f.agentreach.v1.HeartbeatRequest\x1a\x1d.agentreach.v1.HeartbeatReply\x12N\n\nDeregister\x12 .agentreach.v1.DeregisterRequest\x1a\x1e.agentreach.v1.DeregisterReply\x12?\n\x05Route\x12\x1b.agentreach.v1.RouteRequest\x1a\x19.agentreach.v1.RouteReply\x12\x42\n\x06Invoke\x12\x1c.agentreach.v1.InvokeRequest\x1a\x1a.agentreach.v1.InvokeReply\x12\x44\n\x0cInvokeStream\x12\x1c.agentreach.v1.InvokeRequest\x1a\x14.agentreach.v1.Chunk0\x01\x12N\n\nGetSession\x12 .agentreach.v1.GetSessionRequest\x1a\x1e.agentreach.v1.GetSessionReply\x12N\n\nPutSession\x12 .agentreach.v1.PutSessionRequest\x1a\x1e.agentreach.v1.PutSessionReply\x12W\n\rDeleteSession\x12#.agentreach.v1.DeleteSessionRequest\x1a!.agentreach.v1.DeleteSessionReply\x12R\n\x0cWatchSession\x12\".agentreach.v1.WatchSessionRequest\x1a\x1c.agentreach.v1.SessionChange0\x01\x12N\n\nSubmitTask\x12 .agentreach.v1.SubmitTaskRequest\x1a\x1e.agentreach.v1.SubmitTaskReply\x12=\n\x07GetTask\x12\x1d.agentreach.v1.GetTaskRequest\x1a\x13.agentreach.v1.Task\x12K\n\tListTasks\x12\x1f.agentreach.v1.ListTasksRequest\x1a\x1d.agentreach.v1.ListTasksReply\x12\x43\n\nCancelTask\x12 .agentreach.v1.CancelTaskRequest\x1a\x13.agentreach.v1.Task\x12P\n\rSubscribeTask\x12#.agentreach.v1.SubscribeTaskRequest\x1a\x18.agentreach.v1.TaskEvent0\x01\x12\x43\n\nReportTask\x12 .agentreach.v1.ReportTaskRequest\x1a\x13.agentreach.v1.Task\x12\x43\n\nAnswerTask\x12 .agentreach.v1.AnswerTaskRequest\x1a\x13.agentreach.v1.Taskb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,31 +42,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTERREQUEST']._serialized_start=157
   _globals['_REGISTERREQUEST']._serialized_end=294
   _globals['_REGISTERREPLY']._serialized_start=296
-  _globals['_REGISTERREPLY']._serialized_end=401
-  _globals['_HEARTBEATREQUEST']._serialized_start=403
-  _globals['_HEARTBEATREQUEST']._serialized_end=520
-  _globals['_HEARTBEATREPLY']._serialized_start=522
-  _globals['_HEARTBEATREPLY']._serialized_end=538
-  _globals['_DEREGISTERREQUEST']._serialized_start=540
-  _globals['_DEREGISTERREQUEST']._serialized_end=580
-  _globals['_DEREGISTERREPLY']._serialized_start=582
-  _globals['_DEREGISTERREPLY']._serialized_end=599
-  _globals['_ROUTEREQUEST']._serialized_start=602
-  _globals['_ROUTEREQUEST']._serialized_end=742
-  _globals['_ROUTECANDIDATE']._serialized_start=744
-  _globals['_ROUTECANDIDATE']._serialized_end=832
-  _globals['_SKIPPEDINSTANCE']._serialized_start=834
-  _globals['_SKIPPEDINSTANCE']._serialized_end=919
-  _globals['_ROUTEREPLY']._serialized_start=922
-  _globals['_ROUTEREPLY']._serialized_end=1119
-  _globals['_INVOKEREQUEST']._serialized_start=1122
-  _globals['_INVOKEREQUEST']._serialized_end=1473
-  _globals['_INVOKEREQUEST_METADATAENTRY']._serialized_start=1426
-  _globals['_INVOKEREQUEST_METADATAENTRY']._serialized_end=1473
-  _globals['_INVOKEREPLY']._serialized_start=1476
-  _globals['_INVOKEREPLY']._serialized_end=1737
-  _globals['_INVOKEREPLY_METADATAENTRY']._serialized_start=1426
-  _globals['_INVOKEREPLY_METADATAENTRY']._serialized_end=1473
-  _globals['_SIDECAR']._serialized_start=1740
-  _globals['_SIDECAR']._serialized_end=3025
+  _globals['_REGISTERREPLY']._serialized_end=421
+  _globals['_HEARTBEATREQUEST']._serialized_start=423
+  _globals['_HEARTBEATREQUEST']._serialized_end=540
+  _globals['_HEARTBEATREPLY']._serialized_start=542
+  _globals['_HEARTBEATREPLY']._serialized_end=558
+  _globals['_DEREGISTERREQUEST']._serialized_start=560
+  _globals['_DEREGISTERREQUEST']._serialized_end=600
+  _globals['_DEREGISTERREPLY']._serialized_start=602
+  _globals['_DEREGISTERREPLY']._serialized_end=619
+  _globals['_ROUTEREQUEST']._serialized_start=622
+  _globals['_ROUTEREQUEST']._serialized_end=762
+  _globals['_ROUTECANDIDATE']._serialized_start=764
+  _globals['_ROUTECANDIDATE']._serialized_end=852
+  _globals['_SKIPPEDINSTANCE']._serialized_start=854
+  _globals['_SKIPPEDINSTANCE']._serialized_end=939
+  _globals['_ROUTEREPLY']._serialized_start=942
+  _globals['_ROUTEREPLY']._serialized_end=1139
+  _globals['_INVOKEREQUEST']._serialized_start=1142
+  _globals['_INVOKEREQUEST']._serialized_end=1493
+  _globals['_INVOKEREQUEST_METADATAENTRY']._serialized_start=1446
+  _globals['_INVOKEREQUEST_METADATAENTRY']._serialized_end=1493
+  _globals['_INVOKEREPLY']._serialized_start=1496
+  _globals['_INVOKEREPLY']._serialized_end=1757
+  _globals['_INVOKEREPLY_METADATAENTRY']._serialized_start=1446
+  _globals['_INVOKEREPLY_METADATAENTRY']._serialized_end=1493
+  _globals['_SIDECAR']._serialized_start=1760
+  _globals['_SIDECAR']._serialized_end=3045
 # @@protoc_insertion_point(module_scope)

@@ -21,16 +21,18 @@ class RegisterRequest(_message.Message):
     def __init__(self, registration: _Optional[_Union[_common_pb2.AgentRegistration, _Mapping]] = ..., instance_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.HealthState, str]] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
-    __slots__ = ("instance_id", "heartbeat_interval_ms", "lease_ttl_ms", "tenant")
+    __slots__ = ("instance_id", "heartbeat_interval_ms", "lease_ttl_ms", "tenant", "credential")
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     instance_id: str
     heartbeat_interval_ms: int
     lease_ttl_ms: int
     tenant: str
-    def __init__(self, instance_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ..., tenant: _Optional[str] = ...) -> None: ...
+    credential: str
+    def __init__(self, instance_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ..., tenant: _Optional[str] = ..., credential: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("instance_id", "state", "load")
