@@ -19,7 +19,7 @@ use futures_util::{Stream, StreamExt};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tonic::transport::{Channel, Server};
+use tonic::transport::Server;
 use tonic::{Code, Status};
 
 use crate::model::{Capability, FieldError, HealthState, Load, Priority, Registration};

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::Stream;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 
 use crate::headers;
 use crate::model::{Priority, Target};

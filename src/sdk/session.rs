@@ -16,7 +16,6 @@
 use std::collections::HashMap;
 
 use bytes::Bytes;
-use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use crate::proto;

@@ -45,16 +45,16 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
 ]
 
 
-def api_token_metadata() -> list[tuple[str, str]]:
+def api_token_metadata() -> tuple[tuple[str, str], ...]:
     """The sidecar's local API token (``AGENT_REACH_API_TOKEN``) as call metadata, if set."""
     token = os.environ.get("AGENT_REACH_API_TOKEN", "").strip()
-    return [("ar-api-token", token)] if token else []
+    return (("ar-api-token", token),) if token else ()
 
 
-class _ApiToken(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
+class _ApiToken(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor):
     """Adds the local API token to every call on a channel to the sidecar."""
 
-    def __init__(self, metadata: list[tuple[str, str]]) -> None:
+    def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
         self._metadata = metadata
 
     def _details(self, details: Any) -> Any:
