@@ -37,6 +37,10 @@ const RANGE_ATTEMPTS: usize = 3;
 /// HTTP/2 ping interval on the etcd connection while streams are open, so that a watch on
 /// a silently dead connection fails. etcd rejects pings more often than every 5 s.
 const PING_INTERVAL: Duration = Duration::from_secs(10);
+/// The key read (count only) to learn the store's current revision, and watched to learn
+/// the compacted revision.
+const REVISION_KEY: &str = "/agent-reach/";
+
 /// Largest watch response accepted (a revision's events come in one response).
 const MAX_WATCH_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 /// Keep-alive requests queued for the keep-alive stream before callers wait.
@@ -209,7 +213,8 @@ impl EtcdStore {
         let mut client = self.watch.clone();
         let options = etcd::WatchOptions::new().with_start_revision(1);
         let probe = async {
-            let mut stream = client.watch(vec![0u8], Some(options)).await.ok()?;
+            // A key inside the mesh's key space: see REVISION_KEY.
+            let mut stream = client.watch(REVISION_KEY, Some(options)).await.ok()?;
             loop {
                 let response = stream.message().await.ok()??;
                 if response.compact_revision() > 0 {
@@ -402,7 +407,9 @@ impl Store for EtcdStore {
     async fn current_revision(&self) -> Result<Revision> {
         let mut kv = self.kv.clone();
         let options = etcd::GetOptions::new().with_count_only();
-        let response = self.request("current_revision", None, kv.get(vec![0u8], Some(options))).await?;
+        // Any key's answer carries the store revision; this one is inside the mesh's key
+        // space, so an etcd user whose role covers only `/agent-reach/` may read it.
+        let response = self.request("current_revision", None, kv.get(REVISION_KEY, Some(options))).await?;
         header_revision(response.header())
     }
 }
