@@ -9,7 +9,8 @@ use crate::model::{
     Priority, Registration, StateHold, Target, TargetKind, TenantRecord, Transport,
 };
 use crate::policy::{
-    Admission, Authorization, CircuitBreaker, Fallback, Policy, PolicyKind, PolicySpec, RateLimit, RetryPolicy, Strategy, VersionSplit,
+    Admission, Authorization, CircuitBreaker, Fallback, Policy, PolicyKind, PolicySpec, RateLimit, RetryPolicy,
+    Strategy, VersionSplit,
 };
 use crate::proto;
 
@@ -534,10 +535,7 @@ mod tests {
                 read_only: true,
                 cache_ttl_ms: 100,
                 admission: None,
-                authorization: Some(Authorization {
-                    allowed_agents: vec!["planner".into()],
-                    allow_anonymous: true,
-                }),
+                authorization: Some(Authorization { allowed_agents: vec!["planner".into()], allow_anonymous: true }),
             },
             description: "d".into(),
         };

@@ -88,9 +88,9 @@ mod sdk;
 pub use model::Priority;
 pub use sdk::agent::{Agent, AgentBuilder, AgentError, Call, HandlerError, Reply, RunningAgent};
 pub use sdk::client::{ChunkStream, Client, InvokeBuilder, InvokeError, InvokeReply};
-pub use sdk::{ApiToken, SidecarChannel};
 pub use sdk::session::{Policy, Session, SessionError, SessionField, SessionSnapshot};
 pub use sdk::task::{SubmitBuilder, Submitted, TaskContext, TaskHandle, TaskUpdates};
+pub use sdk::{ApiToken, SidecarChannel};
 
 /// Generated protobuf messages and gRPC clients/servers of `agentreach.v1`.
 pub mod proto {

@@ -799,7 +799,8 @@ mod tests {
         use proptest::strategy::Strategy;
 
         use super::super::{
-            Admission, CircuitBreaker, Fallback, Policy, PolicyKind, PolicySpec, RateLimit, RetryPolicy, VersionSplit,
+            Admission, Authorization, CircuitBreaker, Fallback, Policy, PolicyKind, PolicySpec, RateLimit, RetryPolicy,
+            VersionSplit,
         };
 
         /// Any f64, weighted towards the edges of the ranges.
@@ -865,16 +866,20 @@ mod tests {
                 name().prop_map(Fallback::Capability),
                 name().prop_map(Fallback::Agent)
             ]);
+            let authorization = proptest::option::of(
+                (proptest::collection::vec(name(), 0..3), any::<bool>())
+                    .prop_map(|(allowed_agents, allow_anonymous)| Authorization { allowed_agents, allow_anonymous }),
+            );
             (
                 (strategy, proptest::collection::btree_map(name(), count(), 0..3), proptest::option::of(count())),
                 (retry, fallback, rate, breaker),
-                (split, any::<bool>(), count(), admission),
+                (split, any::<bool>(), count(), admission, authorization),
             )
                 .prop_map(
                     |(
                         (strategy, weights, timeout),
                         (retry, fallback, rate_limit, breaker),
-                        (split, ro, ttl, admission),
+                        (split, ro, ttl, admission, authorization),
                     )| {
                         PolicySpec {
                             strategy,
@@ -889,6 +894,7 @@ mod tests {
                             read_only: ro,
                             cache_ttl_ms: ttl,
                             admission,
+                            authorization,
                         }
                     },
                 )

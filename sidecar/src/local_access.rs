@@ -108,12 +108,8 @@ pub(crate) fn bind_uds(path: &Path, mode: u32) -> std::io::Result<UnixListener> 
 
 /// Serves HTTP/2 on the Unix socket `listener` (bound at `path`) with `handler` until
 /// shutdown, then removes the socket file.
-pub(crate) async fn serve_uds<F>(
-    listener: UnixListener,
-    path: PathBuf,
-    mut shutdown: watch::Receiver<bool>,
-    handler: F,
-) where
+pub(crate) async fn serve_uds<F>(listener: UnixListener, path: PathBuf, mut shutdown: watch::Receiver<bool>, handler: F)
+where
     F: Fn(Request<Incoming>) -> HandlerFuture + Clone + Send + Sync + 'static,
 {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();

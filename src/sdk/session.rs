@@ -117,7 +117,11 @@ pub enum Policy {
 }
 
 impl Session {
-    pub(crate) fn new(sidecar: Option<SidecarClient<super::SidecarChannel>>, session_id: String, instance_id: String) -> Session {
+    pub(crate) fn new(
+        sidecar: Option<SidecarClient<super::SidecarChannel>>,
+        session_id: String,
+        instance_id: String,
+    ) -> Session {
         Session { sidecar, session_id, instance_id }
     }
 

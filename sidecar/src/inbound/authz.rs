@@ -82,8 +82,7 @@ where
 
     fn call(&mut self, call: InboundCall) -> Self::Future {
         let caller = call.caller.as_ref().map(|c| &*c.agent);
-        let refused =
-            check(&self.table.load(), caller, &call.local.registration.agent, &call.capability).err();
+        let refused = check(&self.table.load(), caller, &call.local.registration.agent, &call.capability).err();
         if let Some(e) = refused {
             Rejections::count(&self.rejections.not_authorized);
             return Box::pin(std::future::ready(Ok(Attempt::Failed(DeliveryError::Sidecar(e)))));

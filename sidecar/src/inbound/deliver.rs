@@ -95,14 +95,11 @@ impl MeshEntry {
         // The caller another sidecar vouches for counts only from a mutual-TLS peer (whose
         // tenant `mesh_tls::authorize` checked); on a plaintext mesh every caller is
         // anonymous, whatever the headers say.
-        let caller = parts
-            .extensions
-            .get::<crate::mesh_tls::MeshPeer>()
-            .and_then(|_| {
-                let agent = parts.headers.get(header::CALLER_AGENT)?.to_str().ok()?;
-                let instance = parts.headers.get(header::CALLER_INSTANCE)?.to_str().ok()?;
-                Some(Caller { agent: agent.into(), instance: instance.into() })
-            });
+        let caller = parts.extensions.get::<crate::mesh_tls::MeshPeer>().and_then(|_| {
+            let agent = parts.headers.get(header::CALLER_AGENT)?.to_str().ok()?;
+            let instance = parts.headers.get(header::CALLER_INSTANCE)?.to_str().ok()?;
+            Some(Caller { agent: agent.into(), instance: instance.into() })
+        });
         let capability: Arc<str> =
             parts.headers.get(header::CAPABILITY).and_then(|v| v.to_str().ok()).unwrap_or_default().into();
         // Prewarm: a session new to this sidecar (its calls moved here) is fetched before

@@ -76,8 +76,7 @@ async fn an_authorization_policy_lets_planner_call_and_refuses_intruder() {
     assert_eq!(worker.handled(), 2);
 
     // Policies through Admin: capability `work` and agent `archivist` allow only planner.
-    let only_planner =
-        Authorization { allowed_agents: vec!["planner".into()], allow_anonymous: false };
+    let only_planner = Authorization { allowed_agents: vec!["planner".into()], allow_anonymous: false };
     for (kind, name) in [(PolicyKind::Capability, "work"), (PolicyKind::Agent, "archivist")] {
         let policy = Policy {
             tenant: "team-a".into(),
@@ -249,7 +248,8 @@ async fn the_local_api_takes_a_token_and_serves_a_unix_socket_with_its_mode() {
         }
         request
     };
-    let tcp = tonic::transport::Endpoint::from_shared(format!("http://{}", sidecar.local_addr())).unwrap().connect_lazy();
+    let tcp =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", sidecar.local_addr())).unwrap().connect_lazy();
     let uds = tonic::transport::Endpoint::from_static("http://sidecar.local")
         .connect_with_connector(UdsConnector(socket.clone()))
         .await
