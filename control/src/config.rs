@@ -467,6 +467,14 @@ mod tests {
     }
 
     #[test]
+    fn the_etcd_user_needs_its_password_file_and_etcd() {
+        assert!(ControlArgs::try_parse_from(["control", "--etcd-username", "agent-reach"]).is_err());
+        assert!(ControlArgs::try_parse_from(["control", "--etcd-password-file", "/p"]).is_err());
+        let a = ControlArgs::parse_from(["control", "--etcd-username", "u", "--etcd-password-file", "/p"]);
+        assert!(ControlConfig::try_from(&a).unwrap_err().contains("--etcd-username"));
+    }
+
+    #[test]
     fn defaults() {
         let a = ControlArgs::parse_from(["control"]);
         let c = ControlConfig::try_from(&a).unwrap();

@@ -479,3 +479,26 @@ impl Drop for ControlReplica {
         }
     }
 }
+
+#[cfg(test)]
+mod etcd_user_tests {
+    use super::EtcdTlsFiles;
+
+    #[test]
+    fn the_etcd_password_is_read_from_its_file_without_the_newline() {
+        let dir = std::env::temp_dir().join(format!("ar-etcd-user-{:08x}", rand::random::<u32>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("password");
+        std::fs::write(&path, "s3cret\n").unwrap();
+        let files =
+            EtcdTlsFiles { username: Some("u".into()), password_file: Some(path.clone()), ..Default::default() };
+        let user = files.user().unwrap().unwrap();
+        assert_eq!((user.name.as_str(), user.password.as_str()), ("u", "s3cret"));
+        assert!(!format!("{user:?}").contains("s3cret"), "the password is never printed");
+        std::fs::write(&path, "\n").unwrap();
+        assert!(files.user().unwrap_err().contains("--etcd-password-file"));
+        let missing = EtcdTlsFiles { password_file: Some(dir.join("none")), ..files };
+        assert!(missing.user().unwrap_err().contains("--etcd-password-file"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

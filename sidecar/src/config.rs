@@ -397,5 +397,11 @@ mod tests {
         assert!(!default.starts_with(std::env::temp_dir()), "not in the shared temporary directory: {default:?}");
         let args = SidecarArgs::parse_from(["sidecar", "--table-file", "off"]);
         assert_eq!(SidecarConfig::try_from(&args).unwrap().table_file, None);
+        let args = SidecarArgs::parse_from(["sidecar", "--local-uds", "/tmp/x.sock", "--local-uds-mode", "999"]);
+        assert!(SidecarConfig::try_from(&args).unwrap_err().contains("--local-uds-mode"));
+        let args = SidecarArgs::parse_from(["sidecar", "--local-uds", "/tmp/x.sock", "--local-uds-mode", "660"]);
+        assert_eq!(SidecarConfig::try_from(&args).unwrap().local_uds, Some((PathBuf::from("/tmp/x.sock"), 0o660)));
+        let args = SidecarArgs::parse_from(["sidecar", "--local-token-file", "/nonexistent/token"]);
+        assert!(SidecarConfig::try_from(&args).unwrap_err().contains("--local-token-file"));
     }
 }
