@@ -820,7 +820,7 @@ impl Call {
         crate::Session::new(self.sidecar.clone(), self.inner.session_id.clone(), self.inner.instance_id.clone())
     }
     /// The sidecar that delivered the call (none for a call built by hand).
-    pub(crate) fn sidecar_client(&self) -> Option<SidecarClient<tonic::transport::Channel>> {
+    pub(crate) fn sidecar_client(&self) -> Option<SidecarClient<super::SidecarChannel>> {
         self.sidecar.clone()
     }
     /// The call's message id: the caller's, or one its sidecar assigned.

@@ -24,7 +24,6 @@
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use std::pin::Pin;
-use tonic::transport::Channel;
 
 use crate::proto::sidecar_client::SidecarClient;
 use crate::proto::{self, TaskState};
@@ -76,7 +75,7 @@ impl Client {
 /// A task being built by [`Client::submit`]; [`send`](SubmitBuilder::send) stores it.
 #[must_use = "a task is only submitted by send()"]
 pub struct SubmitBuilder {
-    sidecar: SidecarClient<Channel>,
+    sidecar: SidecarClient<super::SidecarChannel>,
     request: proto::SubmitTaskRequest,
 }
 
@@ -157,7 +156,7 @@ impl std::ops::Deref for Submitted {
 #[derive(Clone, Debug)]
 pub struct TaskHandle {
     id: String,
-    sidecar: SidecarClient<Channel>,
+    sidecar: SidecarClient<super::SidecarChannel>,
 }
 
 impl TaskHandle {
