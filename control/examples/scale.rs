@@ -272,7 +272,7 @@ async fn run(args: &Args, etcd: &EtcdServer) -> Result<String, String> {
                     })
                     .collect();
                 let request =
-                    proto::ControlHeartbeatRequest { tenant: TENANT.into(), sidecar: None, instances, lease_id: lease };
+                    proto::ControlHeartbeatRequest { report: None, tenant: TENANT.into(), sidecar: None, instances, lease_id: lease };
                 if let Err(e) = client.heartbeat(request).await {
                     eprintln!("heartbeat of sidecar {s} failed: {}", e.message());
                 }
@@ -317,6 +317,7 @@ async fn run(args: &Args, etcd: &EtcdServer) -> Result<String, String> {
                     _ = ticker.tick() => {}
                 }
                 let request = proto::ControlHeartbeatRequest {
+                    report: None,
                     tenant: TENANT.into(),
                     sidecar: None,
                     instances: vec![],

@@ -4,6 +4,7 @@
 mod admin;
 mod bad_input;
 mod dashboard;
+mod dashboard_auth;
 mod governance;
 mod health;
 mod http_agent;
@@ -19,5 +20,6 @@ mod routing;
 mod sessions;
 mod tasks;
 mod tenants;
+mod topology;
 mod two_sidecars;
 mod watch_fidelity;
