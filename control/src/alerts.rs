@@ -337,7 +337,8 @@ impl Rules {
             let key = (Rule::FallbackServing, target.to_string());
             let active = self.active.contains_key(&key);
             if *fallback >= self.config.fallback_calls && !active {
-                let message = format!("{target}: {fallback} of {calls} calls in the last minute served by its fallback");
+                let message =
+                    format!("{target}: {fallback} of {calls} calls in the last minute served by its fallback");
                 let served_by = agents.iter().map(|a| a.to_string()).collect();
                 findings.push(Finding::Fired(self.alert(
                     Rule::FallbackServing,
@@ -374,8 +375,7 @@ impl Rules {
         traffic: &[Arc<SidecarTraffic>],
         findings: &mut Vec<Finding>,
     ) {
-        let open: BTreeSet<&str> =
-            traffic.iter().flat_map(|r| r.open_breakers.iter().map(String::as_str)).collect();
+        let open: BTreeSet<&str> = traffic.iter().flat_map(|r| r.open_breakers.iter().map(String::as_str)).collect();
         let mut by_agent: BTreeMap<&str, (usize, Vec<String>)> = BTreeMap::new();
         for s in instances {
             let entry = by_agent.entry(s.record.registration.agent.as_str()).or_default();
@@ -790,7 +790,13 @@ mod tests {
         // Two instances pausing, then leaving together: a graceful exit, not a loss.
         let mut rules = Rules::new("t", config);
         rules.evaluate(t0, 0, 1, &[up("a"), up("b")], &[]);
-        rules.evaluate(t0, 0, 2, &[instance("tr", "a", HealthState::Paused), instance("tr", "b", HealthState::Paused)], &[]);
+        rules.evaluate(
+            t0,
+            0,
+            2,
+            &[instance("tr", "a", HealthState::Paused), instance("tr", "b", HealthState::Paused)],
+            &[],
+        );
         let gone = rules.evaluate(t0, 0, 3, &[], &[]);
         assert!(gone.is_empty(), "{gone:?}");
     }
@@ -848,14 +854,15 @@ mod tests {
         let t0 = Instant::now();
         let target = "capability text.translate";
         // 2 + 2 calls served by the fallback: below the default 5.
-        let some = [traffic("a", vec![(target, "backup", 2, 2)], &[]), traffic("b", vec![(target, "backup", 2, 2)], &[])];
+        let some =
+            [traffic("a", vec![(target, "backup", 2, 2)], &[]), traffic("b", vec![(target, "backup", 2, 2)], &[])];
         assert!(rules.evaluate(t0, 0, 1, &[], &some).is_empty());
         // Sidecar b's next report has 3 more: 5 in all, fired once, naming the serving agent.
         let more = [some[0].clone(), traffic("b", vec![(target, "backup", 9, 3), (target, "translator", 4, 0)], &[])];
         let findings = rules.evaluate(t0, 0, 2, &[], &more);
         assert_eq!(fired(&findings), [(Rule::FallbackServing, target.to_string(), vec!["backup".to_string()])]);
         let Finding::Fired(alert) = &findings[0] else { unreachable!() };
-        assert_eq!(alert.message, "capability text.translate: 5 of 11 calls in the last minute served by its fallback");
+        assert_eq!(alert.message, "capability text.translate: 5 of 15 calls in the last minute served by its fallback");
         assert!(rules.evaluate(t0, 0, 3, &[], &more).is_empty());
         // The last minute without fallback calls: resolved.
         let calm = [traffic("a", vec![(target, "translator", 7, 0)], &[])];

@@ -288,7 +288,6 @@ impl Reports {
                     continue;
                 }
             };
-            failures = 0;
             loop {
                 let batch = tokio::select! {
                     _ = agent_reach_support::process::stopped(&mut shutdown) => return,
@@ -519,7 +518,11 @@ mod tests {
             window_ms,
             edges,
             open_breakers: vec![],
-            instances: vec![InstanceBeat { instance_id: format!("{sidecar}-i"), agent: "a".into(), last_heartbeat_ms: 9_000 }],
+            instances: vec![InstanceBeat {
+                instance_id: format!("{sidecar}-i"),
+                agent: "a".into(),
+                last_heartbeat_ms: 9_000,
+            }],
             spans: vec![],
             bounds_ms: vec![1.0, 2.0, 4.0],
         })
@@ -530,7 +533,11 @@ mod tests {
         // Sidecar a: 60 calls over 60 s, 99 of the 100 merged calls at most 2 ms.
         let a = report("a", 60_000, vec![edge("planner", "worker", 60, 3, vec![10, 50, 0, 0])]);
         // Sidecar b: 40 calls over 20 s (just started), one slower than 4 ms.
-        let b = report("b", 20_000, vec![edge("planner", "worker", 40, 1, vec![0, 39, 0, 1]), edge("x", "y", 5, 0, vec![])]);
+        let b = report(
+            "b",
+            20_000,
+            vec![edge("planner", "worker", 40, 1, vec![0, 39, 0, 1]), edge("x", "y", 5, 0, vec![])],
+        );
         let merged = topology(&[a.clone(), b]);
         assert_eq!(merged.len(), 2);
         let e = &merged[0];

@@ -121,8 +121,7 @@ fn cookie_token(headers: &HeaderMap) -> Option<&str> {
 
 /// Whether `token` can travel in a cookie as is (RFC 6265 cookie-octets).
 fn cookie_safe(token: &str) -> bool {
-    !token.is_empty()
-        && token.bytes().all(|b| b.is_ascii_graphic() && !matches!(b, b'"' | b',' | b';' | b'\\'))
+    !token.is_empty() && token.bytes().all(|b| b.is_ascii_graphic() && !matches!(b, b'"' | b',' | b';' | b'\\'))
 }
 
 impl Access {
@@ -181,10 +180,8 @@ impl Access {
             return Err(Denied::new(StatusCode::UNAUTHORIZED, "unknown operator token"));
         }
         let who = auth.principal(Some(&format!("Bearer {token}"))).await?;
-        let cookie = format!(
-            "{COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
-            SESSION_MAX_AGE.as_secs()
-        );
+        let cookie =
+            format!("{COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}", SESSION_MAX_AGE.as_secs());
         let value = HeaderValue::from_str(&cookie)
             .map_err(|_| Denied::new(StatusCode::UNAUTHORIZED, "unknown operator token"))?;
         Ok((who, value))

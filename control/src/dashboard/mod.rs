@@ -42,8 +42,8 @@ use tokio::sync::watch;
 
 use self::auth::{Access, Caller, Denied};
 use crate::alerts::Alerts;
-use crate::identity::{Action, operators};
 use crate::feed::{Feed, Feeds};
+use crate::identity::{Action, operators};
 use crate::registry::Registry;
 use crate::reports::Reports;
 
@@ -186,8 +186,8 @@ async fn policy_body(body: Incoming, tenant: &str) -> Result<agent_reach::policy
     };
     object.insert("tenant".into(), serde_json::Value::String(tenant.to_string()));
     object.remove("revision");
-    let policy: agent_reach::policy::Policy = serde_json::from_value(value)
-        .map_err(|e| Refusal(StatusCode::BAD_REQUEST, format!("not a policy: {e}")))?;
+    let policy: agent_reach::policy::Policy =
+        serde_json::from_value(value).map_err(|e| Refusal(StatusCode::BAD_REQUEST, format!("not a policy: {e}")))?;
     policy.validate().map_err(|e| Refusal(StatusCode::BAD_REQUEST, format!("{}: {}", e.field, e.reason)))?;
     Ok(policy)
 }

@@ -18,7 +18,7 @@ use fantoccini::Locator;
 use serde_json::{Value, json};
 
 /// POSTs `body` as JSON to a dashboard (with a session cookie when given): status, head
-/// (lower-cased) and body.
+/// and body.
 pub(crate) async fn post_json(
     addr: std::net::SocketAddr,
     path: &str,
@@ -50,12 +50,15 @@ async fn request(addr: std::net::SocketAddr, request: &str) -> (u16, String, Str
     let mut out = String::new();
     tcp.read_to_string(&mut out).await.unwrap();
     let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
-    (head[9..12].parse().unwrap(), head.to_ascii_lowercase(), body.to_string())
+    (head[9..12].parse().unwrap(), head.to_string(), body.to_string())
 }
 
 /// The `name=value` of the `set-cookie` header in `head`.
 fn session_cookie(head: &str) -> String {
-    let line = head.lines().find_map(|l| l.strip_prefix("set-cookie: ")).expect("a session cookie");
+    let line = head
+        .lines()
+        .find_map(|l| l.split_once(": ").filter(|(name, _)| name.eq_ignore_ascii_case("set-cookie")).map(|(_, v)| v))
+        .expect("a session cookie");
     line.split(';').next().unwrap().to_string()
 }
 
@@ -65,7 +68,8 @@ async fn log_in(b: &Browser, token: &str) {
     b.client.find(Locator::Css("#login button")).await.unwrap().click().await.unwrap();
 }
 
-const WHO: &str = "const w = document.querySelector('#who'); return w ? w.firstChild && w.firstChild.textContent : null;";
+const WHO: &str =
+    "const w = document.querySelector('#who'); return w ? w.firstChild && w.firstChild.textContent : null;";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn viewers_see_operators_edit_policies_that_reach_the_sidecars() {
@@ -84,8 +88,10 @@ async fn viewers_see_operators_edit_policies_that_reach_the_sidecars() {
     let tokens = OperatorAuth::new(ts.store.clone(), bootstrap);
     let (viewer_record, viewer) =
         tokens.create(Role::Viewer, vec![], Duration::from_secs(3600), "dashboard viewer").await.unwrap();
-    let (_, operator) =
-        tokens.create(Role::Operator, vec!["default".into()], Duration::from_secs(3600), "dashboard operator").await.unwrap();
+    let (_, operator) = tokens
+        .create(Role::Operator, vec!["default".into()], Duration::from_secs(3600), "dashboard operator")
+        .await
+        .unwrap();
     let sidecar = start_sidecar(sidecar_config(&control.endpoint(), "host-a")).await;
     let t1 = echo_agent(sidecar.local_addr(), "translator", &[("text.translate", &["en"])]).await;
     let t2 = echo_agent(sidecar.local_addr(), "translator", &[("text.translate", &["zh"])]).await;
@@ -98,14 +104,18 @@ async fn viewers_see_operators_edit_policies_that_reach_the_sidecars() {
     let (status, _, body) = get(addr, "/api/state", None).await;
     assert_eq!(status, 401, "{body}");
     let (status, _, session) = get(addr, "/api/session", None).await;
-    assert_eq!((status, serde_json::from_str::<Value>(&session).unwrap()["authenticated"].clone()), (200, json!(false)));
+    assert_eq!(
+        (status, serde_json::from_str::<Value>(&session).unwrap()["authenticated"].clone()),
+        (200, json!(false))
+    );
     let (status, head, _) = post_json(addr, "/api/login", None, &json!({ "token": "arat.0123.wrong" })).await;
     assert_eq!(status, 401);
-    assert!(!head.contains("set-cookie"), "{head}");
+    assert!(!head.to_ascii_lowercase().contains("set-cookie"), "{head}");
     // A viewer's session: an HttpOnly, SameSite=Strict cookie; reads yes, changes no.
     let (status, head, body) = post_json(addr, "/api/login", None, &json!({ "token": viewer })).await;
     assert_eq!(status, 200, "{body}");
-    assert!(head.contains("httponly") && head.contains("samesite=strict"), "{head}");
+    let lower = head.to_ascii_lowercase();
+    assert!(lower.contains("httponly") && lower.contains("samesite=strict"), "{head}");
     assert!(!body.contains(&viewer), "the answer does not repeat the token: {body}");
     let cookie = session_cookie(&head);
     assert_eq!(get(addr, "/api/state", Some(&cookie)).await.0, 200);
@@ -160,8 +170,10 @@ async fn viewers_see_operators_edit_policies_that_reach_the_sidecars() {
     )
     .await;
 
-    // The operator: logs out the viewer, logs in, fixes a bad policy after validating it,
-    // saves it, and the sidecar routes by it.
+    assert_all_requests_succeeded(b).await;
+
+    // The operator: logs out the viewer (the page reloads), logs in, fixes a bad policy
+    // after validating it, saves it, and the sidecar routes by it.
     b.client.find(Locator::Css("#logout")).await.unwrap().click().await.unwrap();
     log_in(b, &operator).await;
     b.client.wait().for_element(Locator::Css("button.edit-policy")).await.unwrap().click().await.unwrap();
@@ -202,10 +214,16 @@ async fn viewers_see_operators_edit_policies_that_reach_the_sidecars() {
     )
     .await;
 
-    // Every request the page made succeeded; nothing in the console but information.
+    assert_all_requests_succeeded(b).await;
+    browser.close().await;
+}
+
+/// Every request the page made succeeded; nothing in the console but information.
+async fn assert_all_requests_succeeded(b: &Browser) {
     let errors: Vec<(String, String)> = b.console().await.into_iter().filter(|(level, _)| level != "INFO").collect();
     assert!(errors.is_empty(), "console: {errors:?}");
-    let failed: Vec<(String, u64)> = b.requests().await.into_iter().filter(|(_, status)| *status != 200).collect();
+    let requests = b.requests().await;
+    assert!(requests.len() >= 4, "{requests:?}");
+    let failed: Vec<&(String, u64)> = requests.iter().filter(|(_, status)| *status != 200).collect();
     assert!(failed.is_empty(), "failed requests: {failed:?}");
-    browser.close().await;
 }

@@ -90,7 +90,8 @@ async fn any_replica_shows_every_sidecars_edges_heartbeats_traces_and_alerts() {
     let config = ControlConfig { lease_ttl: Duration::from_secs(20), ..ControlConfig::default() };
     let (page_one, page_two) = (listener().await, listener().await);
     let (addr_one, addr_two) = (page_one.local_addr().unwrap(), page_two.local_addr().unwrap());
-    let one = ControlHandle::spawn_with_dashboard(ts.store.clone(), config.clone(), listener().await, page_one).unwrap();
+    let one =
+        ControlHandle::spawn_with_dashboard(ts.store.clone(), config.clone(), listener().await, page_one).unwrap();
     let two = ControlHandle::spawn_with_dashboard(ts.store.clone(), config, listener().await, page_two).unwrap();
     let a = start_sidecar(reporting(&one, "host-a")).await;
     let b = start_sidecar(reporting(&two, "host-b")).await;
@@ -103,7 +104,8 @@ async fn any_replica_shows_every_sidecars_edges_heartbeats_traces_and_alerts() {
     let ids: Vec<String> = [&planner, &w1, &auditor, &w2, &backup, &flaky].iter().map(|a| a.instance_id()).collect();
     wait_for_instances(&a, &ids).await;
     wait_for_instances(&b, &ids).await;
-    let fallback = PolicySpec { fallback: Some(Fallback::Capability("text.summarize.cheap".into())), ..Default::default() };
+    let fallback =
+        PolicySpec { fallback: Some(Fallback::Capability("text.summarize.cheap".into())), ..Default::default() };
     put_policy(&ts.store, &[&a, &b], capability_policy("text.summarize", fallback)).await;
 
     // Traffic through host-a (replica one) and host-b (replica two).
@@ -125,8 +127,7 @@ async fn any_replica_shows_every_sidecars_edges_heartbeats_traces_and_alerts() {
     for _ in 0..5 {
         from_a.invoke("flaky.work").text("x").send().await.unwrap_err();
     }
-    let traced =
-        from_a.invoke("audit.check").session("sess-topology").force_trace().text("x").send().await.unwrap();
+    let traced = from_a.invoke("audit.check").session("sess-topology").force_trace().text("x").send().await.unwrap();
     let trace_id = traced.trace_id().expect("a forced trace names its id").to_string();
 
     // Both replicas' pages hold every sidecar's edges, exactly.

@@ -98,9 +98,11 @@ function viewInstance(id) {
 }
 
 const mayEdit = () => Boolean(session && session.may_edit);
+// A spec as JSON without the fields left at their defaults (null).
+const specJson = (spec) => JSON.stringify(spec, (k, v) => (v === null ? undefined : v), 2);
 
 function startEditing(p) {
-  editing = JSON.stringify({ kind: p.kind, name: p.name, description: p.description || '', spec: p.spec }, null, 2);
+  editing = JSON.stringify({ kind: p.kind, name: p.name, description: p.description || '', spec: JSON.parse(specJson(p.spec)) }, null, 2);
   $('#view').replaceChildren(...viewPolicies());
 }
 
@@ -128,7 +130,7 @@ function policyEditor() {
     el('div', { class: 'buttons' },
       el('button', { type: 'button', id: 'policy-validate', onclick: () => sendPolicy('/api/policies/validate') }, 'Validate'),
       el('button', { type: 'button', id: 'policy-save', onclick: () => sendPolicy('/api/policies') }, 'Save'),
-      el('button', { type: 'button', id: 'policy-close', onclick: () => { editing = null; render(); } }, 'Close'),
+      el('button', { type: 'button', id: 'policy-close', onclick: () => { editing = null; $('#policy-editor').remove(); render(); } }, 'Close'),
       el('span', { id: 'policy-result' })));
 }
 
@@ -136,7 +138,7 @@ function viewPolicies() {
   const edit = mayEdit();
   const rows = state.policies.map((p) =>
     el('tr', { 'data-policy': `${p.kind}/${p.name}` }, el('td', {}, p.kind), el('td', {}, p.name), el('td', {}, p.description || ''),
-      el('td', { class: 'spec' }, el('pre', {}, JSON.stringify(p.spec, null, 2))), el('td', {}, p.revision),
+      el('td', { class: 'spec' }, el('pre', {}, specJson(p.spec))), el('td', {}, p.revision),
       edit ? el('td', {}, el('button', { type: 'button', class: 'edit-policy', onclick: () => startEditing(p) }, 'Edit')) : null));
   const headers = ['Kind', 'Name', 'Description', 'Spec', 'Revision'].concat(edit ? [''] : []);
   const create = edit ? el('button', { type: 'button', id: 'policy-new',
@@ -274,10 +276,10 @@ function showLogin(message) {
 }
 
 async function logout() {
+  if (source) source.close();
   await fetch('/api/logout', { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' });
-  session = null;
-  state = null;
-  showLogin('');
+  // A fresh page: nothing of the last session stays in memory.
+  location.reload();
 }
 
 let wired = false;
@@ -287,7 +289,7 @@ async function start() {
   session = who.ok ? await who.json() : null;
   if (!session || !session.authenticated) { showLogin(''); return; }
   $('#who').replaceChildren(`${session.name} (${session.role})`,
-    session.login ? el('button', { type: 'button', id: 'logout', onclick: logout }, 'Log out') : null);
+    ...(session.login ? [el('button', { type: 'button', id: 'logout', onclick: logout }, 'Log out')] : []));
   const response = await fetch('/api/tenants');
   const { tenants } = response.ok ? await response.json() : { tenants: ['default'] };
   $('#tenant').replaceChildren(...tenants.map((t) => el('option', { value: t }, t)));
