@@ -489,7 +489,7 @@ pub fn traces(reports: &[Arc<SidecarTraffic>], query: &str, limit: usize) -> Vec
             }
         })
         .collect();
-    out.sort_by(|a, b| b.start_unix_us.cmp(&a.start_unix_us));
+    out.sort_by_key(|t| std::cmp::Reverse(t.start_unix_us));
     out.truncate(limit);
     out
 }
