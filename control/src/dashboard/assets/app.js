@@ -103,7 +103,7 @@ const specJson = (spec) => JSON.stringify(spec, (k, v) => (v === null ? undefine
 
 function startEditing(p) {
   editing = JSON.stringify({ kind: p.kind, name: p.name, description: p.description || '', spec: JSON.parse(specJson(p.spec)) }, null, 2);
-  $('#view').replaceChildren(...viewPolicies());
+  $('#view').replaceChildren(...viewPolicies().filter((x) => x));
 }
 
 // Sends the editor's policy to `path` (validate or save); shows what came back.
@@ -218,7 +218,7 @@ function render() {
   // The traces view keeps its form, and the policy editor its text, across live updates.
   if (!(name === 'traces' && $('#trace-form')) && !(name === 'policies' && $('#policy-editor'))) {
     const content = name === 'instance' ? viewInstance(decodeURIComponent(arg || '')) : (views[name] || viewAgents)();
-    $('#view').replaceChildren(...content);
+    $('#view').replaceChildren(...content.filter((x) => x));
   }
   $('#status').textContent = `tenant ${state.tenant} · revision ${state.revision} · updated ${new Date(state.generated_at_ms).toLocaleTimeString()}`;
 }
