@@ -73,7 +73,7 @@ struct UpArgs {
     /// Sidecar admin HTTP address (/metrics, /healthz, /readyz, /traces).
     #[arg(long, env = "AGENT_REACH_ADMIN_LISTEN", default_value = "127.0.0.1:7702")]
     admin_listen: SocketAddr,
-    /// Dashboard address (loopback only: the dashboard has no login yet).
+    /// Dashboard address (loopback only in dev mode; log in with the admin token).
     #[arg(long, env = "AGENT_REACH_DASHBOARD_LISTEN", default_value = "127.0.0.1:7802")]
     dashboard_listen: SocketAddr,
     /// Lease TTL of registrations.
@@ -165,7 +165,7 @@ async fn up(args: UpArgs) -> Result<(), String> {
     let sidecar = Sidecar::start_with_admin(config, local, mesh, Some(admin)).await.map_err(|e| e.to_string())?;
     println!("Agent-Reach dev mesh is up (embedded store: state lives in this process only).");
     println!("  control   {}   (Control API, grpc.health.v1)", control.addr());
-    println!("  dashboard http://{dashboard_addr}/   (loopback only: no login yet)");
+    println!("  dashboard http://{dashboard_addr}/   (log in with the admin token below)");
     println!("  sidecar   {}   (local API: agents Register and Invoke here)", sidecar.local_addr());
     println!("            {}   (mesh API)", sidecar.mesh_addr());
     if let Some(admin) = sidecar.admin_addr() {

@@ -272,8 +272,13 @@ async fn run(args: &Args, etcd: &EtcdServer) -> Result<String, String> {
                         }
                     })
                     .collect();
-                let request =
-                    proto::ControlHeartbeatRequest { tenant: TENANT.into(), sidecar: None, instances, lease_id: lease };
+                let request = proto::ControlHeartbeatRequest {
+                    report: None,
+                    tenant: TENANT.into(),
+                    sidecar: None,
+                    instances,
+                    lease_id: lease,
+                };
                 if let Err(e) = client.heartbeat(request).await {
                     eprintln!("heartbeat of sidecar {s} failed: {}", e.message());
                 }
@@ -318,6 +323,7 @@ async fn run(args: &Args, etcd: &EtcdServer) -> Result<String, String> {
                     _ = ticker.tick() => {}
                 }
                 let request = proto::ControlHeartbeatRequest {
+                    report: None,
                     tenant: TENANT.into(),
                     sidecar: None,
                     instances: vec![],

@@ -10,9 +10,15 @@
 //!   the minimum (1 by default; instances held by an operator count as healthy, the hold is
 //!   deliberate). An agent whose last instance was lost stays watched until one returns.
 //!
-//! The rules that need what only callers' sidecars know (traffic served by a fallback,
-//! breakers open on most instances of an agent) are not evaluated here: sidecars do not
-//! report those numbers to control yet.
+//! - **served by its fallback**: calls of one target (a capability or an agent) served by
+//!   its policy's fallback, at least 5 of them in the last minute, summed over every
+//!   sidecar's traffic report ([`crate::reports`]). Resolved once the last minute has none.
+//! - **breakers open**: more than half of an agent's instances have a circuit breaker open
+//!   (or half-open) in at least one caller's sidecar, as the sidecars' reports say.
+//!   Resolved once half or fewer do.
+//!
+//! The last two rules read what callers' sidecars report, which every replica follows, so
+//! they hold across replicas like the first two; they lag by up to a report interval.
 //!
 //! Alerts are kept in memory (the newest [`AlertConfig::history`]), counted in `/metrics`,
 //! shown on the dashboard and, when a webhook is configured, POSTed to it as JSON, signed
@@ -37,6 +43,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::feed::Feeds;
+use crate::reports::{Reports, SidecarTraffic};
 use crate::stats::ControlStats;
 
 /// How long a replica's claim on delivering an alert lasts: other replicas that fire the
@@ -77,6 +84,9 @@ pub struct AlertConfig {
     pub lost_count: usize,
     /// Fewer healthy instances than this fires "below minimum healthy"; 0 disables it.
     pub min_healthy: u32,
+    /// Calls of one target served by its fallback within the reports' last minute that
+    /// fire "served by its fallback"; 0 disables it.
+    pub fallback_calls: u64,
     /// Alerts kept in memory for the dashboard.
     pub history: usize,
     pub webhook: Option<WebhookConfig>,
@@ -84,7 +94,14 @@ pub struct AlertConfig {
 
 impl Default for AlertConfig {
     fn default() -> Self {
-        AlertConfig { lost_window: Duration::from_secs(15), lost_count: 2, min_healthy: 1, history: 200, webhook: None }
+        AlertConfig {
+            lost_window: Duration::from_secs(15),
+            lost_count: 2,
+            min_healthy: 1,
+            fallback_calls: 5,
+            history: 200,
+            webhook: None,
+        }
     }
 }
 
@@ -94,6 +111,8 @@ impl Default for AlertConfig {
 pub enum Rule {
     InstancesLost,
     BelowMinHealthy,
+    FallbackServing,
+    BreakersOpen,
 }
 
 impl Rule {
@@ -101,6 +120,8 @@ impl Rule {
         match self {
             Rule::InstancesLost => "instances_lost",
             Rule::BelowMinHealthy => "below_min_healthy",
+            Rule::FallbackServing => "fallback_serving",
+            Rule::BreakersOpen => "breakers_open",
         }
     }
 }
@@ -112,6 +133,7 @@ pub struct Alert {
     pub id: String,
     pub tenant: String,
     pub rule: Rule,
+    /// The agent concerned; for "served by its fallback", the target ("capability x").
     pub agent: String,
     pub message: String,
     /// The instances concerned (lost ones, or the unhealthy ones).
@@ -171,7 +193,14 @@ impl Rules {
 
     /// Evaluates the rules on the tenant's instances at `revision` (`now` drives the
     /// windows, `now_ms` is wall-clock time for the alerts).
-    pub fn evaluate(&mut self, now: Instant, now_ms: i64, revision: i64, instances: &[InstanceStatus]) -> Vec<Finding> {
+    pub fn evaluate(
+        &mut self,
+        now: Instant,
+        now_ms: i64,
+        revision: i64,
+        instances: &[InstanceStatus],
+        traffic: &[Arc<SidecarTraffic>],
+    ) -> Vec<Finding> {
         let current: HashMap<String, Seen> = instances
             .iter()
             .map(|s| {
@@ -276,7 +305,118 @@ impl Rules {
                 findings.push(Finding::Resolved { rule: key.0, agent: key.1 });
             }
         }
+        self.fallback_serving(revision, now_ms, traffic, &mut findings);
+        self.breakers_open(revision, now_ms, instances, traffic, &mut findings);
         findings
+    }
+
+    /// "Served by its fallback" (see the module documentation).
+    fn fallback_serving(
+        &mut self,
+        revision: i64,
+        now_ms: i64,
+        traffic: &[Arc<SidecarTraffic>],
+        findings: &mut Vec<Finding>,
+    ) {
+        if self.config.fallback_calls == 0 {
+            return;
+        }
+        // By target: (calls, served by the fallback, the agents that served them).
+        let mut by_target: BTreeMap<&str, (u64, u64, BTreeSet<&str>)> = BTreeMap::new();
+        for report in traffic {
+            for e in &report.edges {
+                let sum = by_target.entry(e.target.as_str()).or_default();
+                sum.0 += e.calls;
+                sum.1 += e.fallback_calls;
+                if e.fallback_calls > 0 {
+                    sum.2.insert(e.agent.as_str());
+                }
+            }
+        }
+        for (target, (calls, fallback, agents)) in &by_target {
+            let key = (Rule::FallbackServing, target.to_string());
+            let active = self.active.contains_key(&key);
+            if *fallback >= self.config.fallback_calls && !active {
+                let message =
+                    format!("{target}: {fallback} of {calls} calls in the last minute served by its fallback");
+                let served_by = agents.iter().map(|a| a.to_string()).collect();
+                findings.push(Finding::Fired(self.alert(
+                    Rule::FallbackServing,
+                    target,
+                    message,
+                    served_by,
+                    revision,
+                    now_ms,
+                )));
+                self.active.insert(key, ());
+            } else if *fallback == 0 && active {
+                self.active.remove(&key);
+                findings.push(Finding::Resolved { rule: Rule::FallbackServing, agent: target.to_string() });
+            }
+        }
+        let gone: Vec<(Rule, String)> = self
+            .active
+            .keys()
+            .filter(|(rule, target)| *rule == Rule::FallbackServing && !by_target.contains_key(target.as_str()))
+            .cloned()
+            .collect();
+        for key in gone {
+            self.active.remove(&key);
+            findings.push(Finding::Resolved { rule: key.0, agent: key.1 });
+        }
+    }
+
+    /// "Breakers open" (see the module documentation).
+    fn breakers_open(
+        &mut self,
+        revision: i64,
+        now_ms: i64,
+        instances: &[InstanceStatus],
+        traffic: &[Arc<SidecarTraffic>],
+        findings: &mut Vec<Finding>,
+    ) {
+        let open: BTreeSet<&str> = traffic.iter().flat_map(|r| r.open_breakers.iter().map(String::as_str)).collect();
+        let mut by_agent: BTreeMap<&str, (usize, Vec<String>)> = BTreeMap::new();
+        for s in instances {
+            let entry = by_agent.entry(s.record.registration.agent.as_str()).or_default();
+            entry.0 += 1;
+            if open.contains(s.record.instance_id.as_str()) {
+                entry.1.push(s.record.instance_id.clone());
+            }
+        }
+        for (agent, (total, open_ids)) in &by_agent {
+            let key = (Rule::BreakersOpen, agent.to_string());
+            let active = self.active.contains_key(&key);
+            let tripped = open_ids.len() * 2 > *total;
+            if tripped && !active {
+                let message = format!(
+                    "{} of {total} instances of {agent} have an open circuit breaker in a caller's sidecar",
+                    open_ids.len()
+                );
+                findings.push(Finding::Fired(self.alert(
+                    Rule::BreakersOpen,
+                    agent,
+                    message,
+                    open_ids.clone(),
+                    revision,
+                    now_ms,
+                )));
+                self.active.insert(key, ());
+            } else if !tripped && active {
+                self.active.remove(&key);
+                findings.push(Finding::Resolved { rule: Rule::BreakersOpen, agent: agent.to_string() });
+            }
+        }
+        let gone: Vec<(Rule, String)> = self
+            .active
+            .keys()
+            .filter(|(rule, agent)| *rule == Rule::BreakersOpen && !by_agent.contains_key(agent.as_str()))
+            .cloned()
+            .collect();
+        for key in gone {
+            self.active.remove(&key);
+            findings.push(Finding::Resolved { rule: key.0, agent: key.1 });
+        }
     }
 
     fn alert(&self, rule: Rule, agent: &str, message: String, instances: Vec<String>, revision: i64, at: i64) -> Alert {
@@ -312,6 +452,8 @@ pub struct Alerts {
     /// Bumped on every fired or resolved alert.
     changed: watch::Sender<u64>,
     webhook: Option<mpsc::Sender<Alert>>,
+    /// The sidecars' traffic reports (the fallback and breaker rules read them).
+    reports: Arc<Reports>,
 }
 
 impl Alerts {
@@ -320,6 +462,7 @@ impl Alerts {
     pub fn start(
         config: AlertConfig,
         feeds: Arc<Feeds>,
+        reports: Arc<Reports>,
         store: Arc<dyn Store>,
         stats: Arc<ControlStats>,
         shutdown: watch::Receiver<bool>,
@@ -337,6 +480,7 @@ impl Alerts {
             recent: Mutex::new(VecDeque::new()),
             changed: watch::channel(0).0,
             webhook,
+            reports,
         });
         if let Some((hook, rx)) = queue {
             tokio::spawn(deliver(hook, rx, store, stats, shutdown.clone()));
@@ -368,6 +512,8 @@ impl Alerts {
                     let counter = match alert.rule {
                         Rule::InstancesLost => &counters.instances_lost,
                         Rule::BelowMinHealthy => &counters.below_min_healthy,
+                        Rule::FallbackServing => &counters.fallback_serving,
+                        Rule::BreakersOpen => &counters.breakers_open,
                     };
                     ControlStats::inc(counter);
                     counters.active.fetch_add(1, Ordering::Relaxed);
@@ -436,11 +582,14 @@ impl Alerts {
             };
             failures = 0;
             let mut head = feed.subscribe();
+            let mut reported = self.reports.subscribe();
             let mut tick = tokio::time::interval(TICK);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 let (revision, instances, _) = feed.view();
-                let findings = rules.evaluate(Instant::now(), now_ms(), revision, &instances);
+                reported.borrow_and_update();
+                let traffic = self.reports.tenant(&tenant);
+                let findings = rules.evaluate(Instant::now(), now_ms(), revision, &instances, &traffic);
                 drop(instances);
                 self.record(&tenant, findings);
                 tokio::select! {
@@ -450,6 +599,7 @@ impl Alerts {
                 tokio::select! {
                     _ = agent_reach_support::process::stopped(&mut shutdown) => return,
                     changed = head.changed() => if changed.is_err() { break },
+                    _ = reported.changed() => {}
                     _ = tick.tick() => {}
                 }
             }
@@ -611,17 +761,17 @@ mod tests {
         let mut rules = Rules::new("t", AlertConfig::default());
         let up = |id: &str| instance("tr", id, HealthState::Up);
         let t0 = Instant::now();
-        assert!(rules.evaluate(t0, 0, 1, &[up("a"), up("b"), up("c")]).is_empty());
+        assert!(rules.evaluate(t0, 0, 1, &[up("a"), up("b"), up("c")], &[]).is_empty());
         // One instance lost: nothing yet.
         let one_down = [instance("tr", "a", HealthState::Down), up("b"), up("c")];
-        assert!(rules.evaluate(t0 + Duration::from_secs(1), 0, 2, &one_down).is_empty());
+        assert!(rules.evaluate(t0 + Duration::from_secs(1), 0, 2, &one_down, &[]).is_empty());
         // A second one (removed without pausing) 10 s later: fired, once.
         let two_lost = [instance("tr", "a", HealthState::Down), up("c")];
-        let findings = rules.evaluate(t0 + Duration::from_secs(11), 0, 3, &two_lost);
+        let findings = rules.evaluate(t0 + Duration::from_secs(11), 0, 3, &two_lost, &[]);
         assert_eq!(fired(&findings), [(Rule::InstancesLost, "tr".to_string(), vec!["a".to_string(), "b".to_string()])]);
-        assert!(rules.evaluate(t0 + Duration::from_secs(12), 0, 3, &two_lost).is_empty());
+        assert!(rules.evaluate(t0 + Duration::from_secs(12), 0, 3, &two_lost, &[]).is_empty());
         // 15 s after the last loss: resolved.
-        let findings = rules.evaluate(t0 + Duration::from_secs(27), 0, 3, &two_lost);
+        let findings = rules.evaluate(t0 + Duration::from_secs(27), 0, 3, &two_lost, &[]);
         assert_eq!(findings, [Finding::Resolved { rule: Rule::InstancesLost, agent: "tr".into() }]);
     }
 
@@ -632,16 +782,22 @@ mod tests {
         let t0 = Instant::now();
         let up = |id: &str| instance("tr", id, HealthState::Up);
         let down = |id: &str| instance("tr", id, HealthState::Down);
-        rules.evaluate(t0, 0, 1, &[up("a"), up("b"), up("c")]);
-        rules.evaluate(t0, 0, 2, &[down("a"), up("b"), up("c")]);
+        rules.evaluate(t0, 0, 1, &[up("a"), up("b"), up("c")], &[]);
+        rules.evaluate(t0, 0, 2, &[down("a"), up("b"), up("c")], &[]);
         // 16 s later the second loss: the first one is out of the window.
-        let later = rules.evaluate(t0 + Duration::from_secs(16), 0, 3, &[down("a"), down("b"), up("c")]);
+        let later = rules.evaluate(t0 + Duration::from_secs(16), 0, 3, &[down("a"), down("b"), up("c")], &[]);
         assert!(fired(&later).is_empty(), "{later:?}");
         // Two instances pausing, then leaving together: a graceful exit, not a loss.
         let mut rules = Rules::new("t", config);
-        rules.evaluate(t0, 0, 1, &[up("a"), up("b")]);
-        rules.evaluate(t0, 0, 2, &[instance("tr", "a", HealthState::Paused), instance("tr", "b", HealthState::Paused)]);
-        let gone = rules.evaluate(t0, 0, 3, &[]);
+        rules.evaluate(t0, 0, 1, &[up("a"), up("b")], &[]);
+        rules.evaluate(
+            t0,
+            0,
+            2,
+            &[instance("tr", "a", HealthState::Paused), instance("tr", "b", HealthState::Paused)],
+            &[],
+        );
+        let gone = rules.evaluate(t0, 0, 3, &[], &[]);
         assert!(gone.is_empty(), "{gone:?}");
     }
 
@@ -656,14 +812,83 @@ mod tests {
             scope: agent_reach::model::HoldScope::Instance,
             set_at_ms: 0,
         });
-        assert!(rules.evaluate(t0, 0, 1, &[instance("tr", "a", HealthState::Up), held.clone()]).is_empty());
-        let findings = rules.evaluate(t0, 0, 2, &[instance("tr", "a", HealthState::Unknown), held.clone()]);
+        assert!(rules.evaluate(t0, 0, 1, &[instance("tr", "a", HealthState::Up), held.clone()], &[]).is_empty());
+        let findings = rules.evaluate(t0, 0, 2, &[instance("tr", "a", HealthState::Unknown), held.clone()], &[]);
         assert_eq!(fired(&findings), [(Rule::BelowMinHealthy, "tr".to_string(), vec!["a".to_string()])]);
-        let findings = rules.evaluate(t0, 0, 3, &[instance("tr", "a", HealthState::Up), held]);
+        let findings = rules.evaluate(t0, 0, 3, &[instance("tr", "a", HealthState::Up), held], &[]);
         assert_eq!(findings, [Finding::Resolved { rule: Rule::BelowMinHealthy, agent: "tr".into() }]);
         // Every instance lost: the agent stays watched and below its minimum.
-        let findings = rules.evaluate(t0, 0, 4, &[]);
+        let findings = rules.evaluate(t0, 0, 4, &[], &[]);
         assert_eq!(fired(&findings), [(Rule::BelowMinHealthy, "tr".to_string(), vec![])]);
+    }
+
+    fn traffic(sidecar: &str, edges: Vec<(&str, &str, u64, u64)>, open: &[&str]) -> Arc<SidecarTraffic> {
+        Arc::new(SidecarTraffic {
+            tenant: "t".into(),
+            sidecar_id: sidecar.into(),
+            received_at_ms: 0,
+            window_ms: 60_000,
+            edges: edges
+                .into_iter()
+                .map(|(target, agent, calls, fallback_calls)| crate::reports::Edge {
+                    caller: "planner".into(),
+                    target: target.into(),
+                    agent: agent.into(),
+                    calls,
+                    errors: 0,
+                    fallback_calls,
+                    latency: vec![],
+                })
+                .collect(),
+            open_breakers: open.iter().map(|s| s.to_string()).collect(),
+            instances: vec![],
+            spans: vec![],
+            bounds_ms: vec![],
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn fallback_serving_sums_every_sidecars_report() {
+        let config = AlertConfig { min_healthy: 0, ..AlertConfig::default() };
+        let mut rules = Rules::new("t", config);
+        let t0 = Instant::now();
+        let target = "capability text.translate";
+        // 2 + 2 calls served by the fallback: below the default 5.
+        let some =
+            [traffic("a", vec![(target, "backup", 2, 2)], &[]), traffic("b", vec![(target, "backup", 2, 2)], &[])];
+        assert!(rules.evaluate(t0, 0, 1, &[], &some).is_empty());
+        // Sidecar b's next report has 3 more: 5 in all, fired once, naming the serving agent.
+        let more = [some[0].clone(), traffic("b", vec![(target, "backup", 9, 3), (target, "translator", 4, 0)], &[])];
+        let findings = rules.evaluate(t0, 0, 2, &[], &more);
+        assert_eq!(fired(&findings), [(Rule::FallbackServing, target.to_string(), vec!["backup".to_string()])]);
+        let Finding::Fired(alert) = &findings[0] else { unreachable!() };
+        assert_eq!(alert.message, "capability text.translate: 5 of 15 calls in the last minute served by its fallback");
+        assert!(rules.evaluate(t0, 0, 3, &[], &more).is_empty());
+        // The last minute without fallback calls: resolved.
+        let calm = [traffic("a", vec![(target, "translator", 7, 0)], &[])];
+        let findings = rules.evaluate(t0, 0, 4, &[], &calm);
+        assert_eq!(findings, [Finding::Resolved { rule: Rule::FallbackServing, agent: target.into() }]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn breakers_open_on_more_than_half_of_an_agents_instances() {
+        let config = AlertConfig { min_healthy: 0, ..AlertConfig::default() };
+        let mut rules = Rules::new("t", config);
+        let t0 = Instant::now();
+        let up = |id: &str| instance("tr", id, HealthState::Up);
+        let all = [up("a"), up("b"), up("c"), up("d")];
+        // Two of four (one seen by each of two sidecars): half is not more than half.
+        let half = [traffic("s1", vec![], &["a"]), traffic("s2", vec![], &["b", "other-agent-x"])];
+        assert!(rules.evaluate(t0, 0, 1, &all, &half).is_empty());
+        let three = [traffic("s1", vec![], &["a", "c"]), traffic("s2", vec![], &["b", "c"])];
+        let findings = rules.evaluate(t0, 0, 2, &all, &three);
+        assert_eq!(
+            fired(&findings),
+            [(Rule::BreakersOpen, "tr".to_string(), vec!["a".to_string(), "b".to_string(), "c".to_string()])]
+        );
+        assert!(rules.evaluate(t0, 0, 3, &all, &three).is_empty());
+        let findings = rules.evaluate(t0, 0, 4, &all, &half);
+        assert_eq!(findings, [Finding::Resolved { rule: Rule::BreakersOpen, agent: "tr".into() }]);
     }
 
     #[test]

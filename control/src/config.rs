@@ -52,6 +52,11 @@ pub struct ControlArgs {
     #[arg(long, env = "AGENT_REACH_ALERT_LOST_COUNT", default_value_t = 2)]
     pub alert_lost_count: usize,
 
+    /// Calls of one target served by its fallback within a minute (summed over the
+    /// sidecars' traffic reports) that fire the "served by its fallback" alert; 0 disables it.
+    #[arg(long, env = "AGENT_REACH_ALERT_FALLBACK_CALLS", default_value_t = 5)]
+    pub alert_fallback_calls: u64,
+
     /// The window of --alert-lost-count.
     #[arg(long, env = "AGENT_REACH_ALERT_LOST_WINDOW", default_value = "15s", value_parser = agent_reach_support::duration::parse)]
     pub alert_lost_window: Duration,
@@ -329,7 +334,10 @@ impl TryFrom<&ControlArgs> for ControlConfig {
                 .dashboard_listen
                 .parse::<SocketAddr>()
                 .map_err(|_| format!("--dashboard-listen: {:?} is not host:port or \"off\"", a.dashboard_listen))?;
-            crate::dashboard::check_listen_address(addr)?;
+            // With operator tokens people log in, and the dashboard may listen anywhere.
+            if a.admin_token_file.is_none() {
+                crate::dashboard::check_listen_address(addr)?;
+            }
         }
         if a.alert_lost_count == 0 {
             return Err("--alert-lost-count must be at least 1".into());
@@ -377,6 +385,7 @@ impl TryFrom<&ControlArgs> for ControlConfig {
                 lost_window: a.alert_lost_window,
                 lost_count: a.alert_lost_count,
                 min_healthy: a.alert_min_healthy,
+                fallback_calls: a.alert_fallback_calls,
                 webhook,
                 ..AlertConfig::default()
             },

@@ -15,7 +15,8 @@
 //!
 //! - [`dashboard`]: the operators' web page, live over server-sent events from the tenant
 //!   feeds; [`alerts`]: rules over the same feeds, to the dashboard, `/metrics` and a
-//!   signed webhook.
+//!   signed webhook; [`reports`]: the sidecars' traffic reports (call edges, breakers,
+//!   last heartbeats, recent spans), stored on their leases and followed by every replica.
 //!
 //! All state lives in the store (`agent_reach_store`): etcd in production, the embedded
 //! store in development. Counters are in [`stats`]. [`serve`] takes an already-bound
@@ -33,6 +34,7 @@ pub mod load;
 pub mod metrics;
 pub mod record;
 pub mod registry;
+pub mod reports;
 pub mod service;
 pub mod sessions;
 pub mod stats;
@@ -160,7 +162,10 @@ pub async fn run(args: ControlArgs, config: ControlConfig) -> Result<(), String>
         addr => Some(TcpListener::bind(addr).await.map_err(|e| format!("--dashboard-listen {addr}: {e}"))?),
     };
     if let Some(addr) = dashboard.as_ref().and_then(|l| l.local_addr().ok()) {
-        tracing::info!("dashboard at http://{addr}/ (loopback only: it has no login yet)");
+        match config.admin_token {
+            Some(_) => tracing::info!("dashboard at http://{addr}/ (log in with an operator token)"),
+            None => tracing::info!("dashboard at http://{addr}/ (loopback only and read-only: no operator tokens)"),
+        }
     }
     tracing::info!(
         listen = %args.listen, admin = %args.admin_listen, store = store.backend(), lease_ttl = ?config.lease_ttl,
@@ -225,11 +230,34 @@ pub async fn serve_parts(
         identity_config.clone(),
         Arc::new(identity::JoinTokenAuthenticator::new(tokens.clone())),
     );
-    let alerts =
-        alerts::Alerts::start(config.alerts.clone(), feeds.clone(), store.clone(), stats.clone(), stop_rx.clone());
+    let operator_auth = Arc::new(match &config.admin_token {
+        Some(token) => identity::OperatorAuth::new(store.clone(), &token.0),
+        None => {
+            tracing::warn!("no --admin-token-file: the Admin API is open to anyone who reaches the control port");
+            identity::OperatorAuth::off(store.clone())
+        }
+    });
+    let reports = reports::Reports::start(store.clone(), stop_rx.clone());
+    let alerts = alerts::Alerts::start(
+        config.alerts.clone(),
+        feeds.clone(),
+        reports.clone(),
+        store.clone(),
+        stats.clone(),
+        stop_rx.clone(),
+    );
     if let Some(listener) = dashboard {
-        let page =
-            dashboard::Dashboard::new(feeds.clone(), registry.clone(), alerts, Box::new(dashboard::LoopbackOnly));
+        let page = dashboard::Dashboard::new(
+            feeds.clone(),
+            registry.clone(),
+            alerts,
+            reports,
+            // With operator tokens people log in; without them, loopback only and read-only.
+            match config.admin_token {
+                Some(_) => dashboard::auth::Access::Tokens(operator_auth.clone()),
+                None => dashboard::auth::Access::LoopbackOnly,
+            },
+        );
         tokio::spawn(dashboard::serve(listener, Arc::new(page), stop_rx.clone()));
     }
     let session_store: Arc<dyn agent_reach_session::SessionStore> = match &config.session_store {
@@ -239,14 +267,7 @@ pub async fn serve_parts(
     let sessions = sessions::SessionService::new(session_store, stop_rx.clone(), authz.clone());
     let tasks = tasks::TaskService::new(store.clone(), config.task_limits.clone(), stop_rx.clone(), authz.clone());
     let control = ControlService::new(registry.clone(), feeds, store.clone(), stats, stop_rx, authz);
-    let operator_auth = match &config.admin_token {
-        Some(token) => identity::OperatorAuth::new(store.clone(), &token.0),
-        None => {
-            tracing::warn!("no --admin-token-file: the Admin API is open to anyone who reaches the control port");
-            identity::OperatorAuth::off(store.clone())
-        }
-    };
-    let admin = AdminService::new(registry, tokens, Arc::new(operator_auth));
+    let admin = AdminService::new(registry, tokens, operator_auth);
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<ControlServer<ControlService>>().await;
     health_reporter.set_serving::<AdminServer<AdminService>>().await;

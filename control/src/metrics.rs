@@ -57,7 +57,12 @@ impl Collector for StatsCollector {
         let a = &s.alerts;
         let fired = ConstCounter::new(0u64);
         let mut m = encoder.encode_descriptor("alerts_fired", "Alerts fired, by rule", None, fired.metric_type())?;
-        for (rule, value) in [("instances_lost", &a.instances_lost), ("below_min_healthy", &a.below_min_healthy)] {
+        for (rule, value) in [
+            ("instances_lost", &a.instances_lost),
+            ("below_min_healthy", &a.below_min_healthy),
+            ("fallback_serving", &a.fallback_serving),
+            ("breakers_open", &a.breakers_open),
+        ] {
             ConstCounter::new(value.load(Ordering::Relaxed)).encode(m.encode_family(&[("rule", rule)])?)?;
         }
         let mut m2 = encoder.encode_descriptor(

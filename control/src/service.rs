@@ -115,6 +115,22 @@ impl Control for ControlService {
             })
             .collect();
         let outcome = self.registry.heartbeat(&r.tenant, r.lease_id, beats).await?;
+        // The traffic report, on the lease just renewed (never one that expired). Losing a
+        // report costs the dashboard one interval; the heartbeat still counts.
+        if let (Some(report), Some(sidecar)) = (r.report, &r.sidecar)
+            && !outcome.lease_expired
+            && let Err(e) = crate::reports::store_report(
+                self.store.as_ref(),
+                &r.tenant,
+                &sidecar.sidecar_id,
+                r.lease_id,
+                report,
+                crate::registry::now_ms(),
+            )
+            .await
+        {
+            tracing::warn!(sidecar = %sidecar.sidecar_id, "cannot store the sidecar's report: {e}");
+        }
         Ok(Response::new(proto::ControlHeartbeatReply {
             expired_instance_ids: outcome.expired,
             replaced_instance_ids: outcome.replaced,

@@ -65,7 +65,11 @@ pub struct AlertCounters {
     pub instances_lost: AtomicU64,
     /// Alerts fired by the rule "fewer healthy instances than the minimum".
     pub below_min_healthy: AtomicU64,
-    /// Alerts of either rule in force now: gauge.
+    /// Alerts fired by the rule "served by its fallback".
+    pub fallback_serving: AtomicU64,
+    /// Alerts fired by the rule "breakers open on more than half of an agent's instances".
+    pub breakers_open: AtomicU64,
+    /// Alerts of any rule in force now: gauge.
     pub active: AtomicI64,
     /// Alerts POSTed to the webhook and answered 2xx.
     pub webhook_delivered: AtomicU64,

@@ -67,6 +67,13 @@ pub struct SidecarArgs {
     #[arg(long, env = "AGENT_REACH_DEAD_AFTER", default_value = "30s", value_parser = agent_reach_support::duration::parse)]
     pub dead_after: Duration,
 
+    /// How often the sidecar's traffic report (call edges, open breakers, last heartbeats,
+    /// newest spans) rides on a heartbeat to control, for the dashboard and alerts; "0s"
+    /// sends none. Control stores each one, so this is one store write per sidecar per
+    /// interval.
+    #[arg(long, env = "AGENT_REACH_REPORT_INTERVAL", default_value = "10s", value_parser = agent_reach_support::duration::parse)]
+    pub report_interval: Duration,
+
     /// Timeout of control-service requests (Register, Heartbeat, Deregister).
     #[arg(long, env = "AGENT_REACH_CONTROL_TIMEOUT", default_value = "3s", value_parser = agent_reach_support::duration::parse)]
     pub control_timeout: Duration,
@@ -181,6 +188,8 @@ pub struct SidecarConfig {
     pub heartbeat_interval: Duration,
     pub probe_interval: Duration,
     pub dead_after: Duration,
+    /// How often a traffic report rides on a heartbeat (zero: never).
+    pub report_interval: Duration,
     pub control_timeout: Duration,
     /// Where the routing table is saved and loaded from; `None` = not at all.
     pub table_file: Option<PathBuf>,
@@ -225,6 +234,7 @@ impl SidecarConfig {
             heartbeat_interval: Duration::from_secs(2),
             probe_interval: Duration::from_secs(2),
             dead_after: Duration::from_secs(30),
+            report_interval: Duration::from_secs(10),
             control_timeout: Duration::from_secs(3),
             table_file: None,
             drain_timeout: Duration::from_secs(30),
@@ -301,6 +311,7 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
             heartbeat_interval: a.heartbeat_interval,
             probe_interval: a.probe_interval,
             dead_after: a.dead_after,
+            report_interval: a.report_interval,
             control_timeout: a.control_timeout,
             table_file: match a.table_file.as_deref() {
                 Some("off") => None,

@@ -47,6 +47,7 @@ mod persist;
 mod pool;
 mod probe;
 mod registry;
+mod report;
 mod serve;
 mod session;
 pub mod tasks;
@@ -414,6 +415,14 @@ fn entries(
         table: inner.table.clone(),
         inbound_in_flight: Box::new(move || in_flight.total_in_flight()),
     }));
+    // The heartbeats to control carry what the outbound stack counts.
+    inner.registry.set_reporter(registry::Reporter {
+        traffic: metrics.traffic.clone(),
+        table: inner.table.clone(),
+        spans: inner.tracing.recent().clone(),
+        interval: config.report_interval,
+        last: std::sync::Mutex::new(None),
+    });
     let inbound = inbound::stack(inbound::Parts {
         table: inner.table.clone(),
         pool: pool.clone(),

@@ -110,6 +110,19 @@ pub struct Registry {
     stats: RegistryStats,
     /// Non-loopback hosts an HTTP agent may name ([`http_endpoint_allowed`]).
     http_allowed_hosts: Vec<String>,
+    /// What builds the traffic report added to a heartbeat now and then (set once the
+    /// call path exists).
+    reporter: std::sync::OnceLock<Reporter>,
+}
+
+/// Adds a traffic report ([`crate::report`]) to at most one heartbeat per interval.
+pub(crate) struct Reporter {
+    pub traffic: Arc<crate::report::Traffic>,
+    pub table: agent_reach_routing::TableHandle,
+    pub spans: agent_reach_telemetry::RecentSpans,
+    pub interval: Duration,
+    /// When the last report was sent (None: never).
+    pub last: Mutex<Option<Instant>>,
 }
 
 impl Registry {
@@ -133,7 +146,41 @@ impl Registry {
             removals: Mutex::new(Vec::new()),
             stats: RegistryStats::default(),
             http_allowed_hosts,
+            reporter: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Starts adding traffic reports to heartbeats (a zero interval: never).
+    pub(crate) fn set_reporter(&self, reporter: Reporter) {
+        if !reporter.interval.is_zero() {
+            let _ = self.reporter.set(reporter);
+        }
+    }
+
+    /// The traffic report for this heartbeat, when one is due.
+    fn due_report(&self) -> Option<proto::SidecarReport> {
+        let reporter = self.reporter.get()?;
+        let now = Instant::now();
+        {
+            let mut last = lock(&reporter.last);
+            if last.is_some_and(|at| now.saturating_duration_since(at) < reporter.interval) {
+                return None;
+            }
+            *last = Some(now);
+        }
+        let mut instances: Vec<proto::LocalInstanceReport> = self
+            .instances
+            .load()
+            .values()
+            .map(|i| proto::LocalInstanceReport {
+                instance_id: i.instance_id.clone(),
+                agent: i.registration.agent.clone(),
+                last_heartbeat_age_ms: now.saturating_duration_since(lock(&i.judged).last_heartbeat()).as_millis()
+                    as u64,
+            })
+            .collect();
+        instances.sort_by(|a, b| a.instance_id.cmp(&b.instance_id));
+        Some(reporter.traffic.report(&self.identity.sidecar_id, &reporter.table, instances, &reporter.spans))
     }
 
     /// A local instance by id (lock-free; used on the delivery path).
@@ -426,6 +473,7 @@ impl Registry {
             sidecar: Some(self.identity.clone()),
             instances: beats,
             lease_id: lease,
+            report: self.due_report(),
         };
         self.stats.reports.fetch_add(1, Ordering::Relaxed);
         self.stats.instance_reports.fetch_add(instances.len() as u64, Ordering::Relaxed);

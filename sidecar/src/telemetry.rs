@@ -79,6 +79,8 @@ pub(crate) struct SidecarMetrics {
     pub call_duration: HistogramFamily<TargetOutcome>,
     pub hop_duration: HistogramFamily<HopLabels>,
     pub queue_duration: Histogram,
+    /// The call edges of the last minute, for the report to control.
+    pub traffic: Arc<crate::report::Traffic>,
 }
 
 fn latency_buckets() -> impl Iterator<Item = f64> {
@@ -113,7 +115,14 @@ impl SidecarMetrics {
             "Time calls waited for an admission slot at their instance",
             queue_duration.clone(),
         );
-        SidecarMetrics { registry, calls, call_duration, hop_duration, queue_duration }
+        SidecarMetrics {
+            registry,
+            calls,
+            call_duration,
+            hop_duration,
+            queue_duration,
+            traffic: Arc::new(crate::report::Traffic::new()),
+        }
     }
 
     /// Adds the collector that reads the sidecar's counters at each scrape.
@@ -417,6 +426,10 @@ where
             KeyValue::new("agent_reach.priority", call.priority.as_str()),
         ];
         attrs.extend(semconv::grpc("agentreach.v1.Sidecar", method));
+        if !call.head.session_id.is_empty() {
+            // The dashboard finds a session's recent traces by it.
+            attrs.push(KeyValue::new("agent_reach.session", call.head.session_id.clone()));
+        }
         if forced {
             attrs.push(KeyValue::new(FORCE_ATTRIBUTE, true));
         }
@@ -432,6 +445,8 @@ where
             TargetKind::Capability(c) => call.table.by_capability.contains_key(c),
             TargetKind::Agent(a) => call.table.by_agent.contains_key(a),
         };
+        // The traffic report names a target with a policy too (a fallback may serve it).
+        let report_target = if known_target || call.spec().is_some() { target.clone() } else { "(unknown)".into() };
         let (service, metrics) = (self.inner.clone(), self.metrics.clone());
         Box::pin(async move {
             let result = service.oneshot(call).await;
@@ -453,6 +468,17 @@ where
                 detail.as_ref().map(|d| d.instance.clone()).filter(|i| !i.is_empty()).unwrap_or("(none)".into());
             let target_label = if known_target { target.clone() } else { "(unknown)".into() };
             let m = &metrics;
+            let fallback = result.as_ref().is_ok_and(|r| r.headers().contains_key(header::FALLBACK_FROM));
+            let served_by = detail.as_ref().map(|d| d.agent.clone()).filter(|a| !a.is_empty());
+            m.traffic.record(
+                tokio::time::Instant::now(),
+                crate::report::EdgeKey {
+                    caller: caller.clone(),
+                    target: report_target,
+                    agent: served_by.unwrap_or_else(|| "(none)".into()),
+                },
+                crate::report::CallSeen { ok: outcome == "OK", fallback, elapsed },
+            );
             m.calls
                 .get_or_create(&CallLabels {
                     caller,

@@ -115,6 +115,12 @@ impl RecentSpans {
         self.lock().iter().filter(|s| s.trace_id == trace_id).cloned().collect()
     }
 
+    /// The newest `n` spans, oldest first.
+    pub fn newest(&self, n: usize) -> Vec<SpanRecord> {
+        let spans = self.lock();
+        spans.iter().skip(spans.len().saturating_sub(n)).cloned().collect()
+    }
+
     /// Trace ids present, newest first, each once.
     pub fn trace_ids(&self) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();

@@ -1,5 +1,7 @@
-//! What the dashboard's JSON endpoints answer, built from a tenant feed's memory: the
-//! tenant's whole state, the tenant list, and capability search with suggestions.
+//! What the dashboard's JSON endpoints answer, built from a tenant feed's memory and the
+//! sidecars' traffic reports: the tenant's whole state (with the call topology, last
+//! heartbeats and open breakers), the tenant list, capability search with suggestions, and
+//! recent traces.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -10,6 +12,7 @@ use serde::Serialize;
 
 use crate::alerts::{Alert, Alerts};
 use crate::feed::Feed;
+use crate::reports::{EdgeView, Reports, SidecarTraffic, TraceView};
 
 /// One tenant as the page shows it.
 #[derive(Debug, Serialize)]
@@ -25,6 +28,21 @@ pub struct State {
     pub policies: Vec<PolicyView>,
     /// Newest first.
     pub alerts: Vec<Alert>,
+    /// Caller → target edges over the last minute, merged from every sidecar's report.
+    pub topology: Vec<EdgeView>,
+    /// Last heartbeat (Unix ms) of each instance, from its sidecar's report.
+    pub last_heartbeats: BTreeMap<String, i64>,
+    /// Instance → the sidecars holding its breaker open.
+    pub open_breakers: BTreeMap<String, Vec<String>>,
+    /// The sidecars that reported, and when.
+    pub sidecars: Vec<SidecarSeen>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SidecarSeen {
+    pub sidecar_id: String,
+    pub received_at_ms: i64,
+    pub window_ms: u32,
 }
 
 #[derive(Debug, Serialize)]
@@ -34,7 +52,8 @@ pub struct PolicyView {
     pub revision: i64,
 }
 
-pub fn state(tenant: &str, feed: &Feed, alerts: &Alerts) -> State {
+pub fn state(tenant: &str, feed: &Feed, alerts: &Alerts, reports: &Reports) -> State {
+    let traffic = reports.tenant(tenant);
     let (revision, instances, policies) = feed.view();
     let mut by_agent: BTreeMap<&str, Vec<&InstanceStatus>> = BTreeMap::new();
     for status in &instances {
@@ -64,7 +83,43 @@ pub fn state(tenant: &str, feed: &Feed, alerts: &Alerts) -> State {
         agents,
         policies,
         alerts: alerts.recent(tenant),
+        topology: crate::reports::topology(&traffic),
+        last_heartbeats: crate::reports::last_heartbeats(&traffic),
+        open_breakers: open_breakers(&traffic),
+        sidecars: traffic
+            .iter()
+            .map(|r| SidecarSeen {
+                sidecar_id: r.sidecar_id.clone(),
+                received_at_ms: r.received_at_ms,
+                window_ms: r.window_ms,
+            })
+            .collect(),
     }
+}
+
+fn open_breakers(traffic: &[std::sync::Arc<SidecarTraffic>]) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for report in traffic {
+        for id in &report.open_breakers {
+            out.entry(id.clone()).or_default().push(report.sidecar_id.clone());
+        }
+    }
+    out
+}
+
+/// Traces found for a trace id or session id.
+#[derive(Debug, Serialize)]
+pub struct Traces {
+    pub query: String,
+    pub traces: Vec<TraceView>,
+}
+
+/// Traces shown at most per search.
+const MAX_TRACES: usize = 20;
+
+pub fn traces(traffic: &[std::sync::Arc<SidecarTraffic>], query: &str) -> Traces {
+    let query: String = query.trim().chars().take(MAX_QUERY).collect();
+    Traces { traces: crate::reports::traces(traffic, &query, MAX_TRACES), query }
 }
 
 #[derive(Debug, Serialize)]

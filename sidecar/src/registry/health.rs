@@ -78,6 +78,11 @@ impl Health {
         self.probed = None;
     }
 
+    /// When the agent last heartbeated (its registration, before the first one).
+    pub(crate) fn last_heartbeat(&self) -> Instant {
+        self.last_heartbeat
+    }
+
     pub(crate) fn load(&self) -> Load {
         self.load
     }

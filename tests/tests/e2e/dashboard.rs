@@ -21,7 +21,7 @@ use agent_reach_e2e::{
 };
 use serde_json::Value;
 
-fn screenshots() -> PathBuf {
+pub(crate) fn screenshots() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
@@ -435,8 +435,12 @@ async fn the_dashboard_answers_loopback_hosts_reads_only_and_checks_tenants() {
     // A page elsewhere that rebinds its name to 127.0.0.1 is refused.
     let (status, _, body) = raw(addr, "GET", "/api/state", "dashboard.evil.example").await;
     assert_eq!(status, 403, "{body}");
-    // Nothing changes through the dashboard yet.
-    assert_eq!(raw(addr, "POST", "/api/state", &host).await.0, 405);
+    // Changes are JSON bodies only, and without operator tokens nothing changes at all.
+    assert_eq!(raw(addr, "POST", "/api/state", &host).await.0, 415);
+    let policy = serde_json::json!({ "kind": "capability", "name": "text.translate", "spec": {} });
+    let (status, _, body) = crate::dashboard_auth::post_json(addr, "/api/policies", None, &policy).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("--admin-token-file"), "{body}");
     let (status, _, body) = raw(addr, "GET", "/api/state?tenant=Bad%2Fname", &host).await;
     assert_eq!(status, 400);
     assert!(body.contains("tenant"), "{body}");

@@ -216,6 +216,7 @@ async fn control_calls_come_from_the_callers_certificate() {
     refusals.push(("revoke another sidecar's lease", status, "INSTANCE_NOT_OWNED"));
     let status = as_a
         .heartbeat(proto::ControlHeartbeatRequest {
+            report: None,
             tenant: "team-b".into(),
             sidecar: ident("sc-a"),
             instances: vec![],
@@ -226,6 +227,7 @@ async fn control_calls_come_from_the_callers_certificate() {
     refusals.push(("heartbeat for another tenant", status, "TENANT_MISMATCH"));
     let status = as_a
         .heartbeat(proto::ControlHeartbeatRequest {
+            report: None,
             tenant: "team-a".into(),
             sidecar: ident("sc-a"),
             instances: vec![proto::InstanceHeartbeat {

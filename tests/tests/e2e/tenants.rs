@@ -223,6 +223,7 @@ async fn tenants_see_nothing_of_each_other() {
             (
                 "Heartbeat",
                 ctl.heartbeat(proto::ControlHeartbeatRequest {
+                    report: None,
                     tenant: t.clone(),
                     sidecar: None,
                     instances: vec![proto::InstanceHeartbeat {
@@ -342,6 +343,7 @@ async fn tenants_see_nothing_of_each_other() {
     // Heartbeats and deregistrations that name another tenant's instance change nothing.
     let reply = ctl
         .heartbeat(proto::ControlHeartbeatRequest {
+            report: None,
             tenant: "team-a".into(),
             sidecar: None,
             instances: vec![proto::InstanceHeartbeat {

@@ -201,6 +201,7 @@ async fn write_load(endpoint: String, ops: usize) -> usize {
                             if n % 2 == 0 { proto::HealthState::Degraded } else { proto::HealthState::Up } as i32;
                         control
                             .heartbeat(proto::ControlHeartbeatRequest {
+                                report: None,
                                 tenant: TENANT.into(),
                                 sidecar: sidecar("writer"),
                                 instances: vec![proto::InstanceHeartbeat {

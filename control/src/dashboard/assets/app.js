@@ -7,6 +7,9 @@ let state = null;
 let source = null;
 let searchTimer = null;
 let searchResult = null;
+let traceQuery = '';
+let session = null;
+let editing = null;
 
 function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -70,9 +73,10 @@ function viewInstances() {
       el('td', {}, tags(i.registration.capabilities)),
       el('td', {}, i.sidecar_id, el('div', { class: 'muted' }, i.sidecar_address)),
       el('td', {}, ago(i.registered_at_ms)),
+      el('td', { class: 'heartbeat' }, ago(state.last_heartbeats[i.instance_id])),
       el('td', { class: 'hold' }, holdText(i.holds))));
   return [el('h2', {}, `Instances (${rows.length})`),
-    table(['Instance', 'Agent', 'Version', 'State', 'Load', 'Capabilities', 'Sidecar', 'Registered', 'Hold'], rows)];
+    table(['Instance', 'Agent', 'Version', 'State', 'Load', 'Capabilities', 'Sidecar', 'Registered', 'Last heartbeat', 'Hold'], rows)];
 }
 
 function viewInstance(id) {
@@ -86,16 +90,107 @@ function viewInstance(id) {
     ['Capabilities', tags(reg.capabilities)], ['Endpoint', `${reg.endpoint} (${reg.transport})`],
     ['Max concurrency', reg.max_concurrency || 'unlimited'], ['Sidecar', `${i.sidecar_id} at ${i.sidecar_address}`],
     ['Registered', `${time(i.registered_at_ms)} (generation ${i.generation})`], ['Record revision', i.revision],
+    ['Last heartbeat', state.last_heartbeats[i.instance_id] ? `${time(state.last_heartbeats[i.instance_id])} (${ago(state.last_heartbeats[i.instance_id])})` : 'not reported yet'],
+    ['Breaker open in', (state.open_breakers[i.instance_id] || []).join(', ') || 'no caller'],
     ['Metadata', el('pre', {}, JSON.stringify(reg.metadata || {}, null, 2))],
   ];
   return [el('h2', {}, `Instance ${id}`), el('dl', { id: 'instance-details' }, rows.map(([k, v]) => [el('dt', {}, k), el('dd', {}, v)]))];
 }
 
+const mayEdit = () => Boolean(session && session.may_edit);
+// A spec as JSON without the fields left at their defaults (null).
+const specJson = (spec) => JSON.stringify(spec, (k, v) => (v === null ? undefined : v), 2);
+
+function startEditing(p) {
+  editing = JSON.stringify({ kind: p.kind, name: p.name, description: p.description || '', spec: JSON.parse(specJson(p.spec)) }, null, 2);
+  $('#view').replaceChildren(...viewPolicies().filter((x) => x));
+}
+
+// Sends the editor's policy to `path` (validate or save); shows what came back.
+async function sendPolicy(path) {
+  const text = $('#policy-json').value;
+  const result = $('#policy-result');
+  let body;
+  try { body = JSON.parse(text); } catch (e) { result.className = 'bad'; result.textContent = `Not JSON: ${e.message}`; return; }
+  const response = await fetch(`${path}?tenant=${encodeURIComponent(tenant())}`, {
+    method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body),
+  });
+  const answer = await response.json();
+  if (!response.ok || answer.valid === false) { result.className = 'bad'; result.textContent = answer.error; return; }
+  result.className = 'good';
+  result.textContent = path.endsWith('/validate') ? 'Valid.' : `Saved at revision ${answer.revision}.`;
+  if (!path.endsWith('/validate')) editing = null;
+}
+
+function policyEditor() {
+  const area = el('textarea', { id: 'policy-json', rows: 16, spellcheck: 'false' });
+  area.value = editing;
+  return el('section', { id: 'policy-editor' },
+    el('h3', {}, 'Edit policy (JSON: kind, name, description, spec)'), area,
+    el('div', { class: 'buttons' },
+      el('button', { type: 'button', id: 'policy-validate', onclick: () => sendPolicy('/api/policies/validate') }, 'Validate'),
+      el('button', { type: 'button', id: 'policy-save', onclick: () => sendPolicy('/api/policies') }, 'Save'),
+      el('button', { type: 'button', id: 'policy-close', onclick: () => { editing = null; $('#policy-editor').remove(); render(); } }, 'Close'),
+      el('span', { id: 'policy-result' })));
+}
+
 function viewPolicies() {
+  const edit = mayEdit();
   const rows = state.policies.map((p) =>
     el('tr', { 'data-policy': `${p.kind}/${p.name}` }, el('td', {}, p.kind), el('td', {}, p.name), el('td', {}, p.description || ''),
-      el('td', {}, el('pre', {}, JSON.stringify(p.spec, null, 2))), el('td', {}, p.revision)));
-  return [el('h2', {}, `Policies (${rows.length})`), table(['Kind', 'Name', 'Description', 'Spec', 'Revision'], rows)];
+      el('td', { class: 'spec' }, el('pre', {}, specJson(p.spec))), el('td', {}, p.revision),
+      edit ? el('td', {}, el('button', { type: 'button', class: 'edit-policy', onclick: () => startEditing(p) }, 'Edit')) : null));
+  const headers = ['Kind', 'Name', 'Description', 'Spec', 'Revision'].concat(edit ? [''] : []);
+  const create = edit ? el('button', { type: 'button', id: 'policy-new',
+    onclick: () => startEditing({ kind: 'capability', name: '', description: '', spec: {} }) }, 'New policy') : null;
+  return [el('h2', {}, `Policies (${rows.length})`, ' ', create), editing !== null ? policyEditor() : null,
+    table(headers, rows), edit ? null : el('p', { class: 'muted' }, 'Viewing only: an operator token edits policies.')];
+}
+
+const pct = (x) => `${(x * 100).toFixed(1)}%`;
+
+function viewTopology() {
+  const rows = state.topology.map((e) =>
+    el('tr', { 'data-edge': `${e.caller}>${e.agent}`, class: e.error_ratio > 0 ? 'edge-errors' : '' },
+      el('td', {}, e.caller), el('td', { class: 'arrow' }, '→'), el('td', {}, e.agent), el('td', { class: 'muted' }, e.target),
+      el('td', { class: 'rate' }, e.calls_per_s.toFixed(2)), el('td', { class: 'calls' }, e.calls),
+      el('td', { class: 'errors' }, pct(e.error_ratio)), el('td', { class: 'p99' }, e.p99_ms === null ? '' : `≤ ${e.p99_ms} ms`),
+      el('td', {}, e.fallback_calls || ''), el('td', { class: 'sidecars' }, e.sidecars.join(', '))));
+  const reporting = state.sidecars.map((s) => `${s.sidecar_id} (${ago(s.received_at_ms)})`).join(', ') || 'none yet';
+  return [el('h2', {}, `Call topology, last minute (${rows.length} edges)`),
+    table(['Caller', '', 'Served by', 'Target', 'Calls/s', 'Calls', 'Errors', 'p99', 'Fallback', 'Reported by'], rows),
+    el('p', { class: 'muted' }, `Sidecars reporting: ${reporting}`)];
+}
+
+function traceRows(found) {
+  if (!found.traces.length) return [el('p', { class: 'muted', id: 'trace-none' }, `No recent trace with id or session ${found.query}.`)];
+  return found.traces.map((t) => el('section', { class: 'trace', 'data-trace': t.trace_id },
+    el('h3', {}, `Trace ${t.trace_id}`, t.session ? ` · session ${t.session}` : '', ` · ${(t.duration_us / 1000).toFixed(2)} ms · ${time(t.start_unix_us / 1000)}`),
+    table(['Span', 'Sidecar', 'Start', 'Duration', 'Status', 'Instance'], t.spans.map((s) =>
+      el('tr', { 'data-span': s.span_id },
+        el('td', { class: 'span-name' }, '· '.repeat(s.depth), s.name),
+        el('td', {}, s.sidecar_id),
+        el('td', {}, `+${((s.start_unix_us - t.start_unix_us) / 1000).toFixed(2)} ms`),
+        el('td', { class: 'duration' }, `${(s.duration_us / 1000).toFixed(2)} ms`),
+        el('td', {}, s.status),
+        el('td', {}, s.attributes['agent_reach.instance'] || ''))))));
+}
+
+async function findTraces(q) {
+  traceQuery = q.trim();
+  if (!traceQuery) { $('#trace-results').replaceChildren(); return; }
+  const response = await fetch(`/api/traces?tenant=${encodeURIComponent(tenant())}&q=${encodeURIComponent(traceQuery)}`);
+  if (!response.ok) return;
+  $('#trace-results').replaceChildren(...traceRows(await response.json()));
+}
+
+function viewTraces() {
+  const input = el('input', { id: 'trace-query', type: 'search', placeholder: 'Trace id or session id', value: traceQuery, autocomplete: 'off' });
+  const form = el('form', { id: 'trace-form' }, input, el('button', { type: 'submit' }, 'Find'));
+  form.addEventListener('submit', (e) => { e.preventDefault(); findTraces(input.value); });
+  if (traceQuery) setTimeout(() => findTraces(traceQuery), 0);
+  return [el('h2', {}, 'Recent traces'), el('p', { class: 'muted' }, 'From the span summaries the sidecars send with their reports (the newest spans of each).'),
+    form, el('div', { id: 'trace-results' })];
 }
 
 function viewTenants() {
@@ -119,9 +214,12 @@ function render() {
   const firing = state ? state.alerts.filter((a) => !a.resolved_at_ms).length : 0;
   $('#alert-count').textContent = firing ? `(${firing})` : '';
   if (!state) return;
-  const views = { agents: viewAgents, instances: viewInstances, policies: viewPolicies, tenants: viewTenants, alerts: viewAlerts };
-  const content = name === 'instance' ? viewInstance(decodeURIComponent(arg || '')) : (views[name] || viewAgents)();
-  $('#view').replaceChildren(...content);
+  const views = { agents: viewAgents, instances: viewInstances, topology: viewTopology, traces: viewTraces, policies: viewPolicies, tenants: viewTenants, alerts: viewAlerts };
+  // The traces view keeps its form, and the policy editor its text, across live updates.
+  if (!(name === 'traces' && $('#trace-form')) && !(name === 'policies' && $('#policy-editor'))) {
+    const content = name === 'instance' ? viewInstance(decodeURIComponent(arg || '')) : (views[name] || viewAgents)();
+    $('#view').replaceChildren(...content.filter((x) => x));
+  }
   $('#status').textContent = `tenant ${state.tenant} · revision ${state.revision} · updated ${new Date(state.generated_at_ms).toLocaleTimeString()}`;
 }
 
@@ -160,14 +258,48 @@ async function search() {
     : []));
 }
 
+function showLogin(message) {
+  if (source) source.close();
+  $('#who').replaceChildren();
+  const input = el('input', { id: 'login-token', type: 'password', autocomplete: 'off', placeholder: 'Operator token' });
+  const form = el('form', { id: 'login' }, el('h2', {}, 'Log in'),
+    el('p', { class: 'muted' }, 'With an Admin token: viewer to see, operator to edit policies. It is kept in an HttpOnly cookie.'),
+    input, el('button', { type: 'submit' }, 'Log in'), el('p', { id: 'login-error', class: 'bad' }, message || ''));
+  form.addEventListener('submit', async (e) => {
+    e.preventDefault();
+    const response = await fetch('/api/login', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ token: input.value }) });
+    input.value = '';
+    if (response.ok) start();
+    else showLogin((await response.json()).error);
+  });
+  $('#view').replaceChildren(form);
+}
+
+async function logout() {
+  if (source) source.close();
+  await fetch('/api/logout', { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' });
+  // A fresh page: nothing of the last session stays in memory.
+  location.reload();
+}
+
+let wired = false;
+
 async function start() {
+  const who = await fetch('/api/session');
+  session = who.ok ? await who.json() : null;
+  if (!session || !session.authenticated) { showLogin(''); return; }
+  $('#who').replaceChildren(`${session.name} (${session.role})`,
+    ...(session.login ? [el('button', { type: 'button', id: 'logout', onclick: logout }, 'Log out')] : []));
   const response = await fetch('/api/tenants');
   const { tenants } = response.ok ? await response.json() : { tenants: ['default'] };
   $('#tenant').replaceChildren(...tenants.map((t) => el('option', { value: t }, t)));
-  $('#tenant').addEventListener('change', connect);
-  $('#state-filter').addEventListener('change', render);
-  $('#search').addEventListener('input', () => { clearTimeout(searchTimer); searchTimer = setTimeout(search, 200); });
-  window.addEventListener('hashchange', render);
+  if (!wired) {
+    wired = true;
+    $('#tenant').addEventListener('change', connect);
+    $('#state-filter').addEventListener('change', render);
+    $('#search').addEventListener('input', () => { clearTimeout(searchTimer); searchTimer = setTimeout(search, 200); });
+    window.addEventListener('hashchange', () => { editing = null; render(); });
+  }
   connect();
 }
 
