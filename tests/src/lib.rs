@@ -24,6 +24,7 @@ use tokio::net::TcpListener;
 use tonic::transport::Channel;
 
 pub mod browser;
+pub mod fault;
 
 /// Which store the control service runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
