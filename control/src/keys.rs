@@ -78,6 +78,13 @@ pub fn agent_hold_key(tenant: &str, agent: &str) -> String {
     format!("{ROOT}{tenant}/holds/{agent}")
 }
 
+/// Key of an operator's hold on one instance: apart from the instance's record, on no
+/// lease, so the hold outlives the record's lease and is carried onto the instance when it
+/// registers again (after a long control outage, say). It stays until lifted.
+pub fn instance_hold_key(tenant: &str, agent: &str, instance_id: &str) -> String {
+    format!("{ROOT}{tenant}/instance-holds/{agent}/{instance_id}")
+}
+
 /// Key of a tenant's record.
 pub fn tenant_record_key(tenant: &str) -> String {
     format!("{TENANT_REGISTRY}{tenant}")
@@ -107,6 +114,11 @@ mod tests {
         assert!(agent_hold_key("default", "a").starts_with(&holds_prefix("default")));
         assert!(agent_hold_key("default", "a").starts_with(&tenant_prefix("default")));
         assert!(!tenant_record_key("default").starts_with(ROOT));
+        // Instance holds are neither instances nor agent holds.
+        let hold = instance_hold_key("default", "a", "a-1");
+        assert!(hold.starts_with(&tenant_prefix("default")));
+        assert!(!hold.starts_with(&holds_prefix("default")));
+        assert_eq!(parse_instance_key(&agents_prefix("default"), &hold), None);
     }
 
     #[test]

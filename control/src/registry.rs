@@ -193,6 +193,7 @@ impl Registry {
         };
         let key = keys::instance_key(&new.tenant, &new.registration.agent, &new.instance_id);
         let hold_key = keys::agent_hold_key(&new.tenant, &new.registration.agent);
+        let instance_hold_key = keys::instance_hold_key(&new.tenant, &new.registration.agent, &new.instance_id);
         let mut stored = StoredInstance {
             record: InstanceRecord {
                 instance_id: new.instance_id,
@@ -208,13 +209,14 @@ impl Registry {
             agent_hold: None,
             generation: 1,
         };
-        // The common case: the id is new and the agent has no hold.
-        let mut expected = (0, 0);
+        // The common case: the id is new and neither the agent nor the instance is held.
+        let mut expected = (0, 0, 0);
         for _ in 0..CAS_ATTEMPTS {
             let txn = Txn {
                 compares: vec![
                     Compare::ModRevision(key.clone(), expected.0),
                     Compare::ModRevision(hold_key.clone(), expected.1),
+                    Compare::ModRevision(instance_hold_key.clone(), expected.2),
                 ],
                 success: vec![Op::Put { key: key.clone(), value: encode(&stored), lease: Some(lease) }],
                 failure: vec![],
@@ -227,9 +229,15 @@ impl Registry {
                 ControlStats::inc(&self.stats.registrations);
                 return Ok(Registered { lease, lease_ttl, revision: result.revision, generation: stored.generation });
             }
-            // A previous registration of this id, or a hold on the agent: carry them over.
-            let (existing, hold) =
-                futures_util::future::try_join(self.store.get(&key), self.store.get(&hold_key)).await?;
+            // A previous registration of this id, or a hold on the agent or the instance:
+            // carry them over (the instance's hold from its own key, which outlives the
+            // record's lease).
+            let (existing, hold, instance_hold) = futures_util::future::try_join3(
+                self.store.get(&key),
+                self.store.get(&hold_key),
+                self.store.get(&instance_hold_key),
+            )
+            .await?;
             stored.generation = 1;
             stored.instance_hold = None;
             if let Some(kv) = &existing {
@@ -241,7 +249,10 @@ impl Registry {
                 ) {
                     Ok(old) => {
                         stored.generation = old.generation.max(1) + 1;
-                        stored.instance_hold = old.instance_hold;
+                        // A record written before instance holds had their own key.
+                        if instance_hold.is_none() {
+                            stored.instance_hold = old.instance_hold;
+                        }
                     }
                     Err(e) => tracing::warn!("replacing an unreadable record: {e}"),
                 }
@@ -250,7 +261,14 @@ impl Registry {
                 Some(kv) => Some(record::decode_hold(kv)?),
                 None => None,
             };
-            expected = (existing.map_or(0, |kv| kv.mod_revision), hold.map_or(0, |kv| kv.mod_revision));
+            if let Some(kv) = &instance_hold {
+                stored.instance_hold = Some(record::decode_hold(kv)?);
+            }
+            expected = (
+                existing.map_or(0, |kv| kv.mod_revision),
+                hold.map_or(0, |kv| kv.mod_revision),
+                instance_hold.map_or(0, |kv| kv.mod_revision),
+            );
         }
         Err(ControlError::Conflict(format!("instance {key}")))
     }
@@ -644,6 +662,31 @@ mod tests {
         let err = r.register(new_instance("a-1", "a", "1", lease)).await.unwrap_err();
         assert!(matches!(err, ControlError::LeaseNotFound(l) if l == lease));
         assert!(r.register(new_instance("a-1", "a", "1", 0)).await.is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_instance_hold_survives_lease_expiry_and_returns_with_the_instance() {
+        let (r, _) = registry(Arc::new(EmbeddedStore::default()));
+        let lease = r.register(new_instance("a-1", "a", "1", 0)).await.unwrap().lease;
+        r.register(new_instance("a-2", "a", "1", lease)).await.unwrap();
+        r.set_instance_hold("t", "a-1", hold(HoldScope::Instance, "disk check")).await.unwrap();
+        // The lease expires (control away longer than the TTL): both records go.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(r.tenant_view("t").await.unwrap().instances.is_empty());
+        // Registered again under their ids on a new lease: a-1 is held as before, a-2 not.
+        let lease = r.register(new_instance("a-1", "a", "1", 0)).await.unwrap().lease;
+        r.register(new_instance("a-2", "a", "1", lease)).await.unwrap();
+        let s = status(&r, "a-1").await.unwrap();
+        assert_eq!((s.record.state, s.reported_state), (HealthState::Paused, HealthState::Up));
+        assert_eq!(s.holds.len(), 1);
+        assert_eq!((s.holds[0].reason.as_str(), s.holds[0].scope), ("disk check", HoldScope::Instance));
+        assert_eq!(status(&r, "a-2").await.unwrap().record.state, HealthState::Up);
+        // Lifted, it stays lifted through the next expiry and registration.
+        r.set_instance_hold("t", "a-1", None).await.unwrap();
+        tokio::time::advance(Duration::from_secs(5)).await;
+        r.register(new_instance("a-1", "a", "1", 0)).await.unwrap();
+        let s = status(&r, "a-1").await.unwrap();
+        assert_eq!((s.record.state, s.holds.len()), (HealthState::Up, 0));
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,6 +1,8 @@
-//! Operators' holds: PAUSED on one instance, or on every instance of an agent (present and
-//! future, through the agent's hold key), written with compare-and-swap so a heartbeat never
-//! undoes a hold and a registration at the same moment is held too.
+//! Operators' holds: PAUSED on one instance (kept in its own key as well as in the record,
+//! so it survives the record's lease and returns with the instance's next registration), or
+//! on every instance of an agent (present and future, through the agent's hold key),
+//! written with compare-and-swap so a heartbeat never undoes a hold and a registration at
+//! the same moment is held too.
 
 use agent_reach::model::{
     FieldError, HealthState, HoldScope, InstanceStatus, MAX_REASON_LEN, StateHold, validate_name, validate_tenant,
@@ -38,8 +40,16 @@ impl Registry {
                 return Err(ControlError::InstanceNotFound(instance_id.to_string()));
             };
             let mut stored = record::decode_instance(kv, tenant, &agent, instance_id)?;
+            // First the hold's own key, which registrations read (so the hold survives the
+            // record's lease); then the record, while that key is still what this wrote.
+            let hold_key = keys::instance_hold_key(tenant, &agent, instance_id);
+            let hold_revision = match &hold {
+                Some(h) => self.store.put(&hold_key, encode(h), None).await?,
+                None => self.store.delete(&hold_key).await?.0,
+            };
+            let guard = vec![Compare::ModRevision(hold_key, if hold.is_some() { hold_revision } else { 0 })];
             stored.instance_hold = hold.clone();
-            match self.rewrite(kv, &stored, vec![]).await? {
+            match self.rewrite(kv, &stored, guard).await? {
                 Some(revision) => return Ok((stored.status(revision), revision)),
                 None => continue,
             }
