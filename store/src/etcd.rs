@@ -43,6 +43,9 @@ const REVISION_KEY: &str = "/agent-reach/";
 
 /// Largest watch response accepted (a revision's events come in one response).
 const MAX_WATCH_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+/// The largest page of a prefix read taken from etcd. A page of [`PAGE_SIZE`] keys larger
+/// than this (large values) is read again in halves, down to one key per page.
+const MAX_RANGE_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 /// Keep-alive requests queued for the keep-alive stream before callers wait.
 const KEEP_ALIVE_QUEUE: usize = 4096;
 
@@ -174,7 +177,7 @@ impl EtcdStore {
             .run(),
         );
         let store = Self {
-            kv: client.kv_client(),
+            kv: client.kv_client().max_decoding_message_size(MAX_RANGE_MESSAGE_BYTES),
             watch: client.watch_client().max_decoding_message_size(MAX_WATCH_MESSAGE_BYTES),
             lease: client.lease_client(),
             keep_alives,
@@ -232,14 +235,21 @@ impl EtcdStore {
         let (mut from, end) = prefix_range(prefix);
         let mut kvs = Vec::new();
         let mut revision = 0;
+        let mut page_size = PAGE_SIZE;
         loop {
-            let mut options = etcd::GetOptions::new().with_range(end.clone()).with_limit(PAGE_SIZE);
+            let mut options = etcd::GetOptions::new().with_range(end.clone()).with_limit(page_size);
             if revision > 0 {
                 // Later pages are read at the first page's revision: one consistent view.
                 options = options.with_revision(revision);
             }
             let mut kv = self.kv.clone();
-            let mut response = self.request("get_prefix", None, kv.get(from.clone(), Some(options))).await?;
+            let mut response = match self.request("get_prefix", None, kv.get(from.clone(), Some(options))).await {
+                Err(StoreError::Invalid(why)) if page_size > 1 && why.contains("message length too large") => {
+                    page_size /= 2;
+                    continue;
+                }
+                other => other?,
+            };
             if revision == 0 {
                 revision = header_revision(response.header())?;
             }
