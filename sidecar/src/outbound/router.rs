@@ -305,6 +305,7 @@ impl Router {
         let id = member.id().to_string();
         let trace = self.attempt_span(call, plan.target, &member, attempt);
         let request = self.request(call, plan, &member, attempt, remaining, trace.clone());
+        let breaker = request.breaker;
         let sent_at = clock();
         // Stop waiting a reserve before the caller does, so the answer (or the
         // DEADLINE_EXCEEDED) still reaches it in time.
@@ -324,7 +325,13 @@ impl Router {
         }
         let budget = || self.budget(group, &plan.retry);
         let (resp, hold) = match outcome {
-            None => return Step::Answer(deadline_exceeded(call, attempt, std::mem::take(&mut tries.tried))),
+            None => {
+                // Cut at the deadline, the attempt never reached the breaker's count: it is a
+                // failure there too, or an instance behind a blackholed or half-open link
+                // (which answers nothing, not even an error) would never be taken out.
+                member.stats.breaker.record(clock(), true, &breaker);
+                return Step::Answer(deadline_exceeded(call, attempt, std::mem::take(&mut tries.tried)));
+            }
             Some(Attempt::NotDelivered(e)) => {
                 tracing::debug!(instance = %id, attempt, "not delivered: {e}");
                 // Avoid it for a while, until its sidecar's probes or its lease settle it.
