@@ -340,6 +340,7 @@ impl Feed {
                     instances: state.instances.values().map(|e| e.wire.clone()).collect(),
                     resync: false,
                     policies: state.policies.values().cloned().collect(),
+                    more: false,
                 });
                 state.snapshot = Some(built.clone());
                 built

@@ -34,6 +34,10 @@ use crate::stats::{ControlStats, GaugeGuard};
 
 /// Deltas taken from the feed per wake-up.
 const BATCH: usize = 256;
+/// A snapshot larger than this (encoded) is sent in parts of at most this size each (a
+/// single instance or policy larger than it travels alone), so a tenant of any size loads
+/// through the sidecars' message size limit.
+pub const SNAPSHOT_PART_BYTES: usize = 1024 * 1024;
 /// How long a sidecar ahead of this replica's feed waits for the feed to catch up before
 /// it is sent a snapshot instead.
 const AHEAD_WAIT: Duration = Duration::from_secs(10);
@@ -64,6 +68,8 @@ pub struct Subscription {
     /// Deltas of one wake-up (from the feed) or one batch of the store's history, not
     /// sent yet.
     pending: VecDeque<Arc<proto::Delta>>,
+    /// The remaining parts of a snapshot being sent; they go before anything else.
+    parts: VecDeque<proto::Snapshot>,
     _gauge: GaugeGuard,
 }
 
@@ -86,6 +92,7 @@ impl Subscription {
             phase: Phase::Start(from_revision),
             sent: 0,
             pending: VecDeque::new(),
+            parts: VecDeque::new(),
             _gauge: gauge,
         }
     }
@@ -121,6 +128,9 @@ impl Subscription {
     }
 
     async fn step(&mut self) -> Result<Option<proto::WatchEvent>, ControlError> {
+        if let Some(part) = self.parts.pop_front() {
+            return Ok(Some(proto::WatchEvent { event: Some(proto::watch_event::Event::Snapshot(part)) }));
+        }
         loop {
             if matches!(self.phase, Phase::Live | Phase::CatchUp(_))
                 && let Some(delta) = self.pending.pop_front()
@@ -256,7 +266,10 @@ impl Subscription {
         if resync {
             ControlStats::inc(&self.stats.resyncs_sent);
         }
-        proto::WatchEvent { event: Some(proto::watch_event::Event::Snapshot(snapshot)) }
+        let mut parts: VecDeque<proto::Snapshot> = split_snapshot(snapshot, SNAPSHOT_PART_BYTES).into();
+        let first = parts.pop_front().unwrap_or_default();
+        self.parts = parts;
+        proto::WatchEvent { event: Some(proto::watch_event::Event::Snapshot(first)) }
     }
 
     fn send_delta(&mut self, delta: proto::Delta) -> proto::WatchEvent {
@@ -264,6 +277,43 @@ impl Subscription {
         ControlStats::inc(&self.stats.deltas_sent);
         proto::WatchEvent { event: Some(proto::watch_event::Event::Delta(delta)) }
     }
+}
+
+/// Splits `snapshot` into parts whose instances and policies encode to at most `bound`
+/// bytes each (one larger item travels alone); every part but the last has `more` set.
+/// A small snapshot stays one part.
+pub fn split_snapshot(snapshot: proto::Snapshot, bound: usize) -> Vec<proto::Snapshot> {
+    use prost::Message;
+    let proto::Snapshot { revision, instances, resync, policies, more: _ } = snapshot;
+    let empty = || proto::Snapshot { revision, resync, ..Default::default() };
+    let mut parts = vec![empty()];
+    let mut size = 0usize;
+    let mut room = |len: usize, parts: &mut Vec<proto::Snapshot>| {
+        // Field tag and length prefix of a repeated message: at most 1 + 10 bytes.
+        let len = len + 11;
+        if size > 0 && size + len > bound {
+            parts.push(empty());
+            size = 0;
+        }
+        size += len;
+    };
+    for i in instances {
+        room(i.encoded_len(), &mut parts);
+        if let Some(part) = parts.last_mut() {
+            part.instances.push(i);
+        }
+    }
+    for p in policies {
+        room(p.encoded_len(), &mut parts);
+        if let Some(part) = parts.last_mut() {
+            part.policies.push(p);
+        }
+    }
+    let n = parts.len();
+    for part in &mut parts[..n - 1] {
+        part.more = true;
+    }
+    parts
 }
 
 #[cfg(test)]
@@ -425,5 +475,41 @@ mod tests {
         assert!(tokio::time::timeout(Duration::from_secs(5), sub.next()).await.unwrap().is_none());
         drop(sub);
         assert_eq!(s.stats.watch_streams.load(std::sync::atomic::Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_large_snapshot_is_split_into_bounded_parts() {
+        use prost::Message;
+        let instance = |i: usize| proto::Instance {
+            instance_id: format!("a-{i}"),
+            registration: Some(proto::AgentRegistration {
+                agent: "a".into(),
+                metadata: [("blob".to_string(), "x".repeat(4096))].into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let whole = proto::Snapshot {
+            revision: 9,
+            resync: true,
+            instances: (0..1000).map(instance).collect(),
+            policies: vec![proto::Policy { name: "p".into(), ..Default::default() }],
+            more: false,
+        };
+        let parts = split_snapshot(whole.clone(), 64 * 1024);
+        assert!(parts.len() >= 60, "{} parts", parts.len());
+        for (i, part) in parts.iter().enumerate() {
+            assert!(part.encoded_len() <= 64 * 1024, "part {i}: {} bytes", part.encoded_len());
+            assert_eq!((part.revision, part.resync, part.more), (9, true, i + 1 < parts.len()));
+        }
+        let ids: Vec<String> =
+            parts.iter().flat_map(|p| p.instances.iter()).map(|i| i.instance_id.clone()).collect();
+        assert_eq!(ids, (0..1000).map(|i| format!("a-{i}")).collect::<Vec<_>>());
+        assert_eq!(parts.iter().map(|p| p.policies.len()).sum::<usize>(), 1);
+        // A small snapshot is one part; one item above the bound travels alone.
+        assert_eq!(split_snapshot(whole.clone(), usize::MAX).len(), 1);
+        let alone = split_snapshot(whole, 100);
+        assert_eq!(alone.len(), 1001);
+        assert!(!alone.last().unwrap().more);
     }
 }

@@ -128,6 +128,12 @@ pub struct SidecarArgs {
     #[arg(long, env = "AGENT_REACH_READY_MAX_STALE", default_value = "5m", value_parser = agent_reach_support::duration::parse)]
     pub ready_max_stale: Duration,
 
+    /// After a reconnection to control, removals of instances are held this long, until
+    /// their own sidecar registers them again: records lost to lease expiry during a long
+    /// control outage stay routable meanwhile. "0s" applies removals at once.
+    #[arg(long, env = "AGENT_REACH_REMOVAL_GRACE", default_value = "10s", value_parser = agent_reach_support::duration::parse)]
+    pub removal_grace: Duration,
+
     /// Runtime worker threads (1 = a single-threaded runtime).
     #[arg(long, env = "AGENT_REACH_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
@@ -205,6 +211,9 @@ pub struct SidecarConfig {
     /// Spans kept in memory for /traces.
     pub recent_spans: usize,
     pub ready_max_stale: Duration,
+    /// Removals arriving within this long after a reconnection to control are held (see
+    /// `grace.rs`); zero: never.
+    pub removal_grace: Duration,
     /// Mutual TLS toward control with a certificate bought with a join token; `None`:
     /// plaintext.
     pub identity: Option<crate::identity::IdentitySettings>,
@@ -247,6 +256,7 @@ impl SidecarConfig {
             trace_sample_ratio: 0.01,
             recent_spans: 4096,
             ready_max_stale: Duration::from_secs(300),
+            removal_grace: Duration::from_secs(10),
             identity: None,
             http_agent_allowed_hosts: Vec::new(),
             task_claim_ttl: Duration::from_secs(30),
@@ -329,6 +339,7 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
             trace_sample_ratio: a.trace_sample_ratio,
             recent_spans: 4096,
             ready_max_stale: a.ready_max_stale,
+            removal_grace: a.removal_grace,
             identity: match (&a.trust_bundle_file, &a.join_token_file) {
                 (Some(bundle), Some(token)) => {
                     let read = |flag: &str, path: &std::path::Path| {

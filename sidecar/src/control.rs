@@ -8,7 +8,9 @@
 //! the table) is refused, counted, and the stream resumed from the table's revision. While
 //! control is unreachable it keeps the last table and reconnects with capped, jittered
 //! backoff, to the next control endpoint each time, resuming from the last applied
-//! revision.
+//! revision. After a reconnection the sidecar's own loop holds removals for a grace period
+//! ([`crate::grace`]), so records lost to lease expiry during a long outage stay routable
+//! until their sidecars register them again.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -27,6 +29,13 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
 use agent_reach_routing::{RoutingTable, TableHandle};
+
+use crate::grace::Held;
+
+/// The largest message taken from control: a snapshot part (control sends a large tenant's
+/// snapshot in parts of about 1 MiB; one instance larger than that travels alone), or a
+/// delta of one revision.
+pub const MAX_CONTROL_MESSAGE: usize = 16 * 1024 * 1024;
 
 /// Clients of every configured control endpoint.
 pub struct ControlClients {
@@ -73,7 +82,10 @@ impl ControlClients {
             return Err("--control: at least one endpoint is required".into());
         }
         let identity = channels.iter().map(|(_, c)| IdentityClient::new(c.clone())).collect();
-        let endpoints = channels.iter().map(|(uri, c)| (uri.clone(), ControlClient::new(c.clone()))).collect();
+        let endpoints = channels
+            .iter()
+            .map(|(uri, c)| (uri.clone(), ControlClient::new(c.clone()).max_decoding_message_size(MAX_CONTROL_MESSAGE)))
+            .collect();
         Ok(ControlClients { endpoints, identity, channels, current: AtomicUsize::new(0), timeout })
     }
 
@@ -172,6 +184,10 @@ pub struct WatchStats {
     pub gaps: AtomicU64,
     /// Instances or policies from control that failed conversion and were skipped.
     pub invalid_instances: AtomicU64,
+    /// Removals held after a reconnection ([`crate::grace`]).
+    pub held_removals: AtomicU64,
+    /// Held removals applied because their instance did not register again in time.
+    pub held_expired: AtomicU64,
 }
 
 impl WatchStats {
@@ -235,8 +251,25 @@ pub async fn run_watch_observed(
     revision_tx: watch::Sender<i64>,
     stats: Arc<WatchStats>,
     observer: Option<WatchObserver>,
+    shutdown: watch::Receiver<bool>,
+) {
+    run_watch_holding(control, request, table, revision_tx, stats, observer, Duration::ZERO, shutdown).await
+}
+
+/// [`run_watch_observed`], holding the removals that arrive within `removal_grace` after
+/// a reconnection (see [`crate::grace`]); zero applies every removal at once.
+#[allow(clippy::too_many_arguments)]
+pub async fn run_watch_holding(
+    control: Arc<ControlClients>,
+    request: proto::WatchRequest,
+    table: TableHandle,
+    revision_tx: watch::Sender<i64>,
+    stats: Arc<WatchStats>,
+    observer: Option<WatchObserver>,
+    removal_grace: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let mut held = Some(Held::new(removal_grace));
     let mut failures: u32 = 0;
     let mut endpoint = 0usize;
     loop {
@@ -253,12 +286,24 @@ pub async fn run_watch_observed(
                 stats.connected.store(true, Ordering::Relaxed);
                 stats.confirm();
                 stats.connections.fetch_add(1, Ordering::Relaxed);
+                if let Some(h) = held.as_mut() {
+                    h.connected(tokio::time::Instant::now());
+                }
                 tracing::info!(control = %uri, revision = table.load().revision, "watching routing state");
                 let mut stream = resp.into_inner();
+                let mut parts = SnapshotParts::default();
                 loop {
+                    let next_release = held.as_ref().and_then(Held::next_deadline);
                     let msg = tokio::select! {
                         _ = agent_reach_support::process::stopped(&mut shutdown) => return,
                         m = stream.message() => m,
+                        _ = sleep_until_some(next_release) => {
+                            if let Some(h) = held.as_mut() {
+                                release_held(&table, h, &stats, tokio::time::Instant::now());
+                                revision_tx.send_replace(table.load().revision);
+                            }
+                            continue;
+                        }
                     };
                     match msg {
                         Ok(Some(event)) => {
@@ -266,22 +311,45 @@ pub async fn run_watch_observed(
                             // Take every event already received, and apply them in one
                             // table build, off the runtime's thread: a burst of changes
                             // (thousands of registrations) costs one rebuild, not one each.
-                            let mut events = vec![event];
+                            // The parts of a snapshot are gathered first.
+                            let mut events = Vec::new();
                             let mut ended = None;
-                            while events.len() < MAX_BATCH {
-                                match futures_util::FutureExt::now_or_never(stream.message()) {
-                                    Some(Ok(Some(e))) => events.push(e),
-                                    Some(other) => {
-                                        ended = Some(other);
+                            let mut next = Some(event);
+                            while let Some(e) = next.take() {
+                                match parts.gather(e) {
+                                    Ok(Some(whole)) => events.push(whole),
+                                    Ok(None) => {}
+                                    Err(why) => {
+                                        ended = Some(Err(Status::internal(why)));
                                         break;
                                     }
-                                    None => break,
+                                }
+                                if events.len() >= MAX_BATCH {
+                                    break;
+                                }
+                                match futures_util::FutureExt::now_or_never(stream.message()) {
+                                    Some(Ok(Some(e))) => next = Some(e),
+                                    Some(other) => ended = Some(other),
+                                    None => {}
                                 }
                             }
+                            if events.is_empty() && ended.is_none() {
+                                continue;
+                            }
                             let (t, st) = (table.clone(), stats.clone());
-                            let applied = match tokio::task::spawn_blocking(move || apply_batch(&t, events, &st)).await
+                            let mut h = held.take().unwrap_or_else(|| Held::new(removal_grace));
+                            h.live();
+                            let now = tokio::time::Instant::now();
+                            let applied = match tokio::task::spawn_blocking(move || {
+                                let applied = apply_batch_holding(&t, events, &st, &mut h, now);
+                                (applied, h)
+                            })
+                            .await
                             {
-                                Ok(a) => a,
+                                Ok((a, h)) => {
+                                    held = Some(h);
+                                    a
+                                }
                                 Err(e) => {
                                     tracing::error!("applying watch events failed: {e}");
                                     break;
@@ -334,6 +402,49 @@ pub async fn run_watch_observed(
     }
 }
 
+/// The parts of a snapshot received so far (see `Snapshot.more`).
+#[derive(Default)]
+pub struct SnapshotParts {
+    gathered: Option<proto::Snapshot>,
+}
+
+impl SnapshotParts {
+    /// Takes one event: a whole event to apply, nothing while a snapshot's parts are still
+    /// arriving, or why the stream is broken (a part of another revision, or a delta in the
+    /// middle of a snapshot).
+    pub fn gather(&mut self, event: proto::WatchEvent) -> Result<Option<proto::WatchEvent>, String> {
+        let part = match event.event {
+            Some(proto::watch_event::Event::Snapshot(part)) => part,
+            other => {
+                if self.gathered.is_some() {
+                    return Err("control sent a delta in the middle of a snapshot".into());
+                }
+                return Ok(Some(proto::WatchEvent { event: other }));
+            }
+        };
+        let whole = match self.gathered.take() {
+            None => part,
+            Some(mut whole) => {
+                if whole.revision != part.revision || whole.resync != part.resync {
+                    return Err(format!(
+                        "a snapshot part at revision {} follows parts at revision {}",
+                        part.revision, whole.revision
+                    ));
+                }
+                whole.instances.extend(part.instances);
+                whole.policies.extend(part.policies);
+                whole.more = part.more;
+                whole
+            }
+        };
+        if whole.more {
+            self.gathered = Some(whole);
+            return Ok(None);
+        }
+        Ok(Some(proto::WatchEvent { event: Some(proto::watch_event::Event::Snapshot(whole)) }))
+    }
+}
+
 /// Watch events applied in one table build at most.
 const MAX_BATCH: usize = 4096;
 
@@ -347,6 +458,43 @@ pub fn apply(table: &TableHandle, event: proto::WatchEvent, stats: &WatchStats) 
 /// replaces everything before it, each delta applies only on top of the revision it
 /// follows. Returns what each event did.
 pub fn apply_batch(table: &TableHandle, events: Vec<proto::WatchEvent>, stats: &WatchStats) -> Vec<Applied> {
+    apply_batch_holding(table, events, stats, &mut Held::new(Duration::ZERO), tokio::time::Instant::now())
+}
+
+/// Sleeps until `at`, or forever when there is nothing to wait for.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Removes the held instances whose grace ended by `now` (the table keeps its revision).
+fn release_held(table: &TableHandle, held: &mut Held, stats: &WatchStats, now: tokio::time::Instant) {
+    let ended = held.expired(now);
+    if ended.is_empty() {
+        return;
+    }
+    let current = table.load_full();
+    let mut instances: HashMap<String, Arc<Instance>> =
+        current.instances.iter().map(|(id, m)| (id.clone(), m.instance.clone())).collect();
+    for id in &ended {
+        if instances.remove(id).is_some() {
+            stats.held_expired.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(instance = %id, "a removal held after the reconnection applies: the instance did not register again");
+        }
+    }
+    table.store(RoutingTable::build(current.revision, instances, current.policies.clone(), Some(&current)));
+}
+
+/// [`apply_batch`], holding removals as `held` decides (see [`crate::grace`]).
+pub fn apply_batch_holding(
+    table: &TableHandle,
+    events: Vec<proto::WatchEvent>,
+    stats: &WatchStats,
+    held: &mut Held,
+    now: tokio::time::Instant,
+) -> Vec<Applied> {
     let invalid = |what: &str, e: &dyn std::fmt::Display| {
         stats.invalid_instances.fetch_add(1, Ordering::Relaxed);
         tracing::warn!("ignoring an invalid {what} from control: {e}");
@@ -359,12 +507,27 @@ pub fn apply_batch(table: &TableHandle, events: Vec<proto::WatchEvent>, stats: &
     for event in events {
         match event.event {
             Some(proto::watch_event::Event::Snapshot(s)) => {
-                let inst: HashMap<String, Arc<Instance>> = s
+                let mut inst: HashMap<String, Arc<Instance>> = s
                     .instances
                     .into_iter()
                     .filter_map(|p| instance_from_proto(p).map_err(|e| invalid("instance", &e)).ok())
                     .map(|i| (i.record.instance_id.clone(), Arc::new(i)))
                     .collect();
+                for id in inst.keys() {
+                    held.upserted(id);
+                }
+                // Instances the snapshot no longer has may only have lost their lease
+                // during an outage: held after a reconnection.
+                let before: Vec<(String, Arc<Instance>)> = match &instances {
+                    Some(m) => m.iter().map(|(id, i)| (id.clone(), i.clone())).collect(),
+                    None => current.instances.iter().map(|(id, m)| (id.clone(), m.instance.clone())).collect(),
+                };
+                for (id, i) in before {
+                    if !inst.contains_key(&id) && held.hold(&id, now) {
+                        stats.held_removals.fetch_add(1, Ordering::Relaxed);
+                        inst.insert(id, i);
+                    }
+                }
                 let pol: HashMap<(PolicyKind, String), Arc<Policy>> = s
                     .policies
                     .into_iter()
@@ -418,11 +581,16 @@ pub fn apply_batch(table: &TableHandle, events: Vec<proto::WatchEvent>, stats: &
                     current.instances.iter().map(|(id, m)| (id.clone(), m.instance.clone())).collect()
                 });
                 for id in &d.removed_instance_ids {
+                    if inst.contains_key(id) && held.hold(id, now) {
+                        stats.held_removals.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
                     inst.remove(id);
                 }
                 for p in d.upserted {
                     match instance_from_proto(p) {
                         Ok(i) => {
+                            held.upserted(&i.record.instance_id);
                             inst.insert(i.record.instance_id.clone(), Arc::new(i));
                         }
                         Err(e) => invalid("instance", &e),
@@ -459,4 +627,102 @@ pub fn apply_batch(table: &TableHandle, events: Vec<proto::WatchEvent>, stats: &
         table.store(RoutingTable::build(revision, instances, policies, Some(&current)));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agent_reach::model::{Capability, HealthState, InstanceRecord, Registration};
+
+    fn wire(id: &str) -> proto::Instance {
+        let instance = Instance {
+            record: InstanceRecord {
+                instance_id: id.into(),
+                tenant: "default".into(),
+                registration: Registration {
+                    agent: "a".into(),
+                    capabilities: vec![Capability { name: "c".into(), tags: vec![] }],
+                    endpoint: "http://127.0.0.1:1".into(),
+                    ..Default::default()
+                },
+                sidecar_id: "s".into(),
+                sidecar_address: "127.0.0.1:2".into(),
+                state: HealthState::Up,
+                load: Default::default(),
+                registered_at_ms: 1,
+            },
+            revision: 1,
+        };
+        proto::Instance::from(&instance)
+    }
+
+    fn part(revision: i64, ids: &[&str], more: bool) -> proto::WatchEvent {
+        proto::WatchEvent {
+            event: Some(proto::watch_event::Event::Snapshot(proto::Snapshot {
+                revision,
+                instances: ids.iter().map(|id| wire(id)).collect(),
+                more,
+                ..Default::default()
+            })),
+        }
+    }
+
+    fn ids(event: &proto::WatchEvent) -> Vec<String> {
+        match &event.event {
+            Some(proto::watch_event::Event::Snapshot(s)) => s.instances.iter().map(|i| i.instance_id.clone()).collect(),
+            _ => panic!("not a snapshot"),
+        }
+    }
+
+    #[test]
+    fn snapshot_parts_are_gathered_into_one_snapshot() {
+        let mut parts = SnapshotParts::default();
+        // A snapshot in one part passes through.
+        assert_eq!(ids(&parts.gather(part(3, &["a"], false)).unwrap().unwrap()), ["a"]);
+        assert!(parts.gather(part(5, &["a", "b"], true)).unwrap().is_none());
+        assert!(parts.gather(part(5, &["c"], true)).unwrap().is_none());
+        let whole = parts.gather(part(5, &["d"], false)).unwrap().unwrap();
+        assert_eq!(ids(&whole), ["a", "b", "c", "d"]);
+        // A part of another revision, or a delta, in the middle of a snapshot breaks it.
+        assert!(parts.gather(part(6, &["a"], true)).unwrap().is_none());
+        assert!(parts.gather(part(7, &["b"], false)).unwrap_err().contains("revision 7"));
+        assert!(parts.gather(part(8, &["a"], true)).unwrap().is_none());
+        let delta = proto::WatchEvent { event: Some(proto::watch_event::Event::Delta(proto::Delta::default())) };
+        assert!(parts.gather(delta).unwrap_err().contains("delta"));
+    }
+
+    #[test]
+    fn removals_after_a_reconnection_are_held_until_the_instance_returns() {
+        let table = TableHandle::default();
+        let stats = WatchStats::default();
+        let mut held = Held::new(Duration::from_secs(10));
+        let now = tokio::time::Instant::now();
+        held.connected(now);
+        let first = part(10, &["a-1", "b-1"], false);
+        apply_batch_holding(&table, vec![first], &stats, &mut held, now);
+        held.live();
+        // Reconnected: a resync snapshot without a-1, and a delta removing b-1.
+        held.connected(now);
+        let delta = |revision, removed: &[&str], upserted: &[&str]| proto::WatchEvent {
+            event: Some(proto::watch_event::Event::Delta(proto::Delta {
+                revision,
+                prev_revision: revision - 1,
+                removed_instance_ids: removed.iter().map(|s| s.to_string()).collect(),
+                upserted: upserted.iter().map(|id| wire(id)).collect(),
+                ..Default::default()
+            })),
+        };
+        apply_batch_holding(&table, vec![part(20, &["b-1"], false), delta(21, &["b-1"], &[])], &stats, &mut held, now);
+        assert_eq!(stats.held_removals.load(Ordering::Relaxed), 2);
+        let mut now_ids: Vec<String> = table.load().instances.keys().cloned().collect();
+        now_ids.sort();
+        assert_eq!(now_ids, ["a-1", "b-1"], "both removals held");
+        // a-1 registers again; b-1 does not and goes when its grace ends.
+        apply_batch_holding(&table, vec![delta(22, &[], &["a-1"])], &stats, &mut held, now);
+        release_held(&table, &mut held, &stats, now + Duration::from_secs(11));
+        let left: Vec<String> = table.load().instances.keys().cloned().collect();
+        assert_eq!(left, ["a-1"]);
+        assert_eq!(table.load().revision, 22);
+        assert_eq!(stats.held_expired.load(Ordering::Relaxed), 1);
+    }
 }

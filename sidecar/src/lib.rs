@@ -36,6 +36,7 @@ pub mod config;
 pub mod control;
 mod credentials;
 mod error;
+pub mod grace;
 mod grpc;
 mod http_client;
 pub mod identity;
@@ -227,12 +228,14 @@ impl Sidecar {
         }
         let watch_request =
             proto::WatchRequest { tenant: config.tenant.clone(), sidecar: Some(identity), from_revision: 0 };
-        tasks.spawn(control::run_watch(
+        tasks.spawn(control::run_watch_holding(
             control.clone(),
             watch_request,
             table,
             revision_tx,
             watch_stats,
+            None,
+            config.removal_grace,
             shutdown_rx.clone(),
         ));
         tasks.spawn(registry.clone().run_renewals(shutdown_rx.clone()));

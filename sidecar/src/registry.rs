@@ -448,16 +448,18 @@ impl Registry {
     }
 
     /// Reports `instances` to control (renewing the lease); registers again those whose
-    /// lease or record is gone and drops those registered anew elsewhere.
-    async fn report(&self, instances: &[Arc<LocalInstance>]) {
+    /// lease or record is gone and drops those registered anew elsewhere. Returns whether
+    /// control answered.
+    async fn report(&self, instances: &[Arc<LocalInstance>]) -> bool {
         let _ordered = self.report_lock.lock().await;
         let lease = self.lease();
         if lease == 0 {
             // No lease (lost, or the first registration failed): registering obtains one.
+            let mut all = true;
             for inst in instances {
-                self.reregister(inst).await;
+                all &= self.reregister(inst).await;
             }
-            return;
+            return all;
         }
         let mut states = Vec::with_capacity(instances.len());
         let beats = instances
@@ -488,7 +490,7 @@ impl Registry {
             Ok(reply) => reply,
             Err(status) => {
                 tracing::warn!("cannot report {} instance(s) to control: {}", instances.len(), status.message());
-                return;
+                return false;
             }
         };
         for (inst, state) in instances.iter().zip(states) {
@@ -514,9 +516,11 @@ impl Registry {
                 self.reregister(&inst).await;
             }
         }
+        true
     }
 
-    async fn reregister(&self, inst: &Arc<LocalInstance>) {
+    /// Registers `inst` again under its own id; returns whether control took it.
+    async fn reregister(&self, inst: &Arc<LocalInstance>) -> bool {
         let state = inst.effective_state();
         match self.register_with_control(&inst.instance_id, &inst.registration, state).await {
             Ok(reply) => {
@@ -524,18 +528,27 @@ impl Registry {
                 *lock(&inst.published) = Some(state);
                 self.stats.reregistrations.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(instance = %inst.instance_id, generation = reply.generation, "registered again after its lease or record was lost");
+                true
             }
-            Err(e) => tracing::warn!(instance = %inst.instance_id, "cannot register again: {e}"),
+            Err(e) => {
+                tracing::warn!(instance = %inst.instance_id, "cannot register again: {e}");
+                false
+            }
         }
     }
 
     /// Until `shutdown`: reports every instance once per quarter of the lease TTL (which
-    /// renews the lease), reports state changes at once, and removes dead instances.
+    /// renews the lease), reports state changes at once, and removes dead instances. While
+    /// control does not answer, the full report is retried on every tick, so the moment
+    /// control is back the lease is renewed, or, when it expired meanwhile, every instance
+    /// is registered again under its own id (callers hold the removals until then: see
+    /// `grace.rs`).
     pub(crate) async fn run_renewals(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let tick = (self.timers.heartbeat_interval / 4).clamp(Duration::from_millis(10), Duration::from_millis(500));
         let mut ticker = tokio::time::interval(tick);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_renewal = Instant::now();
+        let mut control_answered = true;
         loop {
             tokio::select! {
                 _ = agent_reach_support::process::stopped(&mut shutdown) => return,
@@ -561,10 +574,11 @@ impl Registry {
                 }
             }
             let renew_every = *lock(&self.lease_ttl) / 4;
-            if now.saturating_duration_since(last_renewal) >= renew_every && !self.is_empty() {
+            let renewal_due = now.saturating_duration_since(last_renewal) >= renew_every || !control_answered;
+            if renewal_due && !self.is_empty() {
                 last_renewal = now;
                 let all: Vec<Arc<LocalInstance>> = self.instances.load().values().cloned().collect();
-                self.report(&all).await;
+                control_answered = self.report(&all).await;
             } else if !changed.is_empty() {
                 self.report(&changed).await;
             }

@@ -12,6 +12,7 @@ mod http_agent;
 mod identity;
 mod lifecycle;
 mod malformed;
+mod faults;
 mod observability;
 mod policies;
 mod replicas;
