@@ -502,8 +502,7 @@ mod tests {
             assert!(part.encoded_len() <= 64 * 1024, "part {i}: {} bytes", part.encoded_len());
             assert_eq!((part.revision, part.resync, part.more), (9, true, i + 1 < parts.len()));
         }
-        let ids: Vec<String> =
-            parts.iter().flat_map(|p| p.instances.iter()).map(|i| i.instance_id.clone()).collect();
+        let ids: Vec<String> = parts.iter().flat_map(|p| p.instances.iter()).map(|i| i.instance_id.clone()).collect();
         assert_eq!(ids, (0..1000).map(|i| format!("a-{i}")).collect::<Vec<_>>());
         assert_eq!(parts.iter().map(|p| p.policies.len()).sum::<usize>(), 1);
         // A small snapshot is one part; one item above the bound travels alone.

@@ -632,28 +632,10 @@ pub fn apply_batch_holding(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use agent_reach::model::{Capability, HealthState, InstanceRecord, Registration};
+    use agent_reach::model::fixture;
 
     fn wire(id: &str) -> proto::Instance {
-        let instance = Instance {
-            record: InstanceRecord {
-                instance_id: id.into(),
-                tenant: "default".into(),
-                registration: Registration {
-                    agent: "a".into(),
-                    capabilities: vec![Capability { name: "c".into(), tags: vec![] }],
-                    endpoint: "http://127.0.0.1:1".into(),
-                    ..Default::default()
-                },
-                sidecar_id: "s".into(),
-                sidecar_address: "127.0.0.1:2".into(),
-                state: HealthState::Up,
-                load: Default::default(),
-                registered_at_ms: 1,
-            },
-            revision: 1,
-        };
-        proto::Instance::from(&instance)
+        proto::Instance::from(&fixture::instance(id).agent("a").capability("c", &[]).build())
     }
 
     fn part(revision: i64, ids: &[&str], more: bool) -> proto::WatchEvent {

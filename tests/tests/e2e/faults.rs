@@ -68,6 +68,15 @@ impl Load {
     }
 }
 
+/// A target sidecar for these tests: agents heartbeat every second, so an agent starved of
+/// CPU for a few hundred milliseconds on a loaded test machine is not judged UNKNOWN (and
+/// refused calls) for reasons that have nothing to do with the fault under test.
+fn target_config(control: &str, id: &str) -> agent_reach_sidecar::SidecarConfig {
+    let mut config = sidecar_config(control, id);
+    config.heartbeat_interval = Duration::from_secs(1);
+    config
+}
+
 async fn instance_keys(store: &Arc<dyn agent_reach_store::Store>) -> usize {
     let prefix = keys::tenant_prefix("default");
     let range = store.get_prefix(&prefix).await.unwrap();
@@ -89,7 +98,7 @@ async fn a_control_outage_longer_than_the_lease_ttl_loses_no_call() {
     let to_control_a = FaultProxy::start(control.addr()).await;
     let to_control_b = FaultProxy::start(control.addr()).await;
     let a = start_sidecar(sidecar_config(&to_control_a.addr().to_string(), "host-a")).await;
-    let b = start_sidecar(sidecar_config(&to_control_b.addr().to_string(), "host-b")).await;
+    let b = start_sidecar(target_config(&to_control_b.addr().to_string(), "host-b")).await;
     let e1 = echo_agent(b.local_addr(), "echo", &[("echo", &[])]).await;
     let e2 = echo_agent(b.local_addr(), "echo", &[("echo", &[])]).await;
     let ids = [e1.instance_id(), e2.instance_id()];
@@ -140,7 +149,9 @@ async fn a_control_outage_longer_than_the_lease_ttl_loses_no_call() {
     tokio::time::sleep(Duration::from_secs(30)).await;
     let (ok, failed, failures) = load.stop().await;
     let rate = ok as f64 / load_started.elapsed().as_secs_f64();
-    println!("control outage: {ok} calls ({rate:.0}/s), {failed} failed, re-registered {reregistered_in:?} after control was back");
+    println!(
+        "control outage: {ok} calls ({rate:.0}/s), {failed} failed, re-registered {reregistered_in:?} after control was back"
+    );
     assert_eq!(failed, 0, "no call failed: {failures:?}");
     assert!(rate > 20.0, "calls kept flowing: {ok} ({rate:.0}/s)");
     assert_eq!(a.watch_stats().held_expired.load(Ordering::Relaxed), 0, "every held instance registered again");
@@ -168,7 +179,7 @@ async fn etcd_down_longer_than_the_lease_ttl_loses_no_call() {
     let ttl = Duration::from_secs(5);
     let control = start_control(ts.store.clone(), ttl).await;
     let a = start_sidecar(sidecar_config(&control.endpoint(), "host-a")).await;
-    let b = start_sidecar(sidecar_config(&control.endpoint(), "host-b")).await;
+    let b = start_sidecar(target_config(&control.endpoint(), "host-b")).await;
     let e1 = echo_agent(b.local_addr(), "echo", &[("echo", &[])]).await;
     wait_for_instances(&a, &[e1.instance_id()]).await;
 
@@ -215,18 +226,19 @@ async fn a_faulty_mesh_link_loses_no_idempotent_call_and_a_dead_one_trips_the_br
     // Sidecar B is advertised at the proxy, so every caller reaches it through the faults.
     let b_mesh = listener().await;
     let link = FaultProxy::start(b_mesh.local_addr().unwrap()).await;
-    let mut config_b = sidecar_config(&control.endpoint(), "host-b");
+    let mut config_b = target_config(&control.endpoint(), "host-b");
     config_b.advertise = Some(link.addr().to_string());
     let b = agent_reach_sidecar::Sidecar::start(config_b, listener().await, b_mesh).await.unwrap();
-    let c = start_sidecar(sidecar_config(&control.endpoint(), "host-c")).await;
+    let c = start_sidecar(target_config(&control.endpoint(), "host-c")).await;
     let on_b = echo_agent(b.local_addr(), "echo", &[("echo", &[])]).await;
     let on_c = echo_agent(c.local_addr(), "echo", &[("echo", &[])]).await;
     wait_for_instances(&a, &[on_b.instance_id(), on_c.instance_id()]).await;
-    let retry = RetryPolicy { idempotent: true, ..Default::default() };
+    // A retry budget of 50 % of calls + 20/s: every reset cuts all calls in flight on B.
+    let retry = RetryPolicy { idempotent: true, budget_ratio: 0.5, budget_min_per_second: 20, ..Default::default() };
     let lenient = CircuitBreaker { consecutive_failures: 100_000, min_requests: 100_000, ..Default::default() };
     let spec = |breaker| PolicySpec {
         strategy: Some(Strategy::RoundRobin),
-        retry: Some(retry.clone()),
+        retry: Some(retry),
         breaker: Some(breaker),
         ..Default::default()
     };
@@ -306,7 +318,7 @@ async fn a_faulty_mesh_link_loses_no_idempotent_call_and_a_dead_one_trips_the_br
 /// limit, and the sidecar applies them together.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_of_over_50_mb_loads_into_a_new_sidecar() {
-    use agent_reach::model::{Capability, HealthState, InstanceRecord, Load, Registration};
+    use agent_reach::model::fixture;
     use agent_reach_control::record::{StoredInstance, encode};
     use futures_util::StreamExt;
     init_logging();
@@ -318,28 +330,14 @@ async fn a_tenant_of_over_50_mb_loads_into_a_new_sidecar() {
     let values: Vec<(String, bytes::Bytes)> = (0..N)
         .map(|i| {
             let agent = format!("agent-{}", i % 100);
-            let stored = StoredInstance {
-                record: InstanceRecord {
-                    instance_id: format!("{agent}-{i}"),
-                    tenant: "default".into(),
-                    registration: Registration {
-                        agent: agent.clone(),
-                        version: "1.0.0".into(),
-                        capabilities: vec![Capability { name: format!("cap-{}", i % 100), tags: vec![] }],
-                        endpoint: "http://127.0.0.1:1".into(),
-                        metadata: [("blob".to_string(), blob.clone())].into(),
-                        ..Default::default()
-                    },
-                    sidecar_id: "elsewhere".into(),
-                    sidecar_address: "127.0.0.1:9".into(),
-                    state: HealthState::Up,
-                    load: Load::default(),
-                    registered_at_ms: 1,
-                },
-                instance_hold: None,
-                agent_hold: None,
-                generation: 1,
-            };
+            let record = fixture::instance(&format!("{agent}-{i}"))
+                .agent(&agent)
+                .version("1.0.0")
+                .capability(&format!("cap-{}", i % 100), &[])
+                .metadata("blob", &blob)
+                .sidecar("elsewhere", "127.0.0.1:9")
+                .record();
+            let stored = StoredInstance { record, instance_hold: None, agent_hold: None, generation: 1 };
             let value = encode(&stored);
             total += value.len();
             (keys::instance_key("default", &agent, &stored.record.instance_id), value)
@@ -366,11 +364,8 @@ async fn a_tenant_of_over_50_mb_loads_into_a_new_sidecar() {
     assert_eq!(a.watch_stats().snapshots.load(Ordering::Relaxed), 1, "one snapshot, applied whole");
     assert!(control.stats().snapshots_sent.load(Ordering::Relaxed) >= 1);
     let table = a.table();
-    let cap7: Vec<_> = table
-        .instances
-        .values()
-        .filter(|m| m.instance.record.registration.capabilities[0].name == "cap-7")
-        .collect();
+    let cap7: Vec<_> =
+        table.instances.values().filter(|m| m.instance.record.registration.capabilities[0].name == "cap-7").collect();
     assert_eq!(cap7.len(), N / 100);
     assert!(cap7.iter().all(|m| m.instance.record.registration.metadata["blob"].len() == 4096));
     a.shutdown().await;
