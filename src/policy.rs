@@ -221,6 +221,10 @@ impl Authorization {
         match caller {
             None => self.allow_anonymous,
             Some(agent) => self.allowed_agents.is_empty() || self.allowed_agents.iter().any(|a| a == agent),
+        }
+    }
+}
+
 /// The write policy a session context field gets (see [`SessionFieldRule`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
