@@ -10,7 +10,7 @@ use crate::model::{
 };
 use crate::policy::{
     Admission, Authorization, CircuitBreaker, Fallback, Policy, PolicyKind, PolicySpec, RateLimit, RetryPolicy,
-    Strategy, VersionSplit,
+    SessionFieldRule, SessionWritePolicy, Strategy, VersionSplit,
 };
 use crate::proto;
 
@@ -380,7 +380,38 @@ impl From<&PolicySpec> for proto::PolicySpec {
                 allowed_agents: a.allowed_agents.clone(),
                 allow_anonymous: a.allow_anonymous,
             }),
+            session: s
+                .session
+                .iter()
+                .map(|(name, rule)| {
+                    let rule = proto::SessionFieldRule {
+                        policy: write_policy_to_proto(rule.policy) as i32,
+                        allow_override: rule.allow_override,
+                    };
+                    (name.clone(), rule)
+                })
+                .collect(),
         }
+    }
+}
+
+/// A declared session write policy on the wire.
+pub fn write_policy_to_proto(p: SessionWritePolicy) -> proto::WritePolicy {
+    match p {
+        SessionWritePolicy::LastWriter => proto::WritePolicy::LastWriter,
+        SessionWritePolicy::FirstWriter => proto::WritePolicy::FirstWriter,
+        SessionWritePolicy::CompareAndSet => proto::WritePolicy::CompareAndSet,
+    }
+}
+
+/// A session write policy from the wire; `None` for UNSPECIFIED.
+pub fn write_policy_from_i32(field: &str, v: i32) -> Result<Option<SessionWritePolicy>, FieldError> {
+    match proto::WritePolicy::try_from(v) {
+        Ok(proto::WritePolicy::Unspecified) => Ok(None),
+        Ok(proto::WritePolicy::LastWriter) => Ok(Some(SessionWritePolicy::LastWriter)),
+        Ok(proto::WritePolicy::FirstWriter) => Ok(Some(SessionWritePolicy::FirstWriter)),
+        Ok(proto::WritePolicy::CompareAndSet) => Ok(Some(SessionWritePolicy::CompareAndSet)),
+        Err(_) => Err(FieldError::new(field, format!("unknown write policy {v}"))),
     }
 }
 
@@ -434,6 +465,14 @@ pub fn policy_spec_from_proto(s: proto::PolicySpec) -> Result<PolicySpec, FieldE
         authorization: s
             .authorization
             .map(|a| Authorization { allowed_agents: a.allowed_agents, allow_anonymous: a.allow_anonymous }),
+        session: s
+            .session
+            .into_iter()
+            .map(|(name, rule)| {
+                let policy = write_policy_from_i32(&format!("spec.session.{name}.policy"), rule.policy)?;
+                Ok((name, SessionFieldRule { policy: policy.unwrap_or_default(), allow_override: rule.allow_override }))
+            })
+            .collect::<Result<_, FieldError>>()?,
     })
 }
 
@@ -536,6 +575,11 @@ mod tests {
                 cache_ttl_ms: 100,
                 admission: None,
                 authorization: Some(Authorization { allowed_agents: vec!["planner".into()], allow_anonymous: true }),
+                session: [(
+                    "user_id".to_string(),
+                    SessionFieldRule { policy: SessionWritePolicy::FirstWriter, allow_override: true },
+                )]
+                .into(),
             },
             description: "d".into(),
         };

@@ -225,6 +225,42 @@ impl Authorization {
     }
 }
 
+/// The write policy a session context field gets (see [`SessionFieldRule`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionWritePolicy {
+    /// Later writes win.
+    #[default]
+    LastWriter,
+    /// The first value stands; later writes are refused.
+    FirstWriter,
+    /// A write holds only if the field is still at the version the writer read.
+    CompareAndSet,
+}
+
+impl SessionWritePolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionWritePolicy::LastWriter => "last_writer",
+            SessionWritePolicy::FirstWriter => "first_writer",
+            SessionWritePolicy::CompareAndSet => "compare_and_set",
+        }
+    }
+}
+
+/// A session field's write policy as an agent or capability policy declares it: writes of
+/// the field by that agent (or by an instance offering that capability) get `policy`, and
+/// may name another policy only when `allow_override` is set.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SessionFieldRule {
+    pub policy: SessionWritePolicy,
+    pub allow_override: bool,
+}
+
+/// Most session fields one policy declares rules for.
+pub const MAX_SESSION_RULES: usize = 256;
+
 /// The rules of a policy.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -246,6 +282,10 @@ pub struct PolicySpec {
     /// Who may call; `None`: the tenant policy's, else any caller of the tenant.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub authorization: Option<Authorization>,
+    /// Write policies of session context fields, by field name (agent and capability
+    /// policies).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub session: BTreeMap<String, SessionFieldRule>,
 }
 
 /// A policy: kind, name and rules, within a tenant.
@@ -383,7 +423,7 @@ impl Policy {
             FieldError::new(format!("spec.{field}"), format!("does not apply to {kind} policies"))
         };
         if self.kind == PolicyKind::Tenant {
-            let set: [(&str, bool); 11] = [
+            let set: [(&str, bool); 12] = [
                 ("strategy", s.strategy.is_some()),
                 ("hash_key", !s.hash_key.is_empty()),
                 ("weights", !s.weights.is_empty()),
@@ -395,6 +435,7 @@ impl Policy {
                 ("read_only", s.read_only),
                 ("cache_ttl_ms", s.cache_ttl_ms != 0),
                 ("admission", s.admission.is_some()),
+                ("session", !s.session.is_empty()),
             ];
             if let Some((field, _)) = set.iter().find(|(_, on)| *on) {
                 return Err(not_for(field, self.kind));
@@ -407,6 +448,7 @@ impl Policy {
             ));
         }
         validate_ranges(s)?;
+        validate_session_rules(&s.session)?;
         let strategy = s.strategy.unwrap_or_default();
         if !s.hash_key.is_empty() {
             if strategy != Strategy::ConsistentHash {
@@ -464,6 +506,25 @@ impl Policy {
     }
 }
 
+/// Session field names as the session store accepts them: 1 to 128 of `[A-Za-z0-9._@-]`.
+fn validate_session_rules(rules: &BTreeMap<String, SessionFieldRule>) -> Result<(), FieldError> {
+    if rules.len() > MAX_SESSION_RULES {
+        return Err(FieldError::new("spec.session", format!("at most {MAX_SESSION_RULES} fields")));
+    }
+    for name in rules.keys() {
+        let valid = !name.is_empty()
+            && name.len() <= 128
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '@'));
+        if !valid {
+            return Err(FieldError::new(
+                "spec.session",
+                format!("field name {name:?}: 1 to 128 letters, digits and . _ - @"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn validate_split(split: &VersionSplit) -> Result<(), FieldError> {
     let mut total = 0u32;
     for (i, (version, percent)) in split.weights.iter().enumerate() {
@@ -515,6 +576,36 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(policy(PolicyKind::Capability, "text.summarize", spec).validate(), Ok(()));
+    }
+
+    #[test]
+    fn session_rules_apply_to_agents_and_capabilities_with_valid_field_names() {
+        let rules = |name: &str| PolicySpec {
+            session: [(
+                name.to_string(),
+                SessionFieldRule { policy: SessionWritePolicy::FirstWriter, ..Default::default() },
+            )]
+            .into(),
+            ..Default::default()
+        };
+        assert_eq!(policy(PolicyKind::Agent, "intake", rules("user_id")).validate(), Ok(()));
+        assert_eq!(policy(PolicyKind::Capability, "refund.decide", rules("user_id")).validate(), Ok(()));
+        assert_eq!(
+            policy(PolicyKind::Tenant, "default", rules("user_id")).validate().unwrap_err().field,
+            "spec.session"
+        );
+        assert_eq!(policy(PolicyKind::Agent, "intake", rules("a/b")).validate().unwrap_err().field, "spec.session");
+        let many = PolicySpec {
+            session: (0..=MAX_SESSION_RULES).map(|i| (format!("f{i}"), SessionFieldRule::default())).collect(),
+            ..Default::default()
+        };
+        assert_eq!(policy(PolicyKind::Agent, "intake", many).validate().unwrap_err().field, "spec.session");
+        let json = r#"{"session":{"n":{"policy":"compare_and_set"}}}"#;
+        let spec: PolicySpec = serde_json::from_str(json).unwrap();
+        assert_eq!(
+            spec.session["n"],
+            SessionFieldRule { policy: SessionWritePolicy::CompareAndSet, allow_override: false }
+        );
     }
 
     #[test]
@@ -895,6 +986,7 @@ mod tests {
                             cache_ttl_ms: ttl,
                             admission,
                             authorization,
+                            session: std::collections::BTreeMap::new(),
                         }
                     },
                 )

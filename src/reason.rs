@@ -82,6 +82,7 @@ reasons! {
     ContextTooLarge => "CONTEXT_TOO_LARGE", ResourceExhausted;
     ContextTooManySessions => "CONTEXT_TOO_MANY_SESSIONS", ResourceExhausted;
     ContextHistoryCompacted => "CONTEXT_HISTORY_COMPACTED", OutOfRange;
+    ContextPolicyOverride => "CONTEXT_POLICY_OVERRIDE", FailedPrecondition;
     TaskNotFound => "TASK_NOT_FOUND", NotFound;
     TaskFinished => "TASK_FINISHED", FailedPrecondition;
     TaskBadTransition => "TASK_BAD_TRANSITION", FailedPrecondition;

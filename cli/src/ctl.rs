@@ -361,7 +361,10 @@ pub async fn run(args: CtlArgs, out: &mut dyn Write) -> Result<(), CtlError> {
         CtlCommand::Tenant(command) => tenants(&mut admin, command, json, out).await?,
         CtlCommand::JoinToken(command) => join_tokens(&mut admin, tenant, command, json, out).await?,
         CtlCommand::Session(SessionCommand::Show { id }) => {
-            crate::session::show(&args.control, args.timeout, tenant, id, json, out).await?
+            let request =
+                proto::GetSessionRequest { tenant: tenant.clone(), session_id: id.clone(), ..Default::default() };
+            let reply = admin.call(request, |mut c, r| async move { c.get_session(r).await }).await?;
+            crate::session::show(tenant, id, reply, json, out)?
         }
         CtlCommand::Explain { target, agent, tags, priority, session, max } => {
             let target =

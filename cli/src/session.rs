@@ -1,15 +1,13 @@
 //! `agent-reach ctl session show <id>`: one session's context as the control service keeps
-//! it (fields, versions, writers, locks), for operators. Reads only; writes are the agents'
-//! (through their sidecars).
+//! it (fields, versions, writers, locks), for operators, read through the Admin API's
+//! `GetSession` (viewer role; so it works with mutual TLS and operator tokens like every
+//! other `ctl` command). Reads only; writes are the agents' (through their sidecars).
 
 use std::io::Write;
-use std::time::Duration;
 
 use agent_reach::proto;
-use agent_reach::proto::sessions_client::SessionsClient;
 use serde::Serialize;
-use tonic::transport::Endpoint;
-use tonic::{Code, Status};
+use tonic::Status;
 
 use crate::output::{CtlError, row, table};
 
@@ -39,34 +37,14 @@ struct ShownField {
     value_bytes: usize,
 }
 
-/// Prints session `id` of `tenant`, asking each control endpoint in turn while unreachable.
-pub async fn show(
-    endpoints: &[String],
-    timeout: Duration,
+/// Prints session `id` of `tenant` from the Admin API's `GetSession` reply.
+pub fn show(
     tenant: String,
     id: String,
+    reply: proto::GetSessionReply,
     json: bool,
     out: &mut dyn Write,
 ) -> Result<(), CtlError> {
-    let request = proto::GetSessionRequest { tenant: tenant.clone(), session_id: id.clone(), ..Default::default() };
-    let mut last = Status::unavailable("no control endpoint");
-    let mut reply = None;
-    for e in endpoints {
-        let uri = if e.contains("://") { e.clone() } else { format!("http://{e}") };
-        let endpoint = Endpoint::from_shared(uri.clone())
-            .map_err(|err| CtlError::Usage(format!("--control: bad endpoint {e:?}: {err}")))?
-            .connect_timeout(timeout)
-            .timeout(timeout);
-        match SessionsClient::new(endpoint.connect_lazy()).get_session(request.clone()).await {
-            Ok(r) => {
-                reply = Some(r.into_inner());
-                break;
-            }
-            Err(status) if status.code() != Code::Unavailable => return Err(CtlError::Api(status)),
-            Err(status) => last = Status::unavailable(format!("{uri}: {}", status.message())),
-        }
-    }
-    let reply = reply.ok_or(CtlError::Api(last))?;
     if !reply.found {
         return Err(CtlError::Api(Status::not_found(format!("tenant {tenant} has no session {id:?}"))));
     }

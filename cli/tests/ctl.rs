@@ -195,3 +195,75 @@ async fn ctl_session_show_prints_fields_writers_and_locks() {
     assert!(stderr(&out).contains("no session \"missing\""), "{}", stderr(&out));
     control.shutdown().await;
 }
+
+/// Under `--mtls required` and operator tokens, `ctl session show` goes through the Admin
+/// API like every other `ctl` command: a viewer token reads, no token is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctl_session_show_works_under_mtls_required_with_a_viewer_token() {
+    use agent_reach_control::config::{BootstrapToken, SessionBackend};
+    use agent_reach_control::identity::{IdentityConfig, Mtls};
+    use agent_reach_session::{FieldWrite, KvSessions, Limits, SessionStore, WritePolicy, Writer};
+
+    let td = agent_reach_identity::DEFAULT_TRUST_DOMAIN;
+    let store: Arc<dyn agent_reach_store::Store> = Arc::new(EmbeddedStore::default());
+    let sessions = Arc::new(KvSessions::new(store.clone(), Limits::default()));
+    let boot = "bootstrap-admin-token-for-the-ctl-test";
+    let config = ControlConfig {
+        mtls: Mtls::Required,
+        identity: Some(IdentityConfig {
+            ca: Arc::new(agent_reach_identity::Ca::generate(td).expect("CA")),
+            cert_ttl: Duration::from_secs(3600),
+        }),
+        admin_token: Some(BootstrapToken(boot.into())),
+        session_store: Some(SessionBackend(sessions.clone())),
+        ..ControlConfig::default()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let control = ControlHandle::spawn(store, config, listener).unwrap();
+    let endpoint = control.endpoint();
+    let version = sessions
+        .put(
+            "default",
+            "order-7",
+            &Writer::new("intake", "intake-1"),
+            vec![FieldWrite::new("user_id", "u-7", WritePolicy::FirstWriter)],
+        )
+        .await
+        .unwrap()
+        .version;
+
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("bundle.pem");
+    std::fs::write(&bundle, control.ca().bundle_pem()).unwrap();
+    let bundle = bundle.to_str().unwrap().to_string();
+    let tls = agent_reach_identity::tls::bootstrap_client(control.ca().bundle_pem(), td).expect("client TLS");
+    let channel = agent_reach_sidecar::identity::TlsConnector::fixed(Arc::new(tls)).channel(&endpoint).unwrap();
+    let mut admin = proto::admin_client::AdminClient::new(channel);
+    let mut create = tonic::Request::new(proto::CreateOperatorTokenRequest {
+        role: proto::OperatorRole::Viewer as i32,
+        description: "ctl test".into(),
+        ..Default::default()
+    });
+    create.metadata_mut().insert("authorization", format!("Bearer {boot}").parse().unwrap());
+    let viewer = admin.create_operator_token(create).await.expect("a viewer token").into_inner().secret;
+    let viewer_file = dir.path().join("viewer");
+    std::fs::write(&viewer_file, &viewer).unwrap();
+
+    let out = ctl(
+        &endpoint,
+        &["--trust-bundle-file", &bundle, "--token-file", viewer_file.to_str().unwrap(), "session", "show", "order-7"],
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).starts_with(&format!("session order-7 (tenant default) at version {version}\n")),
+        "{}",
+        stdout(&out)
+    );
+    assert!(stdout(&out).contains("locked (first writer)  u-7"), "{}", stdout(&out));
+
+    let out = ctl(&endpoint, &["--trust-bundle-file", &bundle, "session", "show", "order-7"]).await;
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("UNAUTHENTICATED"), "{}", stderr(&out));
+    control.shutdown().await;
+}

@@ -37,6 +37,8 @@ pub struct AdminService {
     registry: Arc<Registry>,
     tokens: Arc<JoinTokens>,
     auth: Arc<OperatorAuth>,
+    /// Session contexts, for `GetSession` (none: refused as UNAVAILABLE).
+    sessions: Option<Arc<dyn agent_reach_session::SessionStore>>,
 }
 
 /// The `authorization` header of a request.
@@ -46,7 +48,13 @@ fn authorization<T>(request: &Request<T>) -> Option<String> {
 
 impl AdminService {
     pub fn new(registry: Arc<Registry>, tokens: Arc<JoinTokens>, auth: Arc<OperatorAuth>) -> AdminService {
-        AdminService { registry, tokens, auth }
+        AdminService { registry, tokens, auth, sessions: None }
+    }
+
+    /// Serves `GetSession` from `store`.
+    pub fn with_sessions(mut self, store: Arc<dyn agent_reach_session::SessionStore>) -> AdminService {
+        self.sessions = Some(store);
+        self
     }
 
     /// Checks a read of `tenant` (`None`: cluster-wide).
@@ -305,6 +313,25 @@ impl Admin for AdminService {
         let kind = policy_kind_from_i32("kind", r.kind).map_err(ControlError::from)?;
         let (policy, revision) = self.registry.get_policy(&r.tenant, kind, &r.name).await?;
         Ok(Response::new(proto::GetPolicyReply { policy: Some(policy_to_proto(&policy, revision)) }))
+    }
+
+    async fn get_session(
+        &self,
+        request: Request<proto::GetSessionRequest>,
+    ) -> Result<Response<proto::GetSessionReply>, Status> {
+        let auth = authorization(&request);
+        let r = request.into_inner();
+        validate_tenant("tenant", &r.tenant).map_err(ControlError::from)?;
+        self.read(auth, Some(&r.tenant)).await?;
+        let Some(sessions) = &self.sessions else {
+            return Err(agent_reach::reason::status(
+                agent_reach::reason::Reason::StoreUnavailable,
+                "this control service serves no session contexts",
+                &[],
+            ));
+        };
+        let session = sessions.get(&r.tenant, &r.session_id).await.map_err(crate::sessions::status)?;
+        Ok(Response::new(crate::sessions::session_to_proto(session, &r.fields)))
     }
 
     async fn list_policies(

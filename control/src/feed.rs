@@ -319,6 +319,18 @@ impl Feed {
         self.state().instances.get(key).cloned()
     }
 
+    /// Runs `f` on the policy `kind`/`name` at the head revision, in place (session writes
+    /// look up their field rules here on every write).
+    pub fn with_policy<R>(
+        &self,
+        kind: agent_reach::policy::PolicyKind,
+        name: &str,
+        f: impl FnOnce(Option<&proto::Policy>) -> R,
+    ) -> R {
+        let key = keys::policy_key(&self.shared.prefixes.tenant, kind, name);
+        f(self.state().policies.get(&key))
+    }
+
     /// Every instance as operators see it (sorted by agent, then instance id) and every
     /// policy, at the head revision, from memory (the dashboard and the alert rules read
     /// this instead of the store).

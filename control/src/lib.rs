@@ -264,10 +264,16 @@ pub async fn serve_parts(
         Some(backend) => backend.0.clone(),
         None => Arc::new(agent_reach_session::KvSessions::new(store.clone(), config.session_limits.clone())),
     };
-    let sessions = sessions::SessionService::new(session_store, stop_rx.clone(), authz.clone());
+    let sessions = sessions::SessionService::new(
+        session_store.clone(),
+        stop_rx.clone(),
+        authz.clone(),
+        feeds.clone(),
+        stats.clone(),
+    );
     let tasks = tasks::TaskService::new(store.clone(), config.task_limits.clone(), stop_rx.clone(), authz.clone());
     let control = ControlService::new(registry.clone(), feeds, store.clone(), stats, stop_rx, authz);
-    let admin = AdminService::new(registry, tokens, operator_auth);
+    let admin = AdminService::new(registry, tokens, operator_auth).with_sessions(session_store);
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<ControlServer<ControlService>>().await;
     health_reporter.set_serving::<AdminServer<AdminService>>().await;

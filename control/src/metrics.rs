@@ -96,6 +96,7 @@ impl Collector for StatsCollector {
             let m = encoder.encode_descriptor(name, help, None, g.metric_type())?;
             g.encode(m)?;
         }
+        s.sessions.encode(&mut encoder)?;
         Ok(())
     }
 }

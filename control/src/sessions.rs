@@ -7,33 +7,175 @@
 //! tenant's name and, with mutual TLS on, that the calling sidecar's certificate is of that
 //! tenant (the same check as every Control call: a request naming another tenant is refused
 //! with `TENANT_MISMATCH`). Every watch stream ends when the service shuts down.
+//!
+//! Writes get the field policies the tenant's policies declare ([`declared`]): the writer's
+//! agent policy decides a field it names, else the first capability (by name) of the writer
+//! instance whose policy names it. A write naming no policy takes the declared one
+//! (`last_writer` when none is declared); a write naming another policy than the declared
+//! one is refused with `CONTEXT_POLICY_OVERRIDE` unless the rule allows overrides. Rules
+//! are read from the tenant's feed (memory), so they cost no store read.
+//!
+//! [`SessionCounters`] (in `ControlStats`, on `/metrics`): writes applied, calls refused by
+//! reason, and the live sessions of each tenant this replica serves, counted every
+//! [`LIVE_INTERVAL`] (and soon after a tenant's first write here).
 
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use crate::feed::{Feed, Feeds};
 use crate::identity::{Authorizer, request_peer};
+use crate::keys;
+use agent_reach::convert::write_policy_from_i32;
 use agent_reach::model::validate_tenant;
+use agent_reach::policy::PolicyKind;
 use agent_reach::proto;
 use agent_reach::proto::sessions_server::Sessions;
 use agent_reach::reason::{self, Reason};
 use agent_reach_session::{Change, Field, FieldWrite, Session, SessionError, SessionStore, WritePolicy, Writer};
 use futures_util::StreamExt;
-use tokio::sync::watch;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use tokio::sync::{Notify, watch};
 use tonic::{Request, Response, Status};
+
+use crate::stats::ControlStats;
+
+/// How often the live sessions of each tenant are counted.
+pub const LIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// Most tenants whose live sessions are counted and exported.
+pub const MAX_COUNTED_TENANTS: usize = 1_000;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Session counters of one control replica (exported on `/metrics`).
+#[derive(Debug, Default)]
+pub struct SessionCounters {
+    /// Writes (puts) applied.
+    pub writes: AtomicU64,
+    /// Deletes applied.
+    pub deletes: AtomicU64,
+    /// Session calls refused, by reason (`ErrorInfo.reason`).
+    refusals: Mutex<BTreeMap<&'static str, u64>>,
+    /// Live sessions per tenant, as last counted.
+    live: Mutex<BTreeMap<String, u64>>,
+    /// Tenants that used sessions through this replica (bounded).
+    tenants: Mutex<BTreeSet<String>>,
+    /// Wakes the counting task when a tenant is seen for the first time.
+    new_tenant: Notify,
+}
+
+impl SessionCounters {
+    /// Refusals of `reason` so far.
+    pub fn refusals(&self, reason: Reason) -> u64 {
+        lock(&self.refusals).get(reason.as_str()).copied().unwrap_or(0)
+    }
+
+    /// The tenant's live sessions as last counted.
+    pub fn live(&self, tenant: &str) -> Option<u64> {
+        lock(&self.live).get(tenant).copied()
+    }
+
+    fn refused(&self, status: &Status) {
+        let why = reason::error_info(status).and_then(|i| Reason::parse(&i.reason)).map_or("OTHER", Reason::as_str);
+        *lock(&self.refusals).entry(why).or_default() += 1;
+    }
+
+    fn saw(&self, tenant: &str) {
+        let mut tenants = lock(&self.tenants);
+        if tenants.len() < MAX_COUNTED_TENANTS && !tenants.contains(tenant) {
+            tenants.insert(tenant.to_string());
+            self.new_tenant.notify_one();
+        }
+    }
+
+    /// The Prometheus families (names under the registry's `agent_reach_control` prefix).
+    pub fn encode(&self, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for (name, help, value) in [
+            ("session_writes", "Session context writes applied", &self.writes),
+            ("session_deletes", "Session context deletes applied", &self.deletes),
+        ] {
+            let c = ConstCounter::new(value.load(Ordering::Relaxed));
+            let m = encoder.encode_descriptor(name, help, None, c.metric_type())?;
+            c.encode(m)?;
+        }
+        let mut m = encoder.encode_descriptor(
+            "session_refusals",
+            "Session context calls refused, by reason",
+            None,
+            ConstCounter::new(0u64).metric_type(),
+        )?;
+        for (why, n) in lock(&self.refusals).iter() {
+            ConstCounter::new(*n).encode(m.encode_family(&[("reason", *why)])?)?;
+        }
+        let mut m = encoder.encode_descriptor(
+            "sessions_live",
+            "Live session contexts per tenant, as last counted",
+            None,
+            ConstGauge::new(0i64).metric_type(),
+        )?;
+        for (tenant, n) in lock(&self.live).iter() {
+            ConstGauge::new(*n as i64).encode(m.encode_family(&[("tenant", tenant.as_str())])?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Counts the live sessions of every tenant seen, every [`LIVE_INTERVAL`] and when a new
+/// tenant shows up, until `shutdown`.
+async fn count_live(store: Arc<dyn SessionStore>, stats: Arc<ControlStats>, mut shutdown: watch::Receiver<bool>) {
+    let counters = &stats.sessions;
+    loop {
+        tokio::select! {
+            _ = agent_reach_support::process::stopped(&mut shutdown) => return,
+            _ = tokio::time::sleep(LIVE_INTERVAL) => {}
+            _ = counters.new_tenant.notified() => {}
+        }
+        let tenants: Vec<String> = lock(&counters.tenants).iter().cloned().collect();
+        for tenant in tenants {
+            match store.live_sessions(&tenant).await {
+                Ok(n) => {
+                    lock(&counters.live).insert(tenant, n);
+                }
+                Err(e) => tracing::debug!("counting the live sessions of {tenant}: {e}"),
+            }
+        }
+    }
+}
 
 /// The Sessions service.
 pub struct SessionService {
     store: Arc<dyn SessionStore>,
     shutdown: watch::Receiver<bool>,
     authz: Arc<Authorizer>,
+    feeds: Arc<Feeds>,
+    stats: Arc<ControlStats>,
 }
 
 impl SessionService {
+    /// The service; also starts the task counting live sessions for `stats` (it ends on
+    /// `shutdown`).
     pub fn new(
         store: Arc<dyn SessionStore>,
         shutdown: watch::Receiver<bool>,
         authz: Arc<Authorizer>,
+        feeds: Arc<Feeds>,
+        stats: Arc<ControlStats>,
     ) -> SessionService {
-        SessionService { store, shutdown, authz }
+        tokio::spawn(count_live(store.clone(), stats.clone(), shutdown.clone()));
+        SessionService { store, shutdown, authz, feeds, stats }
+    }
+
+    /// Counts a call's outcome.
+    fn counted<T>(&self, result: Result<T, Status>) -> Result<T, Status> {
+        if let Err(status) = &result {
+            self.stats.sessions.refused(status);
+        }
+        result
     }
 
     /// Checks the request's tenant: a valid name, and the calling sidecar's own (from its
@@ -121,14 +263,82 @@ pub fn session_to_proto(session: Option<Session>, fields: &[String]) -> proto::G
     proto::GetSessionReply { found: true, version: session.version, fields, cached: false }
 }
 
-fn write_from_proto(w: proto::SessionFieldWrite) -> Result<FieldWrite, Status> {
-    let policy = match proto::WritePolicy::try_from(w.policy) {
-        Ok(proto::WritePolicy::FirstWriter) => WritePolicy::FirstWriter,
-        Ok(proto::WritePolicy::LastWriter | proto::WritePolicy::Unspecified) => WritePolicy::LastWriter,
-        Ok(proto::WritePolicy::CompareAndSet) => WritePolicy::CompareAndSet { expected: w.expected_version },
-        Err(_) => return Err(reason::invalid_argument("fields.policy", &format!("unknown write policy {}", w.policy))),
+/// A field rule declared by a policy, and which policy declared it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Declared {
+    pub rule: proto::SessionFieldRule,
+    pub kind: PolicyKind,
+    pub name: String,
+}
+
+/// The rule the tenant's policies declare for `field` when `agent`'s instance `capabilities`
+/// writes it: the agent's policy first, then its capabilities' in name order.
+pub fn declared(feed: &Feed, agent: &str, capabilities: &[String], field: &str) -> Option<Declared> {
+    let lookup = |kind: PolicyKind, name: &str| {
+        feed.with_policy(kind, name, |p| {
+            let rule = p?.spec.as_ref()?.session.get(field)?;
+            Some(Declared { rule: *rule, kind, name: name.to_string() })
+        })
     };
-    if policy != (WritePolicy::CompareAndSet { expected: w.expected_version }) && w.expected_version != 0 {
+    lookup(PolicyKind::Agent, agent).or_else(|| capabilities.iter().find_map(|c| lookup(PolicyKind::Capability, c)))
+}
+
+/// The capabilities of the writer instance, sorted by name (none when it is not registered).
+fn writer_capabilities(feed: &Feed, tenant: &str, writer: &Writer) -> Vec<String> {
+    let Some(entry) = feed.instance(&keys::instance_key(tenant, &writer.agent, &writer.instance)) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = entry.stored.record.registration.capabilities.iter().map(|c| c.name.clone()).collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+fn policy_name(p: Option<agent_reach::policy::SessionWritePolicy>) -> &'static str {
+    p.map(|p| p.as_str()).unwrap_or("unspecified")
+}
+
+/// A write of one field from the wire, under the rule declared for it (if any).
+pub fn write_from_proto(w: proto::SessionFieldWrite, declared: Option<&Declared>) -> Result<FieldWrite, Status> {
+    use agent_reach::policy::SessionWritePolicy as P;
+    let requested =
+        write_policy_from_i32("fields.policy", w.policy).map_err(|f| reason::invalid_argument(&f.field, &f.reason))?;
+    let chosen = match (requested, declared) {
+        (None, None) => P::LastWriter,
+        (None, Some(d)) => write_policy_from_i32("policy", d.rule.policy).ok().flatten().unwrap_or_default(),
+        (Some(p), None) => p,
+        (Some(p), Some(d)) => {
+            let declared_policy = write_policy_from_i32("policy", d.rule.policy).ok().flatten().unwrap_or_default();
+            if p != declared_policy && !d.rule.allow_override {
+                return Err(reason::status(
+                    Reason::ContextPolicyOverride,
+                    format!(
+                        "field {:?} is declared {} by the {} policy {:?}, which allows no override; the write \
+                         asked for {}",
+                        w.name,
+                        declared_policy.as_str(),
+                        d.kind.as_str(),
+                        d.name,
+                        policy_name(requested)
+                    ),
+                    &[
+                        ("field", w.name.clone()),
+                        ("declared_policy", declared_policy.as_str().to_string()),
+                        ("requested_policy", policy_name(requested).to_string()),
+                        ("policy_kind", d.kind.as_str().to_string()),
+                        ("policy_name", d.name.clone()),
+                    ],
+                ));
+            }
+            p
+        }
+    };
+    let policy = match chosen {
+        P::FirstWriter => WritePolicy::FirstWriter,
+        P::LastWriter => WritePolicy::LastWriter,
+        P::CompareAndSet => WritePolicy::CompareAndSet { expected: w.expected_version },
+    };
+    if chosen != P::CompareAndSet && w.expected_version != 0 {
         return Err(reason::invalid_argument(
             "fields.expected_version",
             "only compare_and_set writes expect a version",
@@ -158,35 +368,40 @@ impl Sessions for SessionService {
         &self,
         request: Request<proto::GetSessionRequest>,
     ) -> Result<Response<proto::GetSessionReply>, Status> {
-        self.tenant(&request, &request.get_ref().tenant)?;
-        let r = request.into_inner();
-        let session = self.store.get(&r.tenant, &r.session_id).await.map_err(status)?;
-        Ok(Response::new(session_to_proto(session, &r.fields)))
+        let result = async {
+            self.tenant(&request, &request.get_ref().tenant)?;
+            let r = request.get_ref();
+            let session = self.store.get(&r.tenant, &r.session_id).await.map_err(status)?;
+            Ok(Response::new(session_to_proto(session, &r.fields)))
+        };
+        self.counted(result.await)
     }
 
     async fn put_session(
         &self,
         request: Request<proto::PutSessionRequest>,
     ) -> Result<Response<proto::PutSessionReply>, Status> {
-        self.tenant(&request, &request.get_ref().tenant)?;
-        let r = request.into_inner();
-        if r.writer_instance.is_empty() || r.writer_agent.is_empty() {
-            return Err(reason::invalid_argument("writer_instance", "a write names its writer (agent and instance)"));
+        let result = self.put(request).await;
+        if result.is_ok() {
+            self.stats.sessions.writes.fetch_add(1, Ordering::Relaxed);
         }
-        let writes = r.fields.into_iter().map(write_from_proto).collect::<Result<Vec<_>, _>>()?;
-        let writer = Writer::new(r.writer_agent, r.writer_instance);
-        let written = self.store.put(&r.tenant, &r.session_id, &writer, writes).await.map_err(status)?;
-        Ok(Response::new(proto::PutSessionReply { version: written.version }))
+        self.counted(result)
     }
 
     async fn delete_session(
         &self,
         request: Request<proto::DeleteSessionRequest>,
     ) -> Result<Response<proto::DeleteSessionReply>, Status> {
-        self.tenant(&request, &request.get_ref().tenant)?;
-        let r = request.into_inner();
-        let deleted = self.store.delete(&r.tenant, &r.session_id, &r.fields).await.map_err(status)?;
-        Ok(Response::new(proto::DeleteSessionReply { deleted: deleted.is_some(), version: deleted.unwrap_or(0) }))
+        let result = async {
+            self.tenant(&request, &request.get_ref().tenant)?;
+            let r = request.get_ref();
+            let deleted = self.store.delete(&r.tenant, &r.session_id, &r.fields).await.map_err(status)?;
+            if deleted.is_some() {
+                self.stats.sessions.deletes.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(Response::new(proto::DeleteSessionReply { deleted: deleted.is_some(), version: deleted.unwrap_or(0) }))
+        };
+        self.counted(result.await)
     }
 
     type WatchSessionStream = ChangeStream;
@@ -195,6 +410,39 @@ impl Sessions for SessionService {
         &self,
         request: Request<proto::WatchSessionRequest>,
     ) -> Result<Response<ChangeStream>, Status> {
+        let result = self.watch(request).await;
+        self.counted(result)
+    }
+}
+
+impl SessionService {
+    async fn put(
+        &self,
+        request: Request<proto::PutSessionRequest>,
+    ) -> Result<Response<proto::PutSessionReply>, Status> {
+        self.tenant(&request, &request.get_ref().tenant)?;
+        let r = request.into_inner();
+        if r.writer_instance.is_empty() || r.writer_agent.is_empty() {
+            return Err(reason::invalid_argument("writer_instance", "a write names its writer (agent and instance)"));
+        }
+        let writer = Writer::new(r.writer_agent, r.writer_instance);
+        let feed = self.feeds.get(&r.tenant).await.map_err(Status::from)?;
+        let capabilities = writer_capabilities(&feed, &r.tenant, &writer);
+        let writes = r
+            .fields
+            .into_iter()
+            .map(|w| {
+                let rule = declared(&feed, &writer.agent, &capabilities, &w.name);
+                write_from_proto(w, rule.as_ref())
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        drop(feed);
+        let written = self.store.put(&r.tenant, &r.session_id, &writer, writes).await.map_err(status)?;
+        self.stats.sessions.saw(&r.tenant);
+        Ok(Response::new(proto::PutSessionReply { version: written.version }))
+    }
+
+    async fn watch(&self, request: Request<proto::WatchSessionRequest>) -> Result<Response<ChangeStream>, Status> {
         self.tenant(&request, &request.get_ref().tenant)?;
         let r = request.into_inner();
         let changes = self.store.watch(&r.tenant, &r.session_id, r.after_version).await.map_err(status)?;
@@ -245,6 +493,54 @@ mod tests {
             expected_version: 3,
             ..Default::default()
         };
-        assert_eq!(write_from_proto(w).unwrap_err().code(), Code::InvalidArgument);
+        assert_eq!(write_from_proto(w, None).unwrap_err().code(), Code::InvalidArgument);
+    }
+
+    #[test]
+    fn declared_policies_apply_unless_a_write_may_override_them() {
+        let write = |policy: proto::WritePolicy, expected_version| proto::SessionFieldWrite {
+            name: "user_id".into(),
+            policy: policy as i32,
+            expected_version,
+            ..Default::default()
+        };
+        let declared = |policy: proto::WritePolicy, allow_override| Declared {
+            rule: proto::SessionFieldRule { policy: policy as i32, allow_override },
+            kind: PolicyKind::Agent,
+            name: "intake".into(),
+        };
+        let first = declared(proto::WritePolicy::FirstWriter, false);
+        let cas = declared(proto::WritePolicy::CompareAndSet, false);
+
+        assert_eq!(
+            write_from_proto(write(proto::WritePolicy::Unspecified, 0), None).unwrap().policy,
+            WritePolicy::LastWriter
+        );
+        assert_eq!(
+            write_from_proto(write(proto::WritePolicy::Unspecified, 0), Some(&first)).unwrap().policy,
+            WritePolicy::FirstWriter
+        );
+        assert_eq!(
+            write_from_proto(write(proto::WritePolicy::Unspecified, 4), Some(&cas)).unwrap().policy,
+            WritePolicy::CompareAndSet { expected: 4 }
+        );
+        assert_eq!(
+            write_from_proto(write(proto::WritePolicy::FirstWriter, 0), Some(&first)).unwrap().policy,
+            WritePolicy::FirstWriter
+        );
+        let refused = write_from_proto(write(proto::WritePolicy::LastWriter, 0), Some(&first)).unwrap_err();
+        assert_eq!(refused.code(), Code::FailedPrecondition);
+        let info = reason::error_info(&refused).unwrap();
+        assert_eq!(info.reason, "CONTEXT_POLICY_OVERRIDE");
+        assert_eq!(
+            (info.metadata["declared_policy"].as_str(), info.metadata["requested_policy"].as_str()),
+            ("first_writer", "last_writer")
+        );
+        assert_eq!((info.metadata["policy_kind"].as_str(), info.metadata["policy_name"].as_str()), ("agent", "intake"));
+        let open = declared(proto::WritePolicy::FirstWriter, true);
+        assert_eq!(
+            write_from_proto(write(proto::WritePolicy::LastWriter, 0), Some(&open)).unwrap().policy,
+            WritePolicy::LastWriter
+        );
     }
 }

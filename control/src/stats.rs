@@ -56,6 +56,8 @@ pub struct ControlStats {
     pub catch_ups: AtomicU64,
     /// Alerts fired and delivered (see [`crate::alerts`]).
     pub alerts: AlertCounters,
+    /// Session context writes, refusals and live sessions (see [`crate::sessions`]).
+    pub sessions: crate::sessions::SessionCounters,
 }
 
 /// Counters of the alert rules and the webhook.

@@ -248,6 +248,7 @@ pub async fn session_cap_per_tenant(store: &dyn SessionStore, tenant: &str) {
     for i in 0..cap {
         call("put", store.put(tenant, &format!("s{i}"), &writer(1), vec![lw("a", "1")])).await.unwrap();
     }
+    assert_eq!(call("live_sessions", store.live_sessions(tenant)).await, Ok(cap as u64));
     let refused = call("put", store.put(tenant, "one-more", &writer(1), vec![lw("a", "1")])).await;
     assert_eq!(refused, Err(SessionError::TooManySessions { limit: cap }));
     assert_eq!(call("get", store.get(tenant, "one-more")).await, Ok(None));
@@ -255,6 +256,7 @@ pub async fn session_cap_per_tenant(store: &dyn SessionStore, tenant: &str) {
     // Another tenant is not affected.
     call("put", store.put(&format!("{tenant}-b"), "x", &writer(1), vec![lw("a", "1")])).await.unwrap();
     assert!(call("delete", store.delete(tenant, "s1", &[])).await.unwrap().is_some());
+    assert_eq!(call("live_sessions", store.live_sessions(tenant)).await, Ok(cap as u64 - 1));
     call("put", store.put(tenant, "one-more", &writer(1), vec![lw("a", "1")])).await.expect("a freed place");
 }
 

@@ -16,10 +16,15 @@
 //! session lives between 0.9 and 1 TTL after its last write. Versions are store revisions:
 //! a field's version is its key's mod revision, the session's that of its `meta` key.
 //!
-//! Every write reads the session, decides with [`crate::evaluate`], then commits in one
+//! Every write decides with [`crate::evaluate`] on the session's state, then commits in one
 //! transaction that holds only if `meta` is unchanged, re-reading on a race: writes of one
 //! session are serialised, which is what makes the size limit and the multi-field policies
-//! exact. The tenant's session cap is checked when a session is created; two sessions
+//! exact. The state a write decides on comes from a bounded cache of what this process last
+//! read or wrote of the session (field sizes, versions, writers and locks; no values) when
+//! it has it, else from a read of the session: the transaction's compare on `meta`'s
+//! revision proves the cached state current, so a write costs one transaction when this
+//! process wrote the session last, and a read more otherwise (another writer, a refusal
+//! decided on the cache is checked against a fresh read before it is returned). The tenant's session cap is checked when a session is created; two sessions
 //! created at the same moment may both pass it (it may be exceeded by the number of
 //! concurrent creators).
 
@@ -33,7 +38,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     Change, ChangeStream, Field, FieldWrite, Limits, Result, Session, SessionError, SessionStore, Version, WritePolicy,
-    Writer, Written, check_name, check_write, evaluate, now_ms,
+    Writer, Written, check_name, check_write, evaluate, evaluate_by, now_ms,
 };
 
 /// Root of every session's keys.
@@ -119,16 +124,124 @@ struct Stored {
     session: Session,
 }
 
+/// What a write needs to know of a session: its state at `meta_revision`, without values
+/// (fields keep empty values; `sizes` has what each counts against the size limit).
+#[derive(Clone)]
+struct Known {
+    lease: LeaseId,
+    refreshed_ms: u64,
+    meta_revision: Revision,
+    /// The session's fields with empty values, and their sizes apart.
+    session: Session,
+    sizes: BTreeMap<String, usize>,
+}
+
+impl Known {
+    fn of(stored: &Stored) -> Known {
+        let sizes = stored
+            .session
+            .fields
+            .iter()
+            .map(|(name, f)| (name.clone(), Field::size(name, &f.value, &f.content_type)))
+            .collect();
+        let mut session = stored.session.clone();
+        for field in session.fields.values_mut() {
+            field.value = Bytes::new();
+        }
+        Known {
+            lease: stored.meta.lease,
+            refreshed_ms: stored.meta.refreshed_ms,
+            meta_revision: stored.meta_revision,
+            session,
+            sizes,
+        }
+    }
+
+    /// The state after `writes` committed at `revision`.
+    fn after(&self, writer: &Writer, writes: &[FieldWrite], revision: Revision, refreshed_ms: u64) -> Known {
+        let mut next = self.clone();
+        next.meta_revision = revision;
+        next.refreshed_ms = refreshed_ms;
+        next.session.version = revision as Version;
+        for w in writes {
+            next.sizes.insert(w.name.clone(), Field::size(&w.name, &w.value, &w.content_type));
+            next.session.fields.insert(
+                w.name.clone(),
+                Field {
+                    value: Bytes::new(),
+                    content_type: w.content_type.clone(),
+                    version: revision as Version,
+                    writer: writer.clone(),
+                    written_at_ms: refreshed_ms,
+                    locked: w.policy == WritePolicy::FirstWriter,
+                },
+            );
+        }
+        next
+    }
+}
+
+/// Sessions whose state [`KvSessions`] keeps for its next write.
+const KNOWN_SESSIONS: usize = 4096;
+
 /// Sessions on a [`Store`]; see the module documentation.
 #[derive(Clone)]
 pub struct KvSessions {
     store: Arc<dyn Store>,
     limits: Limits,
+    known: Arc<std::sync::Mutex<std::collections::HashMap<(String, String), Known>>>,
 }
 
 impl KvSessions {
     pub fn new(store: Arc<dyn Store>, limits: Limits) -> KvSessions {
-        KvSessions { store, limits }
+        KvSessions { store, limits, known: Arc::default() }
+    }
+
+    fn known(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<(String, String), Known>> {
+        self.known.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn remember(&self, tenant: &str, session: &str, known: Option<Known>) {
+        let mut cache = self.known();
+        let key = (tenant.to_string(), session.to_string());
+        match known {
+            Some(known) => {
+                if cache.len() >= KNOWN_SESSIONS && !cache.contains_key(&key) {
+                    // Forget an arbitrary one: a forgotten session costs its next write a read.
+                    if let Some(victim) = cache.keys().next().cloned() {
+                        cache.remove(&victim);
+                    }
+                }
+                cache.insert(key, known);
+            }
+            None => {
+                cache.remove(&key);
+            }
+        }
+    }
+
+    /// A write decided on the cached state: `Some` when it committed, `None` when the state
+    /// must be read (not cached, stale, or a refusal that a fresh read must confirm).
+    async fn put_known(&self, tenant: &str, session: &str, writer: &Writer, writes: &[FieldWrite]) -> Option<Written> {
+        let known = self.known().get(&(tenant.to_string(), session.to_string())).cloned()?;
+        let size_of = |name: &str, _: &Field| known.sizes.get(name).copied().unwrap_or(0);
+        evaluate_by(&self.limits, Some(&known.session), size_of, writes).ok()?;
+        let stored = Stored {
+            meta: Meta { lease: known.lease, refreshed_ms: known.refreshed_ms },
+            meta_revision: known.meta_revision,
+            session: Session::default(),
+        };
+        match self.update(tenant, &stored, writer, writes, session).await {
+            Ok(Some((written, refreshed_ms))) => {
+                let next = known.after(writer, writes, written.version as Revision, refreshed_ms);
+                self.remember(tenant, session, Some(next));
+                Some(written)
+            }
+            _ => {
+                self.remember(tenant, session, None);
+                None
+            }
+        }
     }
 
     async fn read(&self, tenant: &str, session: &str) -> Result<Option<Stored>> {
@@ -146,11 +259,13 @@ impl KvSessions {
             }
         }
         // Fields without meta are a session being deleted by its lease's expiry: absent.
-        Ok(meta.map(|(meta, meta_revision)| Stored {
+        let stored = meta.map(|(meta, meta_revision)| Stored {
             meta,
             meta_revision,
             session: Session { version: meta_revision as Version, fields },
-        }))
+        });
+        self.remember(tenant, session, stored.as_ref().map(Known::of));
+        Ok(stored)
     }
 
     fn meta_op(&self, prefix: &str, lease: LeaseId, refreshed_ms: u64) -> Op {
@@ -185,7 +300,17 @@ impl KvSessions {
         let txn = Txn { compares: vec![Compare::ModRevision(format!("{prefix}meta"), 0)], success, failure: vec![] };
         let result = self.store.txn(txn).await;
         match result {
-            Ok(r) if r.succeeded => Ok(Some(Written { version: r.revision as Version })),
+            Ok(r) if r.succeeded => {
+                let empty = Known {
+                    lease,
+                    refreshed_ms: now,
+                    meta_revision: 0,
+                    session: Session::default(),
+                    sizes: BTreeMap::new(),
+                };
+                self.remember(tenant, session, Some(empty.after(writer, writes, r.revision, now)));
+                Ok(Some(Written { version: r.revision as Version }))
+            }
             other => {
                 // Another writer created the session first (or the store failed): our
                 // lease holds nothing.
@@ -202,7 +327,7 @@ impl KvSessions {
         writer: &Writer,
         writes: &[FieldWrite],
         session: &str,
-    ) -> Result<Option<Written>> {
+    ) -> Result<Option<(Written, u64)>> {
         let prefix = session_prefix(tenant, session);
         let now = now_ms();
         let lease = stored.meta.lease;
@@ -227,7 +352,7 @@ impl KvSessions {
             failure: vec![],
         };
         match self.store.txn(txn).await {
-            Ok(r) if r.succeeded => Ok(Some(Written { version: r.revision as Version })),
+            Ok(r) if r.succeeded => Ok(Some((Written { version: r.revision as Version }, refreshed_ms))),
             Ok(_) | Err(StoreError::LeaseNotFound(_)) => Ok(None),
             Err(e) => Err(store_error(e)),
         }
@@ -252,12 +377,22 @@ impl SessionStore for KvSessions {
 
     async fn put(&self, tenant: &str, session: &str, writer: &Writer, writes: Vec<FieldWrite>) -> Result<Written> {
         check_write(&self.limits, tenant, session, &writes)?;
+        if let Some(written) = self.put_known(tenant, session, writer, &writes).await {
+            return Ok(written);
+        }
         for _ in 0..MAX_ATTEMPTS {
             let stored = self.read(tenant, session).await?;
             evaluate(&self.limits, stored.as_ref().map(|s| &s.session), &writes)?;
             let written = match &stored {
                 None => self.create(tenant, session, writer, &writes).await?,
-                Some(stored) => self.update(tenant, stored, writer, &writes, session).await?,
+                Some(stored) => {
+                    let updated = self.update(tenant, stored, writer, &writes, session).await?;
+                    if let Some((written, refreshed_ms)) = updated {
+                        let next = Known::of(stored).after(writer, &writes, written.version as Revision, refreshed_ms);
+                        self.remember(tenant, session, Some(next));
+                    }
+                    updated.map(|(written, _)| written)
+                }
             };
             if let Some(written) = written {
                 return Ok(written);
@@ -306,6 +441,7 @@ impl SessionStore for KvSessions {
             };
             match self.store.txn(txn).await {
                 Ok(r) if r.succeeded => {
+                    self.remember(tenant, session, None);
                     if fields.is_empty() {
                         // The lease now holds no key; dropping it is tidiness, not correctness.
                         let _ = self.store.revoke_lease(stored.meta.lease).await;
@@ -364,6 +500,12 @@ impl SessionStore for KvSessions {
             },
         );
         Ok(Box::pin(stream))
+    }
+
+    async fn live_sessions(&self, tenant: &str) -> Result<u64> {
+        check_name("tenant", tenant)?;
+        let live = self.store.get_prefix(&format!("{INDEX_ROOT}{tenant}/")).await.map_err(store_error)?;
+        Ok(live.kvs.len() as u64)
     }
 }
 

@@ -247,6 +247,8 @@ pub trait SessionStore: Send + Sync + 'static {
     /// live changes. Ends after [`Change::Ended`]; fails with `Compacted` when changes after
     /// `after` are no longer kept.
     async fn watch(&self, tenant: &str, session: &str, after: Version) -> Result<ChangeStream>;
+    /// How many sessions of the tenant are live now (what its cap counts), for metrics.
+    async fn live_sessions(&self, tenant: &str) -> Result<u64>;
 }
 
 /// Checks a tenant, session or field name: 1 to [`MAX_NAME_LEN`] characters of
@@ -302,9 +304,20 @@ pub fn check_write(limits: &Limits, tenant: &str, session: &str, writes: &[Field
 /// policy and limit and returns the session's new size and field count. The backends that
 /// read before writing share this one decision.
 pub fn evaluate(limits: &Limits, current: Option<&Session>, writes: &[FieldWrite]) -> Result<(usize, usize)> {
+    evaluate_by(limits, current, |name, f| Field::size(name, &f.value, &f.content_type), writes)
+}
+
+/// [`evaluate`] with each stored field's size given by `size_of` (for a backend that knows
+/// the sizes of fields whose values it does not hold).
+pub fn evaluate_by(
+    limits: &Limits,
+    current: Option<&Session>,
+    size_of: impl Fn(&str, &Field) -> usize,
+    writes: &[FieldWrite],
+) -> Result<(usize, usize)> {
     let empty = Session::default();
     let current = current.unwrap_or(&empty);
-    let mut size = current.size();
+    let mut size: usize = current.fields.iter().map(|(name, f)| size_of(name, f)).sum();
     let mut count = current.fields.len();
     for write in writes {
         match current.fields.get(&write.name) {
@@ -321,7 +334,7 @@ pub fn evaluate(limits: &Limits, current: Option<&Session>, writes: &[FieldWrite
                 {
                     return Err(SessionError::Conflict { field: write.name.clone(), expected, current: field.version });
                 }
-                size -= Field::size(&write.name, &field.value, &field.content_type);
+                size = size.saturating_sub(size_of(&write.name, field));
             }
             None => {
                 if let WritePolicy::CompareAndSet { expected } = write.policy

@@ -361,6 +361,14 @@ impl SessionStore for RedisSessions {
         });
         Ok(Box::pin(stream))
     }
+
+    async fn live_sessions(&self, tenant: &str) -> Result<u64> {
+        check_name("tenant", tenant)?;
+        let mut conn = self.conn.clone();
+        // Scores are expiry times: live sessions expire after now.
+        let live: u64 = conn.zcount(index_key(tenant), now_ms() + 1, "+inf").await.map_err(redis_error)?;
+        Ok(live)
+    }
 }
 
 struct WatchState {

@@ -411,13 +411,17 @@ fn entries(
     };
     let gates = Arc::new(inbound::admission::Gates::default());
     let in_flight = gates.clone();
-    let metrics = Arc::new(SidecarMetrics::new().with_collector(telemetry::ScrapeCollector {
-        rejections: rejections.clone(),
-        calls: inner.calls.clone(),
-        watch_stats: inner.watch_stats.clone(),
-        table: inner.table.clone(),
-        inbound_in_flight: Box::new(move || in_flight.total_in_flight()),
-    }));
+    let metrics = Arc::new(
+        SidecarMetrics::new()
+            .with_collector(telemetry::ScrapeCollector {
+                rejections: rejections.clone(),
+                calls: inner.calls.clone(),
+                watch_stats: inner.watch_stats.clone(),
+                table: inner.table.clone(),
+                inbound_in_flight: Box::new(move || in_flight.total_in_flight()),
+            })
+            .with(Box::new(session::SessionMetrics(inner.sessions.clone()))),
+    );
     // The heartbeats to control carry what the outbound stack counts.
     inner.registry.set_reporter(registry::Reporter {
         traffic: metrics.traffic.clone(),

@@ -15,6 +15,11 @@
 //! version of this sidecar's own last write to it (read-your-writes). A watch that fails
 //! drops its session from the cache (reads go to control again); a session not read for
 //! [`IDLE`] is dropped with its watch; at most [`MAX_CACHED`] sessions are followed.
+//!
+//! Metrics ([`SessionMetrics`], on the admin port's `/metrics`): cache reads by result,
+//! prewarms, follow watches started and failed (a failed one is restarted by the session's
+//! next read), writes and deletes by outcome (`ok` or the refusal's reason) and the number
+//! of sessions followed.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -50,6 +55,31 @@ pub struct SessionStats {
     pub misses: AtomicU64,
     /// Sessions fetched because a call carrying them was delivered here.
     pub prewarms: AtomicU64,
+    /// Watches started to follow a cached session.
+    pub watches_started: AtomicU64,
+    /// Follow watches that failed or could not start (the session left the cache; its next
+    /// read fetches it again and restarts the watch).
+    pub watch_failures: AtomicU64,
+    /// Writes and deletes by outcome: "ok" or the refusal's reason.
+    writes: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+impl SessionStats {
+    /// Writes and deletes that ended with `outcome` ("ok" or a reason such as
+    /// `CONTEXT_FIELD_LOCKED`).
+    pub fn writes(&self, outcome: &str) -> u64 {
+        lock(&self.writes).get(outcome).copied().unwrap_or(0)
+    }
+
+    fn wrote<T>(&self, result: &Result<T, Status>) {
+        let outcome = match result {
+            Ok(_) => "ok",
+            Err(status) => {
+                reason::error_info(status).and_then(|i| Reason::parse(&i.reason)).map_or("OTHER", Reason::as_str)
+            }
+        };
+        *lock(&self.writes).entry(outcome).or_default() += 1;
+    }
 }
 
 /// A followed session.
@@ -225,7 +255,9 @@ impl SessionCache {
             })
             .await;
         let mut shutdown = self.shutdown.clone();
+        let mut failed = stream.is_err();
         if let Ok(mut stream) = stream {
+            self.stats.watches_started.fetch_add(1, Ordering::Relaxed);
             loop {
                 let idle_at = lock(&entry).last_read + IDLE;
                 let next = tokio::select! {
@@ -236,7 +268,10 @@ impl SessionCache {
                     }
                     next = stream.next() => next,
                 };
-                let Some(Ok(change)) = next else { break };
+                let Some(Ok(change)) = next else {
+                    failed = true;
+                    break;
+                };
                 if change.ended {
                     break;
                 }
@@ -251,6 +286,9 @@ impl SessionCache {
                     }
                 }
             }
+        }
+        if failed && !*self.shutdown.borrow() {
+            self.stats.watch_failures.fetch_add(1, Ordering::Relaxed);
         }
         let mut entries = lock(&self.entries);
         if entries.get(&session).is_some_and(|e| Arc::ptr_eq(e, &entry)) {
@@ -299,7 +337,9 @@ impl SessionCache {
                 let r = r.clone();
                 async move { c.put_session(r).await }
             })
-            .await?;
+            .await;
+        self.stats.wrote(&written);
+        let written = written?;
         self.written(&session, written.version);
         Ok(written)
     }
@@ -316,7 +356,9 @@ impl SessionCache {
                 let r = r.clone();
                 async move { c.delete_session(r).await }
             })
-            .await?;
+            .await;
+        self.stats.wrote(&deleted);
+        let deleted = deleted?;
         if r.fields.is_empty() {
             lock(&self.entries).remove(&session);
         } else if deleted.deleted {
@@ -325,7 +367,11 @@ impl SessionCache {
         Ok(deleted)
     }
 
-    /// `WatchSession`: control's stream, passed through.
+    /// `WatchSession`: control's stream, passed through. When this sidecar stops, the
+    /// stream ends with UNAVAILABLE / `SHUTTING_DOWN` whose metadata `resume_after_version`
+    /// is the version of the last change it carried (the request's `after_version` when
+    /// none): watching again from there (on this sidecar once it is back, or another) misses
+    /// and repeats nothing.
     pub async fn watch(&self, mut r: proto::WatchSessionRequest) -> Result<ChangeStream, Status> {
         r.tenant = self.tenant(&r.tenant)?;
         let stream = self
@@ -334,11 +380,96 @@ impl SessionCache {
                 async move { c.watch_session(r).await }
             })
             .await?;
-        let mut shutdown = self.shutdown.clone();
-        let stopped = async move {
-            let _ = shutdown.wait_for(|stop| *stop).await;
-        };
-        Ok(Box::pin(stream.take_until(Box::pin(stopped))))
+        let state = (stream, self.shutdown.clone(), r.after_version, false);
+        let stream = futures_util::stream::unfold(state, |(mut stream, mut shutdown, last, done)| async move {
+            if done {
+                return None;
+            }
+            let next = tokio::select! {
+                biased;
+                _ = shutdown.wait_for(|stop| *stop) => None,
+                next = stream.next() => Some(next),
+            };
+            match next {
+                None => {
+                    let status = reason::status(
+                        Reason::ShuttingDown,
+                        format!("the sidecar is stopping: watch again after version {last}"),
+                        &[("resume_after_version", last.to_string())],
+                    );
+                    Some((Err(status), (stream, shutdown, last, true)))
+                }
+                Some(Some(Ok(change))) => {
+                    let last = last.max(change.version);
+                    Some((Ok(change), (stream, shutdown, last, false)))
+                }
+                Some(Some(Err(status))) => Some((Err(status), (stream, shutdown, last, true))),
+                Some(None) => None,
+            }
+        });
+        Ok(Box::pin(stream))
+    }
+}
+
+/// The session metrics of a sidecar, read at each scrape.
+pub(crate) struct SessionMetrics(pub Arc<SessionCache>);
+
+impl std::fmt::Debug for SessionMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionMetrics").finish_non_exhaustive()
+    }
+}
+
+impl prometheus_client::collector::Collector for SessionMetrics {
+    fn encode(&self, mut encoder: prometheus_client::encoding::DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        let s = &self.0.stats;
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let counter_type = ConstCounter::new(0u64).metric_type();
+        let mut reads = encoder.encode_descriptor(
+            "session_cache_reads",
+            "Session reads by agents here: answered from the cache (hit) or by control (miss)",
+            None,
+            counter_type,
+        )?;
+        for (result, n) in [("hit", load(&s.hits)), ("miss", load(&s.misses))] {
+            ConstCounter::new(n).encode(reads.encode_family(&[("result", result)])?)?;
+        }
+        let prewarms = ConstCounter::new(load(&s.prewarms));
+        prewarms.encode(encoder.encode_descriptor(
+            "session_prewarms",
+            "Sessions fetched before delivering a call that carried them",
+            None,
+            counter_type,
+        )?)?;
+        let mut watches = encoder.encode_descriptor(
+            "session_watches",
+            "Watches following cached sessions: started, and failed (restarted by the session's next read)",
+            None,
+            counter_type,
+        )?;
+        for (event, n) in [("started", load(&s.watches_started)), ("failed", load(&s.watch_failures))] {
+            ConstCounter::new(n).encode(watches.encode_family(&[("event", event)])?)?;
+        }
+        let mut writes = encoder.encode_descriptor(
+            "session_writes",
+            "Session writes and deletes by agents here, by outcome (ok or the refusal's reason)",
+            None,
+            counter_type,
+        )?;
+        for (outcome, n) in lock(&s.writes).iter() {
+            ConstCounter::new(*n).encode(writes.encode_family(&[("outcome", *outcome)])?)?;
+        }
+        let followed = ConstGauge::new(lock(&self.0.entries).len() as i64);
+        let m = encoder.encode_descriptor(
+            "session_cache_sessions",
+            "Sessions followed by the cache",
+            None,
+            followed.metric_type(),
+        )?;
+        followed.encode(m)
     }
 }
 
@@ -361,6 +492,11 @@ pub(crate) const PATH_DELETE: &str = "/agentreach.v1.Sidecar/DeleteSession";
 pub(crate) const PATH_WATCH: &str = "/agentreach.v1.Sidecar/WatchSession";
 
 /// The writer of a write or delete: an instance registered with this sidecar.
+///
+/// HOOK for verified attribution (i13z's agent credentials): today the agent is the one the
+/// instance registered with; once agents authenticate to their sidecar, return the
+/// verified agent of the calling connection here (and refuse an instance that is not
+/// that agent's). Control records and applies declared policies to whatever this returns.
 fn writer(registry: &crate::registry::Registry, instance: &str) -> Result<(String, String), Status> {
     if instance.is_empty() {
         return Err(reason::invalid_argument("writer_instance", "name the instance (registered here) that writes"));

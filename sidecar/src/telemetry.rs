@@ -131,6 +131,12 @@ impl SidecarMetrics {
         self
     }
 
+    /// Adds another scrape-time collector (e.g. the session cache's).
+    pub(crate) fn with(mut self, collector: Box<dyn Collector>) -> SidecarMetrics {
+        self.registry.register_collector(collector);
+        self
+    }
+
     /// The Prometheus text exposition.
     pub(crate) fn encode(&self) -> String {
         let mut out = String::new();

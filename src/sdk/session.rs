@@ -37,6 +37,18 @@ pub enum SessionError {
     /// A field, the session or its number of fields is over a limit (`limit_name`).
     #[error("session context too large: {limit_name} is {limit}, the write needs {size}")]
     TooLarge { limit_name: String, size: u64, limit: u64 },
+    /// The write named another policy than the one an agent or capability policy declares
+    /// for the field, and that policy allows no override.
+    #[error(
+        "field {field:?} is declared {declared_policy} by policy {policy_kind}/{policy_name}; a write may not ask for {requested_policy}"
+    )]
+    PolicyOverride {
+        field: String,
+        declared_policy: String,
+        requested_policy: String,
+        policy_kind: String,
+        policy_name: String,
+    },
     /// The tenant has as many live sessions as it may.
     #[error("the tenant's limit of {limit} live sessions is reached")]
     TooManySessions { limit: u64 },
@@ -67,6 +79,13 @@ impl From<Status> for SessionError {
                 SessionError::TooLarge { limit_name: text("limit_name"), size: number("size"), limit: number("limit") }
             }
             Some(Reason::ContextTooManySessions) => SessionError::TooManySessions { limit: number("limit") },
+            Some(Reason::ContextPolicyOverride) => SessionError::PolicyOverride {
+                field: text("field"),
+                declared_policy: text("declared_policy"),
+                requested_policy: text("requested_policy"),
+                policy_kind: text("policy_kind"),
+                policy_name: text("policy_name"),
+            },
             _ => SessionError::Status(status),
         }
     }
@@ -76,7 +95,7 @@ impl SessionError {
     /// The gRPC code of the failure.
     pub fn code(&self) -> Code {
         match self {
-            SessionError::FieldLocked { .. } => Code::FailedPrecondition,
+            SessionError::FieldLocked { .. } | SessionError::PolicyOverride { .. } => Code::FailedPrecondition,
             SessionError::Conflict { .. } => Code::Aborted,
             SessionError::TooLarge { .. } | SessionError::TooManySessions { .. } => Code::ResourceExhausted,
             SessionError::NoSession(_) => Code::FailedPrecondition,
@@ -108,6 +127,9 @@ pub struct Session {
 /// How a [`Session::put`] treats a field's current value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
+    /// The policy the tenant's agent or capability policies declare for the field (the
+    /// writer's), `LastWriter` when none does.
+    Declared,
     /// Only if the field does not exist; then it stands for good.
     FirstWriter,
     /// Whatever the current value.
@@ -185,6 +207,7 @@ impl Session {
             .into_iter()
             .map(|(name, value, policy)| {
                 let (policy, expected_version) = match policy {
+                    Policy::Declared => (proto::WritePolicy::Unspecified, 0),
                     Policy::FirstWriter => (proto::WritePolicy::FirstWriter, 0),
                     Policy::LastWriter => (proto::WritePolicy::LastWriter, 0),
                     Policy::CompareAndSet(v) => (proto::WritePolicy::CompareAndSet, v),
@@ -207,9 +230,10 @@ impl Session {
         Ok(self.sidecar()?.put_session(request).await?.into_inner().version)
     }
 
-    /// Sets one field, last writer wins.
+    /// Sets one field with its declared policy ([`Policy::Declared`]): last writer wins
+    /// unless a policy declares otherwise for the field.
     pub async fn set(&self, name: &str, value: impl Into<Bytes>) -> Result<u64, SessionError> {
-        self.put([(name, value.into(), Policy::LastWriter)]).await
+        self.put([(name, value.into(), Policy::Declared)]).await
     }
 
     /// Sets one field only if no one has: the first value stands.
@@ -229,7 +253,8 @@ impl Session {
         Ok(self.sidecar()?.delete_session(request).await?.into_inner().deleted)
     }
 
-    /// The session's changes after `version`, then live ones.
+    /// The session's changes after `version`, then live ones. The stream fails when the
+    /// sidecar goes away (see [`Session::follow`] for a stream that resumes by itself).
     pub async fn watch(&self, version: u64) -> Result<tonic::Streaming<proto::SessionChange>, SessionError> {
         let request = proto::WatchSessionRequest {
             session_id: self.session_id.clone(),
@@ -237,6 +262,94 @@ impl Session {
             ..Default::default()
         };
         Ok(self.sidecar()?.watch_session(request).await?.into_inner())
+    }
+
+    /// The session's changes after `version`, then live ones, surviving a restart of the
+    /// sidecar (or of control): when the watch breaks, it is opened again after the last
+    /// version received, so every change comes exactly once and in order. Reconnection is
+    /// retried (100 ms doubling to 2 s) for up to `max_outage`; the stream then yields the
+    /// last error and ends. It also ends after the change that ends the session, and on any
+    /// refusal that a retry cannot fix (e.g. `CONTEXT_HISTORY_COMPACTED`: read the session
+    /// again and follow from its version).
+    pub fn follow(
+        &self,
+        version: u64,
+        max_outage: std::time::Duration,
+    ) -> impl futures_util::Stream<Item = Result<proto::SessionChange, SessionError>> + Send + 'static {
+        struct Follow {
+            session: Session,
+            last: u64,
+            stream: Option<tonic::Streaming<proto::SessionChange>>,
+            max_outage: std::time::Duration,
+            done: bool,
+        }
+        /// Failures a new watch may get past: the sidecar (or control) went away.
+        fn transient(status: &Status) -> bool {
+            matches!(status.code(), Code::Unavailable | Code::Unknown | Code::Cancelled | Code::Internal)
+                && !matches!(
+                    reason::error_info(status).and_then(|i| Reason::parse(&i.reason)),
+                    Some(Reason::ContextHistoryCompacted)
+                )
+        }
+        let state = Follow { session: self.clone(), last: version, stream: None, max_outage, done: false };
+        futures_util::stream::unfold(state, |mut f| async move {
+            if f.done {
+                return None;
+            }
+            let mut failing_since: Option<tokio::time::Instant> = None;
+            let mut backoff = std::time::Duration::from_millis(100);
+            loop {
+                if f.stream.is_none() {
+                    match f.session.watch(f.last).await {
+                        Ok(stream) => f.stream = Some(stream),
+                        Err(SessionError::Status(status)) if transient(&status) => {
+                            let since = *failing_since.get_or_insert_with(tokio::time::Instant::now);
+                            if since.elapsed() >= f.max_outage {
+                                f.done = true;
+                                return Some((Err(SessionError::Status(status)), f));
+                            }
+                            tokio::time::sleep(backoff).await;
+                            backoff = (backoff * 2).min(std::time::Duration::from_secs(2));
+                            continue;
+                        }
+                        Err(e) => {
+                            f.done = true;
+                            return Some((Err(e), f));
+                        }
+                    }
+                }
+                let next = match f.stream.as_mut() {
+                    Some(stream) => stream.message().await,
+                    None => continue,
+                };
+                match next {
+                    Ok(Some(change)) if change.version <= f.last => continue,
+                    Ok(Some(change)) => {
+                        f.last = change.version;
+                        f.done = change.ended;
+                        return Some((Ok(change), f));
+                    }
+                    // The stream ended or broke without ending the session: watch again
+                    // (after a pause, so a stream that keeps ending costs no busy loop).
+                    Ok(None) => f.stream = None,
+                    Err(status) if transient(&status) => {
+                        f.stream = None;
+                        let since = *failing_since.get_or_insert_with(tokio::time::Instant::now);
+                        if since.elapsed() >= f.max_outage {
+                            f.done = true;
+                            return Some((Err(SessionError::Status(status)), f));
+                        }
+                    }
+                    Err(status) => {
+                        f.done = true;
+                        return Some((Err(SessionError::from(status)), f));
+                    }
+                }
+                failing_since.get_or_insert_with(tokio::time::Instant::now);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(std::time::Duration::from_secs(2));
+            }
+        })
     }
 }
 

@@ -19,6 +19,8 @@ mod replicas;
 mod reply_headers;
 mod resilience;
 mod routing;
+mod session_policies;
+mod session_resume;
 mod sessions;
 mod tasks;
 mod tenants;

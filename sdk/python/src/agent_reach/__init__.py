@@ -32,6 +32,12 @@ from agent_reach.errors import (
     AgentOverloaded,
     CircuitOpen,
     Conflict,
+    ContextConflict,
+    ContextFieldLocked,
+    ContextHistoryCompacted,
+    ContextPolicyOverride,
+    ContextTooLarge,
+    ContextTooManySessions,
     ControlUnavailable,
     DeadlineExceeded,
     HandlerError,
@@ -52,6 +58,7 @@ from agent_reach.errors import (
     SidecarUnreachable,
     StoreUnavailable,
 )
+from agent_reach.session import FieldWrite, Session, SessionChange, SessionField, SessionSnapshot, WritePolicy
 from agent_reach.sync import SyncClient
 
 __version__ = "0.1.0"
@@ -69,7 +76,14 @@ __all__ = [
     "CircuitOpen",
     "Client",
     "Conflict",
+    "ContextConflict",
+    "ContextFieldLocked",
+    "ContextHistoryCompacted",
+    "ContextPolicyOverride",
+    "ContextTooLarge",
+    "ContextTooManySessions",
     "ControlUnavailable",
+    "FieldWrite",
     "DeadlineExceeded",
     "HandlerError",
     "HealthState",
@@ -90,10 +104,15 @@ __all__ = [
     "Reply",
     "Response",
     "Route",
+    "Session",
+    "SessionChange",
+    "SessionField",
+    "SessionSnapshot",
     "ShuttingDown",
     "SidecarUnreachable",
     "Skipped",
     "StoreUnavailable",
     "SyncClient",
+    "WritePolicy",
     "__version__",
 ]

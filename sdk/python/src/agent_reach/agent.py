@@ -43,6 +43,7 @@ from agent_reach._proto.agentreach.v1 import agent_pb2, common_pb2, sidecar_pb2
 from agent_reach._types import HealthState, Priority, Reply, as_reply
 from agent_reach.client import CHANNEL_OPTIONS, Client, api_token_metadata, sidecar_address, sidecar_channel
 from agent_reach.errors import HandlerError, MeshError, from_rpc_error
+from agent_reach.session import Session
 
 log = logging.getLogger("agent_reach")
 
@@ -189,6 +190,11 @@ class Call:
         if self._client is None:
             raise RuntimeError("this call has no client (built by hand)")
         return self._client
+
+    def session(self) -> Session:
+        """The call's session context, written as the serving instance (see
+        :mod:`agent_reach.session`)."""
+        return self.client.session(self.session_id, instance_id=self.instance_id)
 
 
 @dataclass

@@ -30,6 +30,7 @@ from agent_reach import _context
 from agent_reach._proto.agentreach.v1 import agent_pb2, common_pb2, sidecar_pb2
 from agent_reach._types import JSON, TEXT, Priority
 from agent_reach.errors import MeshError, SidecarUnreachable, from_rpc_error
+from agent_reach.session import Session
 
 DEFAULT_SIDECAR = "127.0.0.1:7700"
 """Where the local sidecar listens unless ``AGENT_REACH_SIDECAR`` says otherwise."""
@@ -259,6 +260,13 @@ class Client:
         """Closes the connection (only if this client opened it)."""
         if self._own_channel:
             await self._channel.close()
+
+    def session(self, session_id: str, *, instance_id: str | None = None) -> Session:
+        """Session ``session_id`` of the caller's tenant, written as ``instance_id`` (default:
+        this client's caller instance, which must be registered with the sidecar to write).
+        See :mod:`agent_reach.session`."""
+        writer = instance_id if instance_id is not None else (self._caller.instance_id if self._caller else "")
+        return Session(self._channel, session_id, writer)
 
     def _request(
         self,

@@ -223,6 +223,95 @@ class Internal(MeshError):
     REASON = "INTERNAL"
 
 
+class ContextFieldLocked(MeshError):
+    """A session field set by a first writer cannot change; names that writer."""
+
+    REASON = "CONTEXT_FIELD_LOCKED"
+
+    @property
+    def field(self) -> str:
+        return self.metadata.get("field", "")
+
+    @property
+    def writer_agent(self) -> str:
+        return self.metadata.get("writer_agent", "")
+
+    @property
+    def writer_instance(self) -> str:
+        return self.metadata.get("writer_instance", "")
+
+    @property
+    def version(self) -> int:
+        return _int(self.metadata.get("version")) or 0
+
+
+class ContextConflict(MeshError):
+    """A compare-and-set write expected another version of the field: read again, retry."""
+
+    REASON = "CONTEXT_CONFLICT"
+
+    @property
+    def field(self) -> str:
+        return self.metadata.get("field", "")
+
+    @property
+    def expected_version(self) -> int:
+        return _int(self.metadata.get("expected_version")) or 0
+
+    @property
+    def current_version(self) -> int:
+        return _int(self.metadata.get("current_version")) or 0
+
+
+class ContextTooLarge(MeshError):
+    """A field, the session or its number of fields would pass a limit (``limit_name``)."""
+
+    REASON = "CONTEXT_TOO_LARGE"
+
+    @property
+    def limit_name(self) -> str:
+        return self.metadata.get("limit_name", "")
+
+    @property
+    def limit(self) -> int:
+        return _int(self.metadata.get("limit")) or 0
+
+    @property
+    def size(self) -> int:
+        return _int(self.metadata.get("size")) or 0
+
+
+class ContextTooManySessions(MeshError):
+    """The tenant has as many live sessions as it may."""
+
+    REASON = "CONTEXT_TOO_MANY_SESSIONS"
+
+
+class ContextHistoryCompacted(MeshError):
+    """A watch asked for changes no longer kept: read the session and watch from its version."""
+
+    REASON = "CONTEXT_HISTORY_COMPACTED"
+
+
+class ContextPolicyOverride(MeshError):
+    """A write named another policy than the one an agent or capability policy declares for
+    the field, and that policy allows no override."""
+
+    REASON = "CONTEXT_POLICY_OVERRIDE"
+
+    @property
+    def field(self) -> str:
+        return self.metadata.get("field", "")
+
+    @property
+    def declared_policy(self) -> str:
+        return self.metadata.get("declared_policy", "")
+
+    @property
+    def requested_policy(self) -> str:
+        return self.metadata.get("requested_policy", "")
+
+
 _BY_REASON: dict[str, type[MeshError]] = {
     cls.REASON: cls
     for cls in (
@@ -247,6 +336,12 @@ _BY_REASON: dict[str, type[MeshError]] = {
         AgentCredentialInvalid,
         ShuttingDown,
         IdempotentReplyNotStored,
+        ContextFieldLocked,
+        ContextConflict,
+        ContextTooLarge,
+        ContextTooManySessions,
+        ContextHistoryCompacted,
+        ContextPolicyOverride,
         Internal,
     )
     if cls.REASON is not None

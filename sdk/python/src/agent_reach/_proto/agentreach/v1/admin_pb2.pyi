@@ -1,5 +1,6 @@
 from agent_reach._proto.agentreach.v1 import common_pb2 as _common_pb2
 from agent_reach._proto.agentreach.v1 import policy_pb2 as _policy_pb2
+from agent_reach._proto.agentreach.v1 import session_pb2 as _session_pb2
 from agent_reach._proto.agentreach.v1 import sidecar_pb2 as _sidecar_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper

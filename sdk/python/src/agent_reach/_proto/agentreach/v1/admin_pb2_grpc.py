@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from agent_reach._proto.agentreach.v1 import admin_pb2 as agentreach_dot_v1_dot_admin__pb2
+from agent_reach._proto.agentreach.v1 import session_pb2 as agentreach_dot_v1_dot_session__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -128,6 +129,11 @@ class AdminStub:
                 '/agentreach.v1.Admin/RevokeOperatorToken',
                 request_serializer=agentreach_dot_v1_dot_admin__pb2.RevokeOperatorTokenRequest.SerializeToString,
                 response_deserializer=agentreach_dot_v1_dot_admin__pb2.RevokeOperatorTokenReply.FromString,
+                _registered_method=True)
+        self.GetSession = channel.unary_unary(
+                '/agentreach.v1.Admin/GetSession',
+                request_serializer=agentreach_dot_v1_dot_session__pb2.GetSessionRequest.SerializeToString,
+                response_deserializer=agentreach_dot_v1_dot_session__pb2.GetSessionReply.FromString,
                 _registered_method=True)
 
 
@@ -271,6 +277,15 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetSession(self, request, context):
+        """Reads a session context of the tenant (all fields or the named ones), as the session
+        store holds it, for operators (`agent-reach ctl session show`). Viewer role.
+        `found` is false when the session does not exist.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -368,6 +383,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.RevokeOperatorToken,
                     request_deserializer=agentreach_dot_v1_dot_admin__pb2.RevokeOperatorTokenRequest.FromString,
                     response_serializer=agentreach_dot_v1_dot_admin__pb2.RevokeOperatorTokenReply.SerializeToString,
+            ),
+            'GetSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSession,
+                    request_deserializer=agentreach_dot_v1_dot_session__pb2.GetSessionRequest.FromString,
+                    response_serializer=agentreach_dot_v1_dot_session__pb2.GetSessionReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -883,6 +903,33 @@ class Admin:
             '/agentreach.v1.Admin/RevokeOperatorToken',
             agentreach_dot_v1_dot_admin__pb2.RevokeOperatorTokenRequest.SerializeToString,
             agentreach_dot_v1_dot_admin__pb2.RevokeOperatorTokenReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentreach.v1.Admin/GetSession',
+            agentreach_dot_v1_dot_session__pb2.GetSessionRequest.SerializeToString,
+            agentreach_dot_v1_dot_session__pb2.GetSessionReply.FromString,
             options,
             channel_credentials,
             insecure,

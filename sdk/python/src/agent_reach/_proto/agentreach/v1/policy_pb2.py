@@ -22,9 +22,10 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from agent_reach._proto.agentreach.v1 import session_pb2 as agentreach_dot_v1_dot_session__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61gentreach/v1/policy.proto\x12\ragentreach.v1\".\n\tRateLimit\x12\x12\n\nper_second\x18\x01 \x01(\x01\x12\r\n\x05\x62urst\x18\x02 \x01(\r\"q\n\x0bRetryPolicy\x12\x12\n\nidempotent\x18\x01 \x01(\x08\x12\x14\n\x0c\x62udget_ratio\x18\x02 \x01(\x01\x12\x1d\n\x15\x62udget_min_per_second\x18\x03 \x01(\r\x12\x19\n\x11max_payload_bytes\x18\x04 \x01(\r\";\n\x08\x46\x61llback\x12\x14\n\ncapability\x18\x01 \x01(\tH\x00\x12\x0f\n\x05\x61gent\x18\x02 \x01(\tH\x00\x42\x08\n\x06target\"\xad\x01\n\x0e\x43ircuitBreaker\x12\x1c\n\x14\x63onsecutive_failures\x18\x01 \x01(\r\x12\x14\n\x0c\x66\x61ilure_rate\x18\x02 \x01(\x01\x12\x11\n\twindow_ms\x18\x03 \x01(\r\x12\x14\n\x0cmin_requests\x18\x04 \x01(\r\x12\x0f\n\x07open_ms\x18\x05 \x01(\r\x12\x13\n\x0bmax_open_ms\x18\x06 \x01(\r\x12\x18\n\x10half_open_probes\x18\x07 \x01(\r\"1\n\rVersionWeight\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0f\n\x07percent\x18\x02 \x01(\r\"|\n\x0cVersionSplit\x12-\n\x07weights\x18\x01 \x03(\x0b\x32\x1c.agentreach.v1.VersionWeight\x12\x11\n\tmatch_key\x18\x02 \x01(\t\x12\x13\n\x0bmatch_value\x18\x03 \x01(\t\x12\x15\n\rmatch_version\x18\x04 \x01(\t\"h\n\tAdmission\x12\x16\n\x0enormal_percent\x18\x01 \x01(\r\x12\x13\n\x0blow_percent\x18\x02 \x01(\r\x12\x14\n\x0cqueue_length\x18\x03 \x01(\r\x12\x18\n\x10queue_timeout_ms\x18\x04 \x01(\r\"@\n\rAuthorization\x12\x16\n\x0e\x61llowed_agents\x18\x01 \x03(\t\x12\x17\n\x0f\x61llow_anonymous\x18\x02 \x01(\x08\"\xb9\x04\n\nPolicySpec\x12)\n\x08strategy\x18\x01 \x01(\x0e\x32\x17.agentreach.v1.Strategy\x12\x10\n\x08hash_key\x18\x02 \x01(\t\x12\x37\n\x07weights\x18\x03 \x03(\x0b\x32&.agentreach.v1.PolicySpec.WeightsEntry\x12\x1a\n\x12\x64\x65\x66\x61ult_timeout_ms\x18\x04 \x01(\r\x12)\n\x05retry\x18\x05 \x01(\x0b\x32\x1a.agentreach.v1.RetryPolicy\x12)\n\x08\x66\x61llback\x18\x06 \x01(\x0b\x32\x17.agentreach.v1.Fallback\x12,\n\nrate_limit\x18\x07 \x01(\x0b\x32\x18.agentreach.v1.RateLimit\x12.\n\x07\x62reaker\x18\x08 \x01(\x0b\x32\x1d.agentreach.v1.CircuitBreaker\x12*\n\x05split\x18\t \x01(\x0b\x32\x1b.agentreach.v1.VersionSplit\x12\x11\n\tread_only\x18\n \x01(\x08\x12\x14\n\x0c\x63\x61\x63he_ttl_ms\x18\x0b \x01(\r\x12+\n\tadmission\x18\x0c \x01(\x0b\x32\x18.agentreach.v1.Admission\x12\x33\n\rauthorization\x18\r \x01(\x0b\x32\x1c.agentreach.v1.Authorization\x1a.\n\x0cWeightsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"\x9f\x01\n\x06Policy\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\'\n\x04kind\x18\x02 \x01(\x0e\x32\x19.agentreach.v1.PolicyKind\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\'\n\x04spec\x18\x04 \x01(\x0b\x32\x19.agentreach.v1.PolicySpec\x12\x10\n\x08revision\x18\x05 \x01(\x03\x12\x13\n\x0b\x64\x65scription\x18\x06 \x01(\t*t\n\nPolicyKind\x12\x1b\n\x17POLICY_KIND_UNSPECIFIED\x10\x00\x12\x1a\n\x16POLICY_KIND_CAPABILITY\x10\x01\x12\x15\n\x11POLICY_KIND_AGENT\x10\x02\x12\x16\n\x12POLICY_KIND_TENANT\x10\x03*\xa3\x01\n\x08Strategy\x12\x18\n\x14STRATEGY_UNSPECIFIED\x10\x00\x12\x19\n\x15STRATEGY_LEAST_LOADED\x10\x01\x12\x18\n\x14STRATEGY_ROUND_ROBIN\x10\x02\x12\x13\n\x0fSTRATEGY_RANDOM\x10\x03\x12\x15\n\x11STRATEGY_WEIGHTED\x10\x04\x12\x1c\n\x18STRATEGY_CONSISTENT_HASH\x10\x05\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61gentreach/v1/policy.proto\x12\ragentreach.v1\x1a\x1b\x61gentreach/v1/session.proto\".\n\tRateLimit\x12\x12\n\nper_second\x18\x01 \x01(\x01\x12\r\n\x05\x62urst\x18\x02 \x01(\r\"q\n\x0bRetryPolicy\x12\x12\n\nidempotent\x18\x01 \x01(\x08\x12\x14\n\x0c\x62udget_ratio\x18\x02 \x01(\x01\x12\x1d\n\x15\x62udget_min_per_second\x18\x03 \x01(\r\x12\x19\n\x11max_payload_bytes\x18\x04 \x01(\r\";\n\x08\x46\x61llback\x12\x14\n\ncapability\x18\x01 \x01(\tH\x00\x12\x0f\n\x05\x61gent\x18\x02 \x01(\tH\x00\x42\x08\n\x06target\"\xad\x01\n\x0e\x43ircuitBreaker\x12\x1c\n\x14\x63onsecutive_failures\x18\x01 \x01(\r\x12\x14\n\x0c\x66\x61ilure_rate\x18\x02 \x01(\x01\x12\x11\n\twindow_ms\x18\x03 \x01(\r\x12\x14\n\x0cmin_requests\x18\x04 \x01(\r\x12\x0f\n\x07open_ms\x18\x05 \x01(\r\x12\x13\n\x0bmax_open_ms\x18\x06 \x01(\r\x12\x18\n\x10half_open_probes\x18\x07 \x01(\r\"1\n\rVersionWeight\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0f\n\x07percent\x18\x02 \x01(\r\"|\n\x0cVersionSplit\x12-\n\x07weights\x18\x01 \x03(\x0b\x32\x1c.agentreach.v1.VersionWeight\x12\x11\n\tmatch_key\x18\x02 \x01(\t\x12\x13\n\x0bmatch_value\x18\x03 \x01(\t\x12\x15\n\rmatch_version\x18\x04 \x01(\t\"h\n\tAdmission\x12\x16\n\x0enormal_percent\x18\x01 \x01(\r\x12\x13\n\x0blow_percent\x18\x02 \x01(\r\x12\x14\n\x0cqueue_length\x18\x03 \x01(\r\x12\x18\n\x10queue_timeout_ms\x18\x04 \x01(\r\"@\n\rAuthorization\x12\x16\n\x0e\x61llowed_agents\x18\x01 \x03(\t\x12\x17\n\x0f\x61llow_anonymous\x18\x02 \x01(\x08\"\xc3\x05\n\nPolicySpec\x12)\n\x08strategy\x18\x01 \x01(\x0e\x32\x17.agentreach.v1.Strategy\x12\x10\n\x08hash_key\x18\x02 \x01(\t\x12\x37\n\x07weights\x18\x03 \x03(\x0b\x32&.agentreach.v1.PolicySpec.WeightsEntry\x12\x1a\n\x12\x64\x65\x66\x61ult_timeout_ms\x18\x04 \x01(\r\x12)\n\x05retry\x18\x05 \x01(\x0b\x32\x1a.agentreach.v1.RetryPolicy\x12)\n\x08\x66\x61llback\x18\x06 \x01(\x0b\x32\x17.agentreach.v1.Fallback\x12,\n\nrate_limit\x18\x07 \x01(\x0b\x32\x18.agentreach.v1.RateLimit\x12.\n\x07\x62reaker\x18\x08 \x01(\x0b\x32\x1d.agentreach.v1.CircuitBreaker\x12*\n\x05split\x18\t \x01(\x0b\x32\x1b.agentreach.v1.VersionSplit\x12\x11\n\tread_only\x18\n \x01(\x08\x12\x14\n\x0c\x63\x61\x63he_ttl_ms\x18\x0b \x01(\r\x12+\n\tadmission\x18\x0c \x01(\x0b\x32\x18.agentreach.v1.Admission\x12\x33\n\rauthorization\x18\r \x01(\x0b\x32\x1c.agentreach.v1.Authorization\x12\x37\n\x07session\x18\x14 \x03(\x0b\x32&.agentreach.v1.PolicySpec.SessionEntry\x1a.\n\x0cWeightsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1aO\n\x0cSessionEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12.\n\x05value\x18\x02 \x01(\x0b\x32\x1f.agentreach.v1.SessionFieldRule:\x02\x38\x01\"\x9f\x01\n\x06Policy\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\'\n\x04kind\x18\x02 \x01(\x0e\x32\x19.agentreach.v1.PolicyKind\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\'\n\x04spec\x18\x04 \x01(\x0b\x32\x19.agentreach.v1.PolicySpec\x12\x10\n\x08revision\x18\x05 \x01(\x03\x12\x13\n\x0b\x64\x65scription\x18\x06 \x01(\t*t\n\nPolicyKind\x12\x1b\n\x17POLICY_KIND_UNSPECIFIED\x10\x00\x12\x1a\n\x16POLICY_KIND_CAPABILITY\x10\x01\x12\x15\n\x11POLICY_KIND_AGENT\x10\x02\x12\x16\n\x12POLICY_KIND_TENANT\x10\x03*\xa3\x01\n\x08Strategy\x12\x18\n\x14STRATEGY_UNSPECIFIED\x10\x00\x12\x19\n\x15STRATEGY_LEAST_LOADED\x10\x01\x12\x18\n\x14STRATEGY_ROUND_ROBIN\x10\x02\x12\x13\n\x0fSTRATEGY_RANDOM\x10\x03\x12\x15\n\x11STRATEGY_WEIGHTED\x10\x04\x12\x1c\n\x18STRATEGY_CONSISTENT_HASH\x10\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,30 +34,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_POLICYSPEC_WEIGHTSENTRY']._loaded_options = None
   _globals['_POLICYSPEC_WEIGHTSENTRY']._serialized_options = b'8\001'
-  _globals['_POLICYKIND']._serialized_start=1528
-  _globals['_POLICYKIND']._serialized_end=1644
-  _globals['_STRATEGY']._serialized_start=1647
-  _globals['_STRATEGY']._serialized_end=1810
-  _globals['_RATELIMIT']._serialized_start=45
-  _globals['_RATELIMIT']._serialized_end=91
-  _globals['_RETRYPOLICY']._serialized_start=93
-  _globals['_RETRYPOLICY']._serialized_end=206
-  _globals['_FALLBACK']._serialized_start=208
-  _globals['_FALLBACK']._serialized_end=267
-  _globals['_CIRCUITBREAKER']._serialized_start=270
-  _globals['_CIRCUITBREAKER']._serialized_end=443
-  _globals['_VERSIONWEIGHT']._serialized_start=445
-  _globals['_VERSIONWEIGHT']._serialized_end=494
-  _globals['_VERSIONSPLIT']._serialized_start=496
-  _globals['_VERSIONSPLIT']._serialized_end=620
-  _globals['_ADMISSION']._serialized_start=622
-  _globals['_ADMISSION']._serialized_end=726
-  _globals['_AUTHORIZATION']._serialized_start=728
-  _globals['_AUTHORIZATION']._serialized_end=792
-  _globals['_POLICYSPEC']._serialized_start=795
-  _globals['_POLICYSPEC']._serialized_end=1364
-  _globals['_POLICYSPEC_WEIGHTSENTRY']._serialized_start=1318
-  _globals['_POLICYSPEC_WEIGHTSENTRY']._serialized_end=1364
-  _globals['_POLICY']._serialized_start=1367
-  _globals['_POLICY']._serialized_end=1526
+  _globals['_POLICYSPEC_SESSIONENTRY']._loaded_options = None
+  _globals['_POLICYSPEC_SESSIONENTRY']._serialized_options = b'8\001'
+  _globals['_POLICYKIND']._serialized_start=1695
+  _globals['_POLICYKIND']._serialized_end=1811
+  _globals['_STRATEGY']._serialized_start=1814
+  _globals['_STRATEGY']._serialized_end=1977
+  _globals['_RATELIMIT']._serialized_start=74
+  _globals['_RATELIMIT']._serialized_end=120
+  _globals['_RETRYPOLICY']._serialized_start=122
+  _globals['_RETRYPOLICY']._serialized_end=235
+  _globals['_FALLBACK']._serialized_start=237
+  _globals['_FALLBACK']._serialized_end=296
+  _globals['_CIRCUITBREAKER']._serialized_start=299
+  _globals['_CIRCUITBREAKER']._serialized_end=472
+  _globals['_VERSIONWEIGHT']._serialized_start=474
+  _globals['_VERSIONWEIGHT']._serialized_end=523
+  _globals['_VERSIONSPLIT']._serialized_start=525
+  _globals['_VERSIONSPLIT']._serialized_end=649
+  _globals['_ADMISSION']._serialized_start=651
+  _globals['_ADMISSION']._serialized_end=755
+  _globals['_AUTHORIZATION']._serialized_start=757
+  _globals['_AUTHORIZATION']._serialized_end=821
+  _globals['_POLICYSPEC']._serialized_start=824
+  _globals['_POLICYSPEC']._serialized_end=1531
+  _globals['_POLICYSPEC_WEIGHTSENTRY']._serialized_start=1404
+  _globals['_POLICYSPEC_WEIGHTSENTRY']._serialized_end=1450
+  _globals['_POLICYSPEC_SESSIONENTRY']._serialized_start=1452
+  _globals['_POLICYSPEC_SESSIONENTRY']._serialized_end=1531
+  _globals['_POLICY']._serialized_start=1534
+  _globals['_POLICY']._serialized_end=1693
 # @@protoc_insertion_point(module_scope)

@@ -1,3 +1,4 @@
+from agent_reach._proto.agentreach.v1 import session_pb2 as _session_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -120,7 +121,7 @@ class Authorization(_message.Message):
     def __init__(self, allowed_agents: _Optional[_Iterable[str]] = ..., allow_anonymous: _Optional[bool] = ...) -> None: ...
 
 class PolicySpec(_message.Message):
-    __slots__ = ("strategy", "hash_key", "weights", "default_timeout_ms", "retry", "fallback", "rate_limit", "breaker", "split", "read_only", "cache_ttl_ms", "admission", "authorization")
+    __slots__ = ("strategy", "hash_key", "weights", "default_timeout_ms", "retry", "fallback", "rate_limit", "breaker", "split", "read_only", "cache_ttl_ms", "admission", "authorization", "session")
     class WeightsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +129,13 @@ class PolicySpec(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class SessionEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: _session_pb2.SessionFieldRule
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[_session_pb2.SessionFieldRule, _Mapping]] = ...) -> None: ...
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     HASH_KEY_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +149,7 @@ class PolicySpec(_message.Message):
     CACHE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     ADMISSION_FIELD_NUMBER: _ClassVar[int]
     AUTHORIZATION_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     strategy: Strategy
     hash_key: str
     weights: _containers.ScalarMap[str, int]
@@ -154,7 +163,8 @@ class PolicySpec(_message.Message):
     cache_ttl_ms: int
     admission: Admission
     authorization: Authorization
-    def __init__(self, strategy: _Optional[_Union[Strategy, str]] = ..., hash_key: _Optional[str] = ..., weights: _Optional[_Mapping[str, int]] = ..., default_timeout_ms: _Optional[int] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., fallback: _Optional[_Union[Fallback, _Mapping]] = ..., rate_limit: _Optional[_Union[RateLimit, _Mapping]] = ..., breaker: _Optional[_Union[CircuitBreaker, _Mapping]] = ..., split: _Optional[_Union[VersionSplit, _Mapping]] = ..., read_only: _Optional[bool] = ..., cache_ttl_ms: _Optional[int] = ..., admission: _Optional[_Union[Admission, _Mapping]] = ..., authorization: _Optional[_Union[Authorization, _Mapping]] = ...) -> None: ...
+    session: _containers.MessageMap[str, _session_pb2.SessionFieldRule]
+    def __init__(self, strategy: _Optional[_Union[Strategy, str]] = ..., hash_key: _Optional[str] = ..., weights: _Optional[_Mapping[str, int]] = ..., default_timeout_ms: _Optional[int] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., fallback: _Optional[_Union[Fallback, _Mapping]] = ..., rate_limit: _Optional[_Union[RateLimit, _Mapping]] = ..., breaker: _Optional[_Union[CircuitBreaker, _Mapping]] = ..., split: _Optional[_Union[VersionSplit, _Mapping]] = ..., read_only: _Optional[bool] = ..., cache_ttl_ms: _Optional[int] = ..., admission: _Optional[_Union[Admission, _Mapping]] = ..., authorization: _Optional[_Union[Authorization, _Mapping]] = ..., session: _Optional[_Mapping[str, _session_pb2.SessionFieldRule]] = ...) -> None: ...
 
 class Policy(_message.Message):
     __slots__ = ("tenant", "kind", "name", "spec", "revision", "description")

@@ -18,6 +18,14 @@ WRITE_POLICY_FIRST_WRITER: WritePolicy
 WRITE_POLICY_LAST_WRITER: WritePolicy
 WRITE_POLICY_COMPARE_AND_SET: WritePolicy
 
+class SessionFieldRule(_message.Message):
+    __slots__ = ("policy", "allow_override")
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_OVERRIDE_FIELD_NUMBER: _ClassVar[int]
+    policy: WritePolicy
+    allow_override: bool
+    def __init__(self, policy: _Optional[_Union[WritePolicy, str]] = ..., allow_override: _Optional[bool] = ...) -> None: ...
+
 class SessionField(_message.Message):
     __slots__ = ("name", "value", "content_type", "version", "writer_agent", "writer_instance", "written_at_ms", "locked")
     NAME_FIELD_NUMBER: _ClassVar[int]
