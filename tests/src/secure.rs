@@ -37,8 +37,10 @@ pub fn ca() -> Arc<Ca> {
 
 /// Control addresses started with identity, with their store when the harness has it (join
 /// tokens are minted straight into it; otherwise through the Admin API).
-fn secured() -> &'static Mutex<HashMap<SocketAddr, Option<Arc<dyn Store>>>> {
-    static SECURED: OnceLock<Mutex<HashMap<SocketAddr, Option<Arc<dyn Store>>>>> = OnceLock::new();
+type Secured = Mutex<HashMap<SocketAddr, Option<Arc<dyn Store>>>>;
+
+fn secured() -> &'static Secured {
+    static SECURED: OnceLock<Secured> = OnceLock::new();
     SECURED.get_or_init(Default::default)
 }
 
