@@ -30,6 +30,7 @@ if ! command -v helm >/dev/null 2>&1 && [ ! -x target/tools/helm/helm ] && ! com
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq npm >/dev/null
 fi
 echo "==> helm: $(./scripts/install-helm.sh)"
+echo "==> kubernetes-validate: $(./scripts/install-kubernetes-validate.sh)"
 
 # The dashboard's browser tests (tests/tests/e2e/dashboard.rs) drive a headless Chromium.
 echo "==> chromium: $(./scripts/install-chromium.sh)"

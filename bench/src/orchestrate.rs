@@ -174,10 +174,14 @@ impl Pinning {
 }
 
 /// The sidecar flags of the benchmark: one runtime thread, explicit addresses (the admin
-/// port on a free port of its own, so several sidecars fit on one host).
+/// port on a free port of its own, so several sidecars fit on one host), and plaintext
+/// toward control and on the mesh port by the explicit opt-out `--insecure-plaintext-control`:
+/// the benchmark compares the mesh with nginx and Envoy proxying plaintext gRPC, so every
+/// path runs without TLS (no TLS comparison mode is built yet).
 pub fn sidecar_args(id: &str, local: u16, mesh: u16, control: u16) -> Result<Vec<String>, String> {
     let admin = procs::free_port()?;
     Ok([
+        "--insecure-plaintext-control",
         "--listen",
         &format!("127.0.0.1:{local}"),
         "--mesh-listen",
@@ -199,10 +203,15 @@ pub fn sidecar_args(id: &str, local: u16, mesh: u16, control: u16) -> Result<Vec
 }
 
 /// The control flags of the benchmark: one runtime thread, the gRPC port, the admin port
-/// on a free port of its own, and `extra` flags.
+/// on a free port of its own, and `extra` flags. Plaintext, with the Admin API open, by the
+/// explicit opt-outs `--mtls off --insecure-open-admin-api` (see [`sidecar_args`]; the
+/// table-size benchmark also registers fake sidecars straight through the Control API).
 pub fn control_args(port: u16, extra: &[&str]) -> Result<Vec<String>, String> {
     let admin = procs::free_port()?;
     let mut args: Vec<String> = vec![
+        "--mtls".into(),
+        "off".into(),
+        "--insecure-open-admin-api".into(),
         "--listen".into(),
         format!("127.0.0.1:{port}"),
         "--worker-threads".into(),

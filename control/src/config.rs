@@ -156,16 +156,23 @@ pub struct ControlArgs {
     #[arg(long, env = "AGENT_REACH_CERT_TTL", default_value = "24h", value_parser = agent_reach_support::duration::parse)]
     pub cert_ttl: Duration,
 
-    /// File holding the bootstrap admin token (cluster-wide admin role). With it, every
-    /// Admin call needs an operator token (`authorization: Bearer <token>`); without it the
-    /// Admin API is open to anyone who reaches the port (warned about at start).
-    #[arg(long, env = "AGENT_REACH_ADMIN_TOKEN_FILE")]
+    /// File holding the bootstrap admin token (cluster-wide admin role); every Admin call
+    /// needs an operator token (`authorization: Bearer <token>`). When the file does not
+    /// exist, a token is generated and written to it (mode 0600) once. Without this flag a
+    /// token is generated at start and printed once to standard error.
+    #[arg(long, env = "AGENT_REACH_ADMIN_TOKEN_FILE", conflicts_with = "insecure_open_admin_api")]
     pub admin_token_file: Option<PathBuf>,
 
-    /// Mutual TLS on the gRPC port: "required" (every Control call needs a sidecar
-    /// certificate issued by this CA), "permissive" (migration only: calls without one pass
-    /// as anonymous and are counted), or "off" (plaintext, nothing checked).
-    #[arg(long, env = "AGENT_REACH_MTLS", default_value = "off", value_parser = ["required", "permissive", "off"])]
+    /// INSECURE: serve the Admin API without operator tokens, to anyone who reaches the port
+    /// (development only; warned about at start).
+    #[arg(long, env = "AGENT_REACH_INSECURE_OPEN_ADMIN_API")]
+    pub insecure_open_admin_api: bool,
+
+    /// Mutual TLS on the gRPC port: "required" (the default: every Control call needs a
+    /// sidecar certificate issued by this CA), "permissive" (migration only: calls without
+    /// one pass as anonymous and are counted), or "off" (INSECURE: plaintext, nothing
+    /// checked; warned about at start).
+    #[arg(long, env = "AGENT_REACH_MTLS", default_value = "required", value_parser = ["required", "permissive", "off"])]
     pub mtls: String,
     /// Redis URL (`redis://host:port`) to keep session context in, for high write rates.
     /// Without it sessions live in the control service's own store (etcd or embedded).
@@ -231,6 +238,24 @@ pub struct ControlConfig {
 /// The bootstrap admin token (never printed).
 #[derive(Clone)]
 pub struct BootstrapToken(pub String);
+
+impl BootstrapToken {
+    /// 32 random bytes, hex.
+    pub fn generate() -> BootstrapToken {
+        BootstrapToken((0..32).map(|_| format!("{:02x}", rand::random::<u8>())).collect())
+    }
+
+    /// Writes the token to a new file at `path`, readable by this user only; fails when
+    /// the file exists.
+    pub fn write_new(&self, path: &std::path::Path) -> std::io::Result<()> {
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let mut file = options.open(path)?;
+        std::io::Write::write_all(&mut file, self.0.as_bytes())
+    }
+}
 
 impl std::fmt::Debug for BootstrapToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -391,19 +416,7 @@ impl TryFrom<&ControlArgs> for ControlConfig {
             },
             identity,
             mtls: Mtls::parse(&a.mtls).ok_or_else(|| format!("--mtls: unknown mode {:?}", a.mtls))?,
-            admin_token: match &a.admin_token_file {
-                Some(path) => {
-                    let token = std::fs::read_to_string(path)
-                        .map_err(|e| format!("--admin-token-file {}: {e}", path.display()))?
-                        .trim()
-                        .to_string();
-                    if token.len() < 16 {
-                        return Err("--admin-token-file: the token must be at least 16 characters".into());
-                    }
-                    Some(BootstrapToken(token))
-                }
-                None => None,
-            },
+            admin_token: admin_token(a)?,
             session_limits: agent_reach_session::Limits {
                 ttl: a.session_ttl,
                 max_field_bytes: a.session_max_field_bytes,
@@ -418,6 +431,43 @@ impl TryFrom<&ControlArgs> for ControlConfig {
                 ..crate::tasks::TaskLimits::default()
             },
         })
+    }
+}
+
+/// The bootstrap admin token the flags ask for: read from `--admin-token-file`, generated
+/// into it when the file does not exist, generated and printed once without the flag, or
+/// none with `--insecure-open-admin-api`.
+fn admin_token(a: &ControlArgs) -> Result<Option<BootstrapToken>, String> {
+    if a.insecure_open_admin_api {
+        return Ok(None);
+    }
+    let Some(path) = &a.admin_token_file else {
+        let token = BootstrapToken::generate();
+        eprintln!(
+            "agent-reach-control: no --admin-token-file: generated the bootstrap admin token (cluster admin; \
+             shown only now, pass --admin-token-file to keep one):\n{}",
+            token.0
+        );
+        return Ok(Some(token));
+    };
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let token = text.trim().to_string();
+            if token.len() < 16 {
+                return Err("--admin-token-file: the token must be at least 16 characters".into());
+            }
+            Ok(Some(BootstrapToken(token)))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let token = BootstrapToken::generate();
+            token.write_new(path).map_err(|e| format!("--admin-token-file {}: {e}", path.display()))?;
+            eprintln!(
+                "agent-reach-control: generated the bootstrap admin token into {} (readable by this user only)",
+                path.display()
+            );
+            Ok(Some(token))
+        }
+        Err(e) => Err(format!("--admin-token-file {}: {e}", path.display())),
     }
 }
 
@@ -484,6 +534,27 @@ mod tests {
     }
 
     #[test]
+    fn a_missing_admin_token_file_is_generated_once_and_then_read() {
+        let dir = std::env::temp_dir().join(format!("ar-admin-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("token");
+        let _ = std::fs::remove_file(&path);
+        let args = ControlArgs::parse_from(["control", "--admin-token-file", path.to_str().unwrap()]);
+        let first = ControlConfig::try_from(&args).unwrap().admin_token.unwrap().0;
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), first);
+        #[cfg(unix)]
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&path).unwrap().permissions()) & 0o777,
+            0o600
+        );
+        let second = ControlConfig::try_from(&args).unwrap().admin_token.unwrap().0;
+        assert_eq!(first, second, "an existing file is read, not replaced");
+        std::fs::write(&path, "short").unwrap();
+        assert!(ControlConfig::try_from(&args).unwrap_err().contains("at least 16"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn defaults() {
         let a = ControlArgs::parse_from(["control"]);
         let c = ControlConfig::try_from(&a).unwrap();
@@ -496,6 +567,16 @@ mod tests {
         assert_eq!(c.load_step, 0.1);
         assert_eq!(c.session_limits, agent_reach_session::Limits::default());
         assert!(a.etcd_endpoints.is_empty());
+        // Secure by default: mutual TLS required and an Admin token generated.
+        assert_eq!(c.mtls, Mtls::Required);
+        assert!(c.admin_token.as_ref().is_some_and(|t| t.0.len() == 64));
+        let a = ControlArgs::parse_from(["control", "--mtls", "off", "--insecure-open-admin-api"]);
+        let c = ControlConfig::try_from(&a).unwrap();
+        assert_eq!((c.mtls, c.admin_token.is_none()), (Mtls::Off, true));
+        assert!(
+            ControlArgs::try_parse_from(["control", "--insecure-open-admin-api", "--admin-token-file", "/t"]).is_err(),
+            "an open Admin API and a token file contradict each other"
+        );
         let a = ControlArgs::parse_from(["control", "--etcd-endpoints", "http://e:2379", "--etcd-ca-file", "/ca.pem"]);
         assert!(ControlConfig::try_from(&a).unwrap_err().contains("https://"));
         assert!(

@@ -233,7 +233,10 @@ pub async fn serve_parts(
     let operator_auth = Arc::new(match &config.admin_token {
         Some(token) => identity::OperatorAuth::new(store.clone(), &token.0),
         None => {
-            tracing::warn!("no --admin-token-file: the Admin API is open to anyone who reaches the control port");
+            tracing::warn!(
+                "INSECURE: the Admin API is open (--insecure-open-admin-api): anyone who reaches the control \
+                 port can read and change every tenant's routing"
+            );
             identity::OperatorAuth::off(store.clone())
         }
     });
@@ -295,7 +298,10 @@ pub async fn serve_parts(
     };
     let served = match config.mtls {
         identity::Mtls::Off => {
-            tracing::warn!("mutual TLS is off: anyone who reaches the control port can act for any sidecar");
+            tracing::warn!(
+                "INSECURE: mutual TLS is off (--mtls off): anyone who reaches the control port can act for any \
+                 sidecar of any tenant"
+            );
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
             router.serve_with_incoming_shutdown(incoming, shutdown).await
         }

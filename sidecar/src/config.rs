@@ -175,6 +175,12 @@ pub struct SidecarArgs {
     #[arg(long, env = "AGENT_REACH_LOCAL_TOKEN_FILE")]
     pub local_token_file: Option<PathBuf>,
 
+    /// INSECURE: talk to control in plaintext and serve the mesh port in plaintext, with no
+    /// certificate (development only; warned about at start). Without it the sidecar needs
+    /// --trust-bundle-file and --join-token-file.
+    #[arg(long, env = "AGENT_REACH_INSECURE_PLAINTEXT_CONTROL", conflicts_with_all = ["trust_bundle_file", "join_token_file"])]
+    pub insecure_plaintext_control: bool,
+
     /// Log format: "text" or "json".
     #[arg(long, env = "AGENT_REACH_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
@@ -355,7 +361,13 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
                         join_token,
                     })
                 }
-                _ => None,
+                _ if a.insecure_plaintext_control => None,
+                _ => {
+                    return Err("--trust-bundle-file and --join-token-file are required: the sidecar speaks mutual \
+                                TLS to control and on the mesh port (for a plaintext development setup, pass \
+                                --insecure-plaintext-control)"
+                        .into());
+                }
             },
             http_agent_allowed_hosts: a
                 .http_agent_allowed_hosts
@@ -409,15 +421,25 @@ mod tests {
         assert!(SidecarConfig::try_from(&args).unwrap_err().contains("--max-payload-bytes"));
         let args = SidecarArgs::parse_from(["sidecar", "--dead-after", "5s"]);
         assert!(SidecarConfig::try_from(&args).unwrap_err().contains("--dead-after"));
+        // Secure by default: no certificate settings and no explicit opt-out refuses to start.
         let args = SidecarArgs::parse_from(["sidecar"]);
+        let error = SidecarConfig::try_from(&args).unwrap_err();
+        assert!(error.contains("--join-token-file") && error.contains("--insecure-plaintext-control"), "{error}");
+        assert!(
+            SidecarArgs::try_parse_from(["sidecar", "--insecure-plaintext-control", "--trust-bundle-file", "/b"])
+                .is_err(),
+            "plaintext and a trust bundle contradict each other"
+        );
+        let args = SidecarArgs::parse_from(["sidecar", "--insecure-plaintext-control"]);
         let cfg = SidecarConfig::try_from(&args).unwrap();
+        assert!(cfg.identity.is_none());
         assert_eq!(cfg.dead_after, Duration::from_secs(30));
         assert_eq!(cfg.control, vec!["http://127.0.0.1:7800".to_string()]);
         assert_eq!(cfg.max_payload_bytes, 4 * 1024 * 1024);
         let default = cfg.table_file.unwrap();
         assert!(default.ends_with("agent-reach/default-7700.table.json"));
         assert!(!default.starts_with(std::env::temp_dir()), "not in the shared temporary directory: {default:?}");
-        let args = SidecarArgs::parse_from(["sidecar", "--table-file", "off"]);
+        let args = SidecarArgs::parse_from(["sidecar", "--insecure-plaintext-control", "--table-file", "off"]);
         assert_eq!(SidecarConfig::try_from(&args).unwrap().table_file, None);
         let args = SidecarArgs::parse_from(["sidecar", "--local-uds", "/tmp/x.sock", "--local-uds-mode", "999"]);
         assert!(SidecarConfig::try_from(&args).unwrap_err().contains("--local-uds-mode"));

@@ -67,7 +67,7 @@ impl ControlTls {
     }
 
     /// Uses `configs` (a new certificate) for the next connections.
-    pub(crate) fn install(&self, configs: TlsConfigs) {
+    pub fn install(&self, configs: TlsConfigs) {
         self.workload.store(Some(Arc::new(configs)));
     }
 }

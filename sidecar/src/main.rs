@@ -35,6 +35,12 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn run(args: SidecarArgs, config: SidecarConfig) -> Result<(), String> {
+    if args.insecure_plaintext_control {
+        tracing::warn!(
+            "INSECURE: --insecure-plaintext-control: no certificate; control and the mesh port are plaintext, so \
+             anyone on the network can read calls and impersonate this sidecar's tenant"
+        );
+    }
     let local =
         tokio::net::TcpListener::bind(args.listen).await.map_err(|e| format!("--listen {}: {e}", args.listen))?;
     let mesh = tokio::net::TcpListener::bind(args.mesh_listen)

@@ -3,6 +3,10 @@
 //!
 //! Everything runs in the test process except etcd, which is a real `etcd` binary started
 //! by `agent_reach_store::testing::EtcdServer`; when etcd cannot start the test fails.
+//!
+//! Secure by default (see [`secure`]): controls started here require mutual TLS and Admin
+//! tokens, sidecars started against them buy certificates with join tokens minted here, and
+//! the raw clients speak TLS. Tests about plaintext use the `*_plaintext` functions.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -25,6 +29,7 @@ use tonic::transport::Channel;
 
 pub mod browser;
 pub mod fault;
+pub mod secure;
 
 /// Which store the control service runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,13 +75,34 @@ pub async fn listener() -> TcpListener {
     TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0")
 }
 
-/// Control on `store` with `lease_ttl`.
+/// Control on `store` with `lease_ttl`, mutual TLS required and Admin tokens (see [`secure`]).
 pub async fn start_control(store: Arc<dyn Store>, lease_ttl: Duration) -> ControlHandle {
     start_control_on(store, lease_ttl, listener().await)
 }
 
-/// Control on a given listener (e.g. rebound on a port sidecars already point at).
+/// Control on a given listener (e.g. rebound on a port sidecars already point at), with
+/// the harness's identity.
 pub fn start_control_on(store: Arc<dyn Store>, lease_ttl: Duration, listener: TcpListener) -> ControlHandle {
+    start_control_with(store, ControlConfig { lease_ttl, ..ControlConfig::default() }, listener)
+}
+
+/// Control with `config` on `listener`, with the harness's identity where `config` sets
+/// none ([`secure::secure_config`]).
+pub fn start_control_with(store: Arc<dyn Store>, config: ControlConfig, listener: TcpListener) -> ControlHandle {
+    let addr = listener.local_addr().expect("control listener address");
+    secure::remember(addr, Some(store.clone()));
+    ControlHandle::spawn(store, secure::secure_config(config), listener).expect("control listener address")
+}
+
+/// PLAINTEXT control (explicit opt-in): no TLS, the Admin API open.
+pub async fn start_control_plaintext(store: Arc<dyn Store>, lease_ttl: Duration) -> ControlHandle {
+    start_control_on_plaintext(store, lease_ttl, listener().await)
+}
+
+/// PLAINTEXT control on a given listener (explicit opt-in).
+pub fn start_control_on_plaintext(store: Arc<dyn Store>, lease_ttl: Duration, listener: TcpListener) -> ControlHandle {
+    let addr = listener.local_addr().expect("control listener address");
+    secure::forget(addr);
     ControlHandle::spawn(store, ControlConfig { lease_ttl, ..ControlConfig::default() }, listener)
         .expect("control listener address")
 }
@@ -92,14 +118,17 @@ pub fn sidecar_config(control: &str, id: &str) -> SidecarConfig {
     c
 }
 
-/// A sidecar on free ports.
+/// A sidecar on free ports; with a certificate bought with a join token minted here when
+/// its control was started with identity by the harness ([`secure::sidecar_identity`]).
 pub async fn start_sidecar(config: SidecarConfig) -> Sidecar {
+    let config = secure::sidecar_identity(config).await;
     Sidecar::start(config, listener().await, listener().await).await.expect("sidecar start")
 }
 
 /// A sidecar on free ports with an admin port (`/metrics`, `/healthz`, `/readyz`,
-/// `/traces/{id}`).
+/// `/traces/{id}`), with identity as [`start_sidecar`].
 pub async fn start_sidecar_with_admin(config: SidecarConfig) -> Sidecar {
+    let config = secure::sidecar_identity(config).await;
     Sidecar::start_with_admin(config, listener().await, listener().await, Some(listener().await))
         .await
         .expect("sidecar start")
@@ -216,9 +245,19 @@ pub fn init_logging() {
 }
 
 /// A control replica with its own runtime and etcd client on a free port (see
-/// [`ControlReplica`]: killing it looks like a crash to its sidecars).
+/// [`ControlReplica`]: killing it looks like a crash to its sidecars), with the harness's
+/// identity where `config` sets none (every replica shares the harness CA).
 pub fn start_replica(etcd: &str, config: ControlConfig) -> ControlReplica {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    secure::remember(listener.local_addr().expect("replica address"), None);
+    ControlReplica::start(vec![etcd.to_string()], secure::secure_config(config), listener, 2, "ar-control")
+        .expect("control replica")
+}
+
+/// A PLAINTEXT control replica (explicit opt-in): `config` as given.
+pub fn start_replica_plaintext(etcd: &str, config: ControlConfig) -> ControlReplica {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    secure::forget(listener.local_addr().expect("replica address"));
     ControlReplica::start(vec![etcd.to_string()], config, listener, 2, "ar-control").expect("control replica")
 }
 
@@ -229,6 +268,8 @@ pub async fn restart_replica(etcd: &str, config: ControlConfig, addr: SocketAddr
     loop {
         match std::net::TcpListener::bind(addr) {
             Ok(listener) => {
+                // Secured again only if it was before (a plaintext replica stays plaintext).
+                let config = if secure::is_secured(&addr.to_string()) { secure::secure_config(config) } else { config };
                 return ControlReplica::start(vec![etcd.to_string()], config, listener, 2, "ar-control")
                     .expect("control replica");
             }
@@ -241,14 +282,26 @@ pub async fn restart_replica(etcd: &str, config: ControlConfig, addr: SocketAddr
     }
 }
 
-/// An Admin API client of the control service at `endpoint`.
-pub async fn admin_client(endpoint: &str) -> AdminClient<Channel> {
-    AdminClient::connect(endpoint.to_string()).await.unwrap_or_else(|e| panic!("admin client {endpoint}: {e}"))
+/// An Admin API client as the harness's cluster admin: the bootstrap token on every call,
+/// over TLS when the harness started that control with identity.
+pub type HarnessAdminClient = AdminClient<tonic::codegen::InterceptedService<Channel, secure::AdminToken>>;
+
+/// An Admin API client of the control service at `endpoint` (see [`HarnessAdminClient`]).
+pub async fn admin_client(endpoint: &str) -> HarnessAdminClient {
+    AdminClient::with_interceptor(secure::anonymous_channel(endpoint), secure::AdminToken)
 }
 
-/// A Control API client (what sidecars use) of the control service at `endpoint`.
+/// A Control API client (what sidecars use) of the control service at `endpoint`; over
+/// mutual TLS as sidecar `e2e-client` of tenant `default` when the harness started that
+/// control with identity (use [`control_client_as`] for other tenants).
 pub async fn control_client(endpoint: &str) -> ControlClient<Channel> {
-    ControlClient::connect(endpoint.to_string()).await.unwrap_or_else(|e| panic!("control client {endpoint}: {e}"))
+    control_client_as(endpoint, "default", "e2e-client").await
+}
+
+/// A Control API client presenting the certificate of sidecar `sidecar_id` of `tenant`
+/// (plaintext when the control has no identity).
+pub async fn control_client_as(endpoint: &str, tenant: &str, sidecar_id: &str) -> ControlClient<Channel> {
+    ControlClient::new(secure::channel_as(endpoint, tenant, sidecar_id))
 }
 
 /// A sidecar's watch loop on its own (the sidecar's code, without the rest of a sidecar),
@@ -263,9 +316,12 @@ pub struct WatchProbe {
 }
 
 impl WatchProbe {
-    /// Starts watching `tenant` through the control `endpoints` (in order of preference).
+    /// Starts watching `tenant` through the control `endpoints` (in order of preference), as
+    /// sidecar `probe` of `tenant` (with a harness certificate when the controls have identity).
     pub fn start(endpoints: &[String], tenant: &str) -> WatchProbe {
-        let control = Arc::new(ControlClients::new(endpoints, Duration::from_secs(2)).expect("control endpoints"));
+        let tls = endpoints.first().and_then(|e| secure::control_tls(e, tenant, "probe"));
+        let control =
+            Arc::new(ControlClients::with_tls(endpoints, Duration::from_secs(2), tls).expect("control endpoints"));
         let request = proto::WatchRequest {
             tenant: tenant.to_string(),
             sidecar: Some(proto::SidecarIdentity { sidecar_id: "probe".into(), mesh_address: "127.0.0.1:1".into() }),

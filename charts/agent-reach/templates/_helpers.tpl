@@ -113,6 +113,9 @@ seccompProfile:
 {{- if and .Values.etcd.tls.enabled (empty .Values.etcd.tls.existingSecret) (or (empty .Values.etcd.tls.ca) (empty .Values.etcd.tls.cert) (empty .Values.etcd.tls.key)) -}}
 {{- fail "etcd.tls.enabled needs etcd.tls.existingSecret, or all of etcd.tls.ca, etcd.tls.cert and etcd.tls.key" -}}
 {{- end -}}
+{{- if and .Values.identity.enabled (eq .Values.control.probes.mode "grpc") -}}
+{{- fail "control.probes.mode=grpc needs identity.enabled=false: the kubelet's gRPC probes speak no TLS (use \"http\")" -}}
+{{- end -}}
 {{- $pdb := .Values.control.podDisruptionBudget -}}
 {{- $min := include "agent-reach.intOrPercent" $pdb.minAvailable -}}
 {{- $max := include "agent-reach.intOrPercent" $pdb.maxUnavailable -}}

@@ -26,7 +26,14 @@ agent-reach-sidecar parses (see `agent-reach-sidecar --help`):
   AGENT_REACH_CONTROL, _TENANT, _MAX_PAYLOAD_BYTES, _DEFAULT_TIMEOUT, _DEADLINE_RESERVE,
   _HEARTBEAT_INTERVAL, _PROBE_INTERVAL, _CONTROL_TIMEOUT, _WORKER_THREADS, _LOG_FORMAT
                              from the sidecar values
-Probes are native gRPC probes (grpc.health.v1) on the mesh port.
+  AGENT_REACH_ADMIN_LISTEN   <pod IP>:<adminPort>: /healthz and /readyz for the probes
+  With identity.enabled (the default): AGENT_REACH_TRUST_BUNDLE_FILE,
+  AGENT_REACH_JOIN_TOKEN_FILE and AGENT_REACH_TRUST_DOMAIN, read from the Secret
+  identity.joinTokenSecret mounted from the pod volume "agent-reach-identity": put
+  `include "agent-reach.sidecar.volumes" (dict "ctx" ...)` under the pod's volumes.
+  With identity.enabled=false: AGENT_REACH_INSECURE_PLAINTEXT_CONTROL (INSECURE).
+Probes: GET /readyz (startup, readiness) and /healthz (liveness) on the admin port (the
+mesh port needs client certificates, which the kubelet does not have).
 =====================================================================================
 */}}
 {{- define "agent-reach.sidecar.container" -}}
@@ -100,11 +107,34 @@ Probes are native gRPC probes (grpc.health.v1) on the mesh port.
       value: {{ int $s.workerThreads | quote }}
     - name: AGENT_REACH_LOG_FORMAT
       value: {{ $s.logFormat | quote }}
+    - name: AGENT_REACH_ADMIN_LISTEN
+      value: {{ printf "$(POD_IP):%d" (int $s.adminPort) | quote }}
+    {{- if $ctx.Values.identity.enabled }}
+    - name: AGENT_REACH_TRUST_DOMAIN
+      value: {{ $ctx.Values.identity.trustDomain | quote }}
+    - name: AGENT_REACH_TRUST_BUNDLE_FILE
+      value: "/etc/agent-reach/identity/ca.crt"
+    - name: AGENT_REACH_JOIN_TOKEN_FILE
+      value: "/etc/agent-reach/identity/token"
+    {{- else }}
+    # INSECURE (identity.enabled=false): no certificate, plaintext to control and on the mesh port.
+    - name: AGENT_REACH_INSECURE_PLAINTEXT_CONTROL
+      value: "true"
+    {{- end }}
     - name: RUST_LOG
       value: {{ $s.logLevel | quote }}
+  {{- if $ctx.Values.identity.enabled }}
+  volumeMounts:
+    - name: agent-reach-identity
+      mountPath: /etc/agent-reach/identity
+      readOnly: true
+  {{- end }}
   ports:
     - name: ar-mesh
       containerPort: {{ int $s.meshPort }}
+      protocol: TCP
+    - name: ar-admin
+      containerPort: {{ int $s.adminPort }}
       protocol: TCP
     {{- if eq $mode "daemonset" }}
     - name: ar-local
@@ -113,20 +143,23 @@ Probes are native gRPC probes (grpc.health.v1) on the mesh port.
       protocol: TCP
     {{- end }}
   startupProbe:
-    grpc:
-      port: {{ int $s.meshPort }}
+    httpGet:
+      path: /readyz
+      port: ar-admin
     periodSeconds: 1
     timeoutSeconds: {{ int $s.probes.timeoutSeconds }}
     failureThreshold: {{ int $s.probes.startupFailureThreshold }}
   readinessProbe:
-    grpc:
-      port: {{ int $s.meshPort }}
+    httpGet:
+      path: /readyz
+      port: ar-admin
     periodSeconds: {{ int $s.probes.periodSeconds }}
     timeoutSeconds: {{ int $s.probes.timeoutSeconds }}
     failureThreshold: 2
   livenessProbe:
-    grpc:
-      port: {{ int $s.meshPort }}
+    httpGet:
+      path: /healthz
+      port: ar-admin
     periodSeconds: {{ int $s.probes.periodSeconds }}
     timeoutSeconds: {{ int $s.probes.timeoutSeconds }}
     failureThreshold: {{ int $s.probes.livenessFailureThreshold }}
@@ -166,5 +199,29 @@ Argument: a dict with `ctx` as above and `daemonset` (optional, bool):
 {{- else -}}
 - name: AGENT_REACH_SIDECAR
   value: {{ printf "127.0.0.1:%d" (int $s.localPort) | quote }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+=====================================================================================
+agent-reach.sidecar.volumes — the pod volume the sidecar container mounts: the Secret
+identity.joinTokenSecret (keys `token` and `ca.crt`).
+Renders one list item, nothing when identity.enabled=false. Argument: (dict "ctx" ...).
+=====================================================================================
+*/}}
+{{- define "agent-reach.sidecar.volumes" -}}
+{{- $ctx := required "agent-reach.sidecar.volumes: pass (dict \"ctx\" <agent-reach context>)" .ctx -}}
+{{- if $ctx.Values.identity.enabled -}}
+- name: agent-reach-identity
+  secret:
+    secretName: {{ $ctx.Values.identity.joinTokenSecret }}
+    # 0444 (decimal 292): only the sidecar container mounts it, and pods that use the
+    # template may set no fsGroup.
+    defaultMode: 292
+    items:
+      - key: token
+        path: token
+      - key: ca.crt
+        path: ca.crt
 {{- end -}}
 {{- end -}}

@@ -147,6 +147,9 @@ def start_control(workdir: Path, etcd: str) -> tuple[Process, str]:
         proc = spawn("control", [
             binary("agent-reach-control"), f"--listen=127.0.0.1:{port}", f"--admin-listen=127.0.0.1:{admin}",
             f"--etcd-endpoints={etcd}", "--lease-ttl=10s", "--dashboard-listen=off",
+            # These tests are about the SDK, not identity: plaintext and an open Admin API by
+            # the binaries' explicit opt-outs (mutual TLS is tested in tests/tests/e2e).
+            "--mtls=off", "--insecure-open-admin-api",
         ], workdir, {"RUST_LOG": os.environ.get("RUST_LOG", "info")})
         try:
             wait_http(f"http://127.0.0.1:{admin}/readyz", 30, proc)
@@ -165,7 +168,7 @@ def start_sidecar(workdir: Path, name: str, control: str, extra: list[str] | Non
             binary("agent-reach-sidecar"), f"--listen=127.0.0.1:{local}", f"--mesh-listen=127.0.0.1:{mesh}",
             f"--admin-listen=127.0.0.1:{admin}", f"--control=http://{control}", f"--sidecar-id=sidecar-{name}",
             "--heartbeat-interval=500ms", "--probe-interval=500ms", "--dead-after=5s", "--control-timeout=2s",
-            "--drain-timeout=5s", *(extra or []),
+            "--drain-timeout=5s", "--insecure-plaintext-control", *(extra or []),
         ], workdir, {"RUST_LOG": os.environ.get("RUST_LOG", "info")})
         try:
             wait_http(f"http://127.0.0.1:{admin}/readyz", 30, proc)

@@ -7,7 +7,7 @@ use agent_reach::reason::error_info;
 use agent_reach::{Agent, Client, Reply};
 use agent_reach_e2e::{
     Backend, TestStore, echo_agent, init_logging, listener, registration, sidecar_config, start_control,
-    start_control_on, start_sidecar, wait_for_instances,
+    start_control_on_plaintext, start_sidecar, wait_for_instances,
 };
 use tonic::Code;
 
@@ -145,7 +145,9 @@ async fn control_down_at_sidecar_start() {
 
     let ts = TestStore::start(Backend::Embedded).await;
     let bound = tokio::net::TcpListener::bind(control_addr).await.expect("rebind the control port");
-    let control = start_control_on(ts.store.clone(), Duration::from_secs(15), bound);
+    // Explicit plaintext: the sidecar started while control was down, so it has no
+    // certificate (one with identity cannot start without control: not built yet).
+    let control = start_control_on_plaintext(ts.store.clone(), Duration::from_secs(15), bound);
     let agent =
         tokio::time::timeout(Duration::from_secs(15), starting).await.expect("registered in time").unwrap().unwrap();
     wait_for_instances(&a, &[agent.instance_id()]).await;

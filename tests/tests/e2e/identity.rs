@@ -287,21 +287,74 @@ async fn control_calls_come_from_the_callers_certificate() {
 }
 
 /// Calls `text.echo` from `caller` one after another until `stop`, counting (calls, failures).
+/// Calls per second the rotation tests offer while certificates and CAs change.
+const LOAD_PER_SECOND: u64 = 1000;
+/// Concurrent callers sharing [`LOAD_PER_SECOND`].
+const LOAD_WORKERS: u64 = 10;
+
+/// What a [`call_loop`] did: calls made, the failures' messages, and for how long.
+struct Load {
+    calls: u64,
+    failures: Vec<String>,
+    elapsed: Duration,
+}
+
+impl Load {
+    fn per_second(&self) -> f64 {
+        self.calls as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// Zero failures, and more than 100 calls while the certificates changed. The rate
+    /// reached is printed, not asserted: it is the machine's (36-40/s in debug builds on the
+    /// shared 2-core machine at load 16 where this was written, where plaintext calls of
+    /// other tests reached about 30/s too; see the i13d note).
+    fn assert_clean(&self) {
+        assert!(
+            self.failures.is_empty(),
+            "{} of {} calls failed: {:?}",
+            self.failures.len(),
+            self.calls,
+            &self.failures[..self.failures.len().min(3)]
+        );
+        assert!(self.calls > 100, "only {} calls in {:?}", self.calls, self.elapsed);
+    }
+}
+
+/// Calls `text.echo` through `caller`'s sidecar at up to [`LOAD_PER_SECOND`] (paced, from
+/// [`LOAD_WORKERS`] concurrent callers) until `stop`.
 fn call_loop(
     caller: &agent_reach::RunningAgent,
     stop: tokio::sync::watch::Receiver<bool>,
-) -> tokio::task::JoinHandle<(u64, Vec<String>)> {
+) -> tokio::task::JoinHandle<Load> {
     let client = caller.client();
     tokio::spawn(async move {
-        let (mut calls, mut failures) = (0u64, Vec::new());
-        while !*stop.borrow() {
-            calls += 1;
-            if let Err(e) = client.invoke("text.echo").text("x").send().await {
-                failures.push(e.to_string());
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
+        let started = tokio::time::Instant::now();
+        let mut workers = tokio::task::JoinSet::new();
+        for _ in 0..LOAD_WORKERS {
+            let (client, stop) = (client.clone(), stop.clone());
+            workers.spawn(async move {
+                let period = Duration::from_micros(1_000_000 * LOAD_WORKERS / LOAD_PER_SECOND);
+                let mut ticker = tokio::time::interval(period);
+                ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+                let (mut calls, mut failures) = (0u64, Vec::new());
+                while !*stop.borrow() {
+                    ticker.tick().await;
+                    calls += 1;
+                    if let Err(e) = client.invoke("text.echo").text("x").send().await {
+                        failures.push(e.to_string());
+                    }
+                }
+                (calls, failures)
+            });
         }
-        (calls, failures)
+        let mut load = Load { calls: 0, failures: Vec::new(), elapsed: Duration::ZERO };
+        while let Some(done) = workers.join_next().await {
+            let (calls, failures) = done.expect("a caller");
+            load.calls += calls;
+            load.failures.extend(failures);
+        }
+        load.elapsed = started.elapsed();
+        load
     })
 }
 
@@ -346,14 +399,9 @@ async fn sidecars_renew_their_certificates_under_load_without_a_failed_call() {
         wait_for_certificates(sidecar, 2).await;
     }
     stop.send(true).unwrap();
-    let (count, failures) = calls.await.unwrap();
-    assert!(
-        failures.is_empty(),
-        "{} of {count} calls failed: {:?}",
-        failures.len(),
-        &failures[..failures.len().min(3)]
-    );
-    assert!(count > 100, "only {count} calls");
+    let load = calls.await.unwrap();
+    load.assert_clean();
+    println!("{} calls in {:?} ({:.0}/s), none failed", load.calls, load.elapsed, load.per_second());
     for sidecar in [a, b] {
         let stats = sidecar.identity_stats().unwrap();
         assert!(issued(sidecar) >= 3, "{}: {stats:?}", sidecar.id());
@@ -430,14 +478,9 @@ async fn a_ca_is_replaced_through_a_two_ca_bundle_without_a_failed_call() {
         }
     }
     stop.send(true).unwrap();
-    let (count, failures) = calls.await.unwrap();
-    assert!(
-        failures.is_empty(),
-        "{} of {count} calls failed: {:?}",
-        failures.len(),
-        &failures[..failures.len().min(3)]
-    );
-    assert!(count > 100, "only {count} calls");
+    let load = calls.await.unwrap();
+    load.assert_clean();
+    println!("{} calls in {:?} ({:.0}/s), none failed", load.calls, load.elapsed, load.per_second());
     // The last renewals were made over mutual TLS with a control that trusts only the new
     // CA: every sidecar holds a certificate of the new CA.
     // A certificate of the old CA is refused now.

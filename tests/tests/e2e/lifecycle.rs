@@ -10,7 +10,7 @@ use agent_reach::policy::{PolicySpec, RetryPolicy, Strategy};
 use agent_reach::{Agent, Client, Reply};
 use agent_reach_e2e::{
     AgentProcess, Backend, TestStore, capability_policy, echo_agent, init_logging, listener, put_policy,
-    sidecar_config, start_control, start_sidecar, wait_for_instances,
+    sidecar_config, start_control, start_control_plaintext, start_sidecar, wait_for_instances,
 };
 use agent_reach_sidecar::Sidecar;
 use futures_util::StreamExt;
@@ -117,6 +117,11 @@ async fn graceful_shutdown_loses_no_call() {
     )
     .await;
     let client = Client::connect(&a.local_addr().to_string()).await.unwrap();
+    // Warm A's connections to B and C (mutual TLS handshakes) so the calls below are in
+    // flight on both agents within the 100 ms before the shutdown.
+    for _ in 0..2 {
+        client.invoke("slow").text("warm").send().await.unwrap();
+    }
 
     // 1. The agent drains: 20 calls in flight (about half on it), then SIGTERM-like shutdown.
     let calls: Vec<_> = (0..20)
@@ -170,7 +175,9 @@ async fn graceful_shutdown_loses_no_call() {
 async fn routing_survives_control_and_etcd_outage_and_a_sidecar_restart() {
     init_logging();
     let mut ts = TestStore::start(Backend::Etcd).await;
-    let control = start_control(ts.store.clone(), Duration::from_secs(15)).await;
+    // Explicit plaintext: a sidecar with identity buys its certificate from control at start
+    // and keeps none on disk, so it cannot restart while control is down (not built yet).
+    let control = start_control_plaintext(ts.store.clone(), Duration::from_secs(15)).await;
     let table_file = tempfile::tempdir().unwrap();
     let path = table_file.path().join("a.table.json");
     let mut config_a = sidecar_config(&control.endpoint(), "host-a");

@@ -8,7 +8,7 @@ use std::time::Duration;
 use agent_reach::policy::{PolicySpec, Strategy};
 use agent_reach::{Agent, Client, HandlerError, Reply};
 use agent_reach_e2e::{
-    Backend, TestStore, capability_policy, echo_agent, init_logging, listener, put_policy, sidecar_config,
+    Backend, TestStore, capability_policy, echo_agent, init_logging, listener, put_policy, secure, sidecar_config,
     start_control, wait_for_instances,
 };
 use agent_reach_sidecar::Sidecar;
@@ -81,9 +81,15 @@ async fn a_chain_of_three_agents_is_one_trace_with_the_retry_as_its_own_span() {
         c.trace_sample_ratio = 0.0;
         c
     };
-    let a = Sidecar::start(sidecar("sc-a"), listener().await, listener().await).await.unwrap();
-    let b = Sidecar::start(sidecar("sc-b"), listener().await, listener().await).await.unwrap();
-    let c = Sidecar::start(sidecar("sc-c"), listener().await, listener().await).await.unwrap();
+    let a = Sidecar::start(secure::sidecar_identity(sidecar("sc-a")).await, listener().await, listener().await)
+        .await
+        .unwrap();
+    let b = Sidecar::start(secure::sidecar_identity(sidecar("sc-b")).await, listener().await, listener().await)
+        .await
+        .unwrap();
+    let c = Sidecar::start(secure::sidecar_identity(sidecar("sc-c")).await, listener().await, listener().await)
+        .await
+        .unwrap();
 
     // Agent B calls on as itself (its own client presents its credential): set once started.
     let mesh_b: Arc<std::sync::OnceLock<Client>> = Arc::default();
@@ -239,7 +245,7 @@ async fn metrics_count_known_traffic_exactly_and_parse_as_prometheus_text() {
     let (admin_a, admin_b) = (listener().await, listener().await);
     let (admin_a_addr, admin_b_addr) = (admin_a.local_addr().unwrap(), admin_b.local_addr().unwrap());
     let a = Sidecar::start_with_admin(
-        sidecar_config(&control.endpoint(), "sc-a"),
+        secure::sidecar_identity(sidecar_config(&control.endpoint(), "sc-a")).await,
         listener().await,
         listener().await,
         Some(admin_a),
@@ -247,7 +253,7 @@ async fn metrics_count_known_traffic_exactly_and_parse_as_prometheus_text() {
     .await
     .unwrap();
     let b = Sidecar::start_with_admin(
-        sidecar_config(&control.endpoint(), "sc-b"),
+        secure::sidecar_identity(sidecar_config(&control.endpoint(), "sc-b")).await,
         listener().await,
         listener().await,
         Some(admin_b),

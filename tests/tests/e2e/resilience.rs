@@ -85,11 +85,14 @@ async fn deadlines_propagate_and_expire() {
                 Ok(Reply::text("late"))
             }
         })
+        .handle("warm", |_call| async move { Ok(Reply::text("warm")) })
         .start()
         .await
         .unwrap();
     wait_for_instances(&a, &[agent.instance_id()]).await;
     let client = Client::connect(&a.local_addr().to_string()).await.unwrap();
+    // Open A's connection to B (a mutual TLS handshake) before timing a 200 ms deadline.
+    client.invoke("warm").text("x").send().await.unwrap();
 
     let t0 = Instant::now();
     let err = client.invoke("slow").text("x").timeout(Duration::from_millis(200)).send().await.unwrap_err();

@@ -8,7 +8,7 @@ use agent_reach::proto;
 use agent_reach::reason::error_info;
 use agent_reach_e2e::{
     Backend, TestStore, admin_client, control_client, echo_agent, init_logging, registration, sidecar_config,
-    start_control, start_sidecar, wait_for_instances,
+    start_control_plaintext, start_sidecar, wait_for_instances,
 };
 use tonic::{Code, Status};
 
@@ -69,7 +69,9 @@ fn adversarial_tenants() -> Vec<String> {
 async fn tenants_see_nothing_of_each_other() {
     init_logging();
     let ts = TestStore::start(Backend::Etcd).await;
-    let control = start_control(ts.store.clone(), Duration::from_secs(20)).await;
+    // Explicit plaintext: this test sends raw Control calls for any tenant, as anyone, to
+    // check the data layer's own tenant checks (identity's checks are in identity.rs).
+    let control = start_control_plaintext(ts.store.clone(), Duration::from_secs(20)).await;
     let endpoint = control.endpoint();
     let sa = start_sidecar(sidecar("team-a", "host-a", &endpoint)).await;
     let sb = start_sidecar(sidecar("team-b", "host-b", &endpoint)).await;

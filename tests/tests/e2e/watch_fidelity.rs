@@ -11,7 +11,7 @@ use agent_reach::proto;
 use agent_reach_control::ControlConfig;
 use agent_reach_control::feed::{Prefixes, deltas_from_events};
 use agent_reach_e2e::{
-    Backend, TestStore, WatchProbe, admin_client, control_client, eventually, init_logging, registration,
+    Backend, TestStore, WatchProbe, admin_client, control_client_as, eventually, init_logging, registration,
     restart_replica, start_control, start_replica, store_view, table_matches,
 };
 use agent_reach_sidecar::control::Applied;
@@ -150,7 +150,7 @@ async fn deltas_stay_exact_while_the_serving_replica_restarts() {
 /// `TENANT` through the Control and Admin APIs at `endpoint`, 8 at a time, until `ops`
 /// writes have been made; returns how many were made.
 async fn write_load(endpoint: String, ops: usize) -> usize {
-    let mut control = control_client(&endpoint).await;
+    let mut control = control_client_as(&endpoint, TENANT, "writer").await;
     let mut admin = admin_client(&endpoint).await;
     let first = control
         .register(proto::ControlRegisterRequest {
@@ -298,7 +298,7 @@ async fn compaction_while_disconnected_gives_exactly_one_resync() {
     let ts = TestStore::start(Backend::Etcd).await;
     let etcd = ts.etcd.as_ref().expect("etcd").endpoint();
     let writer = start_control(ts.store.clone(), Duration::from_secs(20)).await;
-    let mut control = control_client(&writer.endpoint()).await;
+    let mut control = control_client_as(&writer.endpoint(), TENANT, "writer").await;
     let register = |id: &str, lease: i64| proto::ControlRegisterRequest {
         tenant: TENANT.into(),
         sidecar: sidecar("writer"),
