@@ -19,6 +19,8 @@ pub const DOMAIN: &str = "agent-reach.dev";
 pub const META_SUGGESTIONS: &str = "suggestions";
 /// Metadata key naming the offending request field.
 pub const META_FIELD: &str = "field";
+/// Metadata key naming the limit (its flag, without dashes) a `LIMIT_EXCEEDED` refusal hit.
+pub const META_LIMIT: &str = "limit";
 
 macro_rules! reasons {
     ($($variant:ident => $text:literal, $code:ident;)*) => {
@@ -88,6 +90,7 @@ reasons! {
     TaskBadTransition => "TASK_BAD_TRANSITION", FailedPrecondition;
     TaskConflict => "TASK_CONFLICT", Aborted;
     TaskResultTooLarge => "TASK_RESULT_TOO_LARGE", ResourceExhausted;
+    LimitExceeded => "LIMIT_EXCEEDED", ResourceExhausted;
 }
 
 impl fmt::Display for Reason {

@@ -208,6 +208,22 @@ pub struct ControlArgs {
     #[arg(long, env = "AGENT_REACH_TASK_MAX_RESULT_BYTES", default_value_t = 1024 * 1024)]
     pub task_max_result_bytes: usize,
 
+    /// HTTP/2 streams open at once on one connection to the gRPC port.
+    #[arg(long, env = "AGENT_REACH_MAX_CONCURRENT_STREAMS", default_value_t = 256)]
+    pub max_concurrent_streams: u32,
+
+    /// Requests handled at once per connection to the gRPC port; more wait their turn.
+    #[arg(long, env = "AGENT_REACH_MAX_CONCURRENT_REQUESTS", default_value_t = 256)]
+    pub max_concurrent_requests: usize,
+
+    /// Largest request header list on the gRPC port, in bytes (answered with HTTP 431).
+    #[arg(long, env = "AGENT_REACH_MAX_HEADER_LIST_BYTES", default_value_t = 16 * 1024)]
+    pub max_header_list_bytes: u32,
+
+    /// Time a gRPC request may take until its answer starts (streams: their first message).
+    #[arg(long, env = "AGENT_REACH_REQUEST_TIMEOUT", default_value = "60s", value_parser = agent_reach_support::duration::parse)]
+    pub request_timeout: Duration,
+
     /// Log format: "text" or "json".
     #[arg(long, env = "AGENT_REACH_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
@@ -233,6 +249,8 @@ pub struct ControlConfig {
     pub session_store: Option<SessionBackend>,
     /// What the task store enforces.
     pub task_limits: crate::tasks::TaskLimits,
+    /// Limits of the gRPC port.
+    pub grpc_limits: crate::limits::GrpcLimits,
 }
 
 /// The bootstrap admin token (never printed).
@@ -287,6 +305,7 @@ impl Default for ControlConfig {
             session_limits: agent_reach_session::Limits::default(),
             session_store: None,
             task_limits: crate::tasks::TaskLimits::default(),
+            grpc_limits: crate::limits::GrpcLimits::default(),
         }
     }
 }
@@ -295,6 +314,13 @@ impl TryFrom<&ControlArgs> for ControlConfig {
     type Error = String;
 
     fn try_from(a: &ControlArgs) -> Result<Self, String> {
+        let grpc_limits = crate::limits::GrpcLimits {
+            max_concurrent_streams: a.max_concurrent_streams,
+            max_concurrent_requests: a.max_concurrent_requests,
+            max_header_list_bytes: a.max_header_list_bytes,
+            request_timeout: a.request_timeout,
+        };
+        grpc_limits.validate()?;
         if a.admin_listen != "off" && a.admin_listen.parse::<SocketAddr>().is_err() {
             return Err(format!("--admin-listen: {:?} is not host:port or \"off\"", a.admin_listen));
         }
@@ -430,6 +456,7 @@ impl TryFrom<&ControlArgs> for ControlConfig {
                 max_result_bytes: a.task_max_result_bytes,
                 ..crate::tasks::TaskLimits::default()
             },
+            grpc_limits,
         })
     }
 }

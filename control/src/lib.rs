@@ -30,6 +30,7 @@ pub mod error;
 pub mod feed;
 pub mod identity;
 pub mod keys;
+pub mod limits;
 pub mod load;
 pub mod metrics;
 pub mod record;
@@ -281,7 +282,9 @@ pub async fn serve_parts(
     health_reporter.set_serving::<ControlServer<ControlService>>().await;
     health_reporter.set_serving::<AdminServer<AdminService>>().await;
     health_reporter.set_serving::<IdentityServer<identity::IdentityService>>().await;
-    let router = tonic::transport::Server::builder()
+    let router = config
+        .grpc_limits
+        .apply(tonic::transport::Server::builder())
         .tcp_nodelay(true)
         .add_service(health)
         .add_service(ControlServer::new(control))

@@ -173,6 +173,11 @@ impl<F: Future> Flushing<F> {
     pub(crate) fn new(inner: F, drain: Drain) -> Flushing<F> {
         Flushing { inner: Box::pin(inner), drain }
     }
+
+    /// The connection's future (e.g. to start its graceful shutdown).
+    pub(crate) fn inner(self: Pin<&mut Self>) -> Pin<&mut F> {
+        self.get_mut().inner.as_mut()
+    }
 }
 
 impl<F: Future> Future for Flushing<F> {

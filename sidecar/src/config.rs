@@ -110,6 +110,37 @@ pub struct SidecarArgs {
     #[arg(long, env = "AGENT_REACH_HTTP_AGENT_ALLOWED_HOSTS", value_delimiter = ',')]
     pub http_agent_allowed_hosts: Vec<String>,
 
+    /// Largest request header list on the local and mesh ports, in bytes (HPACK size:
+    /// name + value + 32 per field). A larger one is refused on its stream with
+    /// LIMIT_EXCEEDED; the connection and its other streams carry on.
+    #[arg(long, env = "AGENT_REACH_MAX_HEADER_LIST_BYTES", default_value_t = 16 * 1024)]
+    pub max_header_list_bytes: u32,
+
+    /// HTTP/2 streams open at once on one connection of the local or mesh port; streams
+    /// past it are refused (REFUSED_STREAM) and clients queue them.
+    #[arg(long, env = "AGENT_REACH_MAX_CONCURRENT_STREAMS", default_value_t = 256)]
+    pub max_concurrent_streams: u32,
+
+    /// Connections open at once on each of the local and mesh ports; one more is closed
+    /// as soon as it is accepted.
+    #[arg(long, env = "AGENT_REACH_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub max_connections: usize,
+
+    /// Time a new connection to the local or mesh port has to send its first request
+    /// headers before it is closed.
+    #[arg(long, env = "AGENT_REACH_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = agent_reach_support::duration::parse)]
+    pub header_read_timeout: Duration,
+
+    /// Time a call has to send its request body; a call whose body stalls is refused with
+    /// LIMIT_EXCEEDED before it takes an admission slot.
+    #[arg(long, env = "AGENT_REACH_BODY_READ_TIMEOUT", default_value = "15s", value_parser = agent_reach_support::duration::parse)]
+    pub body_read_timeout: Duration,
+
+    /// A connection to the local or mesh port with no call in flight for this long is
+    /// closed (GOAWAY).
+    #[arg(long, env = "AGENT_REACH_IDLE_TIMEOUT", default_value = "5m", value_parser = agent_reach_support::duration::parse)]
+    pub idle_timeout: Duration,
+
     /// Admin HTTP address: /metrics, /healthz, /readyz, /traces/{trace-id}; "off" disables it.
     #[arg(long, env = "AGENT_REACH_ADMIN_LISTEN", default_value = "127.0.0.1:7702")]
     pub admin_listen: String,
@@ -233,6 +264,8 @@ pub struct SidecarConfig {
     pub local_uds: Option<(PathBuf, u32)>,
     /// The token every local request must carry (`--local-token-file`); `None`: none.
     pub local_token: Option<crate::local_access::ApiToken>,
+    /// Limits of the local and mesh ports.
+    pub limits: crate::limits::PortLimits,
 }
 
 impl SidecarConfig {
@@ -269,6 +302,7 @@ impl SidecarConfig {
             task_timeout: Duration::from_secs(3600),
             local_uds: None,
             local_token: None,
+            limits: crate::limits::PortLimits::default(),
         }
     }
 }
@@ -309,6 +343,15 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
         if a.task_timeout.is_zero() {
             return Err("--task-timeout must be greater than 0".into());
         }
+        let limits = crate::limits::PortLimits {
+            max_header_list_bytes: a.max_header_list_bytes,
+            max_concurrent_streams: a.max_concurrent_streams,
+            max_connections: a.max_connections,
+            header_read_timeout: a.header_read_timeout,
+            body_read_timeout: a.body_read_timeout,
+            idle_timeout: a.idle_timeout,
+        };
+        limits.validate()?;
         let sidecar_id = match &a.sidecar_id {
             Some(id) => {
                 agent_reach::model::validate_name("--sidecar-id", id).map_err(|e| e.to_string())?;
@@ -388,6 +431,7 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
                 }
             },
             local_token: a.local_token_file.as_deref().map(crate::local_access::ApiToken::from_file).transpose()?,
+            limits,
         })
     }
 }
@@ -439,6 +483,9 @@ mod tests {
         let default = cfg.table_file.unwrap();
         assert!(default.ends_with("agent-reach/default-7700.table.json"));
         assert!(!default.starts_with(std::env::temp_dir()), "not in the shared temporary directory: {default:?}");
+        assert_eq!(cfg.limits, crate::limits::PortLimits::default());
+        let args = SidecarArgs::parse_from(["sidecar", "--insecure-plaintext-control", "--max-connections", "0"]);
+        assert!(SidecarConfig::try_from(&args).unwrap_err().contains("--max-connections"));
         let args = SidecarArgs::parse_from(["sidecar", "--insecure-plaintext-control", "--table-file", "off"]);
         assert_eq!(SidecarConfig::try_from(&args).unwrap().table_file, None);
         let args = SidecarArgs::parse_from(["sidecar", "--local-uds", "/tmp/x.sock", "--local-uds-mode", "999"]);

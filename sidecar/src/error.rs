@@ -38,6 +38,9 @@ pub(crate) enum SidecarError {
     NotAuthorized { caller: String, target: String, policy: String },
     #[error("internal error: {0}")]
     Internal(String),
+    /// A limit of the sidecar's (named by its flag) refused the request.
+    #[error("{message} ({flag})")]
+    LimitExceeded { flag: &'static str, message: String },
 }
 
 impl SidecarError {
@@ -56,6 +59,7 @@ impl SidecarError {
             SidecarError::CredentialInvalid(_) => Reason::AgentCredentialInvalid,
             SidecarError::NotAuthorized { .. } => Reason::NotAuthorized,
             SidecarError::Internal(_) => Reason::Internal,
+            SidecarError::LimitExceeded { .. } => Reason::LimitExceeded,
         }
     }
 
@@ -106,6 +110,7 @@ impl SidecarError {
                 &[("caller", caller), ("target", target), ("policy", policy)],
             ),
             SidecarError::Internal(_) => reason::status(Reason::Internal, message, &[]),
+            SidecarError::LimitExceeded { flag, .. } => crate::limits::refusal(flag, message),
         }
     }
 }

@@ -330,6 +330,24 @@ impl Frames {
         Frames { parts: [Some(data), None, None], next: 0, trailers: None }
     }
 
+    /// A request body read whole, passed on as it came: up to three chunks as they are,
+    /// more joined into one buffer.
+    pub(crate) fn chunks(chunks: Vec<Bytes>) -> Frames {
+        let mut parts = [None, None, None];
+        if chunks.len() > parts.len() {
+            let mut joined = BytesMut::with_capacity(chunks.iter().map(Bytes::len).sum());
+            for c in &chunks {
+                joined.extend_from_slice(c);
+            }
+            parts[0] = Some(joined.freeze());
+        } else {
+            for (part, chunk) in parts.iter_mut().zip(chunks) {
+                *part = Some(chunk);
+            }
+        }
+        Frames { parts, next: 0, trailers: None }
+    }
+
     pub(crate) fn with_trailers(mut self, trailers: Option<HeaderMap>) -> Frames {
         self.trailers = trailers;
         self

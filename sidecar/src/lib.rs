@@ -42,6 +42,7 @@ mod http_client;
 pub mod identity;
 mod inbound;
 pub mod local_access;
+mod limits;
 mod mesh_tls;
 mod outbound;
 mod persist;
@@ -68,6 +69,7 @@ use tokio::task::JoinSet;
 pub use agent_reach_routing::{RoutingTable, TableHandle};
 pub use config::{SidecarArgs, SidecarConfig};
 pub use control::WatchStats;
+pub use limits::PortLimits;
 pub use registry::{Registry, RegistryStats};
 pub use session::SessionStats;
 
@@ -93,6 +95,8 @@ struct Inner {
     /// Calls in flight through this sidecar (both directions), for draining.
     calls: Arc<Calls>,
     health: tonic_health::pb::health_server::HealthServer<tonic_health::server::HealthService>,
+    /// Refusals by limit on the local and the mesh port.
+    limit_stats: [Arc<limits::LimitStats>; 2],
 }
 
 /// Why a sidecar could not start.
@@ -214,6 +218,7 @@ impl Sidecar {
             watch_stats: watch_stats.clone(),
             calls: calls.clone(),
             health,
+            limit_stats: Default::default(),
         });
         let (revision_tx, revision) = watch::channel(0i64);
         let mut tasks = JoinSet::new();
@@ -259,19 +264,22 @@ impl Sidecar {
             }
             None => None,
         };
+        let [local_stats, mesh_stats] = inner.limit_stats.clone();
+        let local_port = Arc::new(limits::Port::new(config.limits.clone(), local_stats));
+        let mesh_port = Arc::new(limits::Port::new(config.limits.clone(), mesh_stats));
         let local_inner = inner.clone();
         let local_handler = move |req| local_api(local_inner.clone(), invoke.clone(), req);
         if let Some((path, mode)) = &config.local_uds {
             let uds = local_access::bind_uds(path, *mode)?;
             tasks.spawn(local_access::serve_uds(uds, path.clone(), shutdown_rx.clone(), local_handler.clone()));
         }
-        tasks.spawn(serve_http2(local, shutdown_rx.clone(), local_handler));
+        tasks.spawn(serve_http2(local, local_port, shutdown_rx.clone(), local_handler));
         let mesh_inner = inner.clone();
         let mesh_handler = move |req| mesh_api(mesh_inner.clone(), mesh_entry.clone(), req);
         // With an identity the mesh port is mutual TLS with the sidecar's certificate.
         match workload.as_ref().and_then(|w| w.tls.workload()) {
-            Some(configs) => tasks.spawn(mesh_tls::serve(mesh, configs, shutdown_rx, mesh_handler)),
-            None => tasks.spawn(serve_http2(mesh, shutdown_rx, mesh_handler)),
+            Some(configs) => tasks.spawn(mesh_tls::serve(mesh, configs, mesh_port, shutdown_rx, mesh_handler)),
+            None => tasks.spawn(serve_http2(mesh, mesh_port, shutdown_rx, mesh_handler)),
         };
         tracing::info!(
             sidecar = %config.sidecar_id, tenant = %config.tenant, local = %local_addr, mesh = %mesh_addr,
@@ -380,6 +388,14 @@ impl Sidecar {
         self.inner.tracing.shutdown();
     }
 
+    /// Requests and connections refused by `limit` (e.g. "max_header_list_bytes",
+    /// "idle_timeout"; the `limit` label of `agent_reach_sidecar_limit_refusals` on
+    /// /metrics) on the local port (`mesh == false`) or the mesh port.
+    pub fn limit_refusals(&self, mesh: bool, limit: &str) -> u64 {
+        let stats = &self.inner.limit_stats[usize::from(mesh)];
+        stats.counts().into_iter().find(|(l, _)| *l == limit).map_or(0, |(_, n)| n)
+    }
+
     /// Calls in flight through this sidecar.
     pub fn calls_in_flight(&self) -> u64 {
         self.inner.calls.in_flight()
@@ -419,6 +435,7 @@ fn entries(
                 watch_stats: inner.watch_stats.clone(),
                 table: inner.table.clone(),
                 inbound_in_flight: Box::new(move || in_flight.total_in_flight()),
+                limits: [("local", inner.limit_stats[0].clone()), ("mesh", inner.limit_stats[1].clone())],
             })
             .with(Box::new(session::SessionMetrics(inner.sessions.clone()))),
     );
@@ -466,10 +483,12 @@ fn entries(
         rejections,
         metrics: metrics.clone(),
     });
+    let body_read = |stats: &Arc<limits::LimitStats>| limits::BodyRead::new(config.limits.body_read_timeout, stats.clone());
     let invoke = InvokeEntry::new(
         inner.table.clone(),
         config.max_payload_bytes,
         config.default_timeout,
+        body_read(&inner.limit_stats[0]),
         outbound,
         inner.registry.clone(),
     );
@@ -480,6 +499,8 @@ fn entries(
         config.deadline_reserve,
         inbound,
         inner.sessions.clone(),
+        limit,
+        body_read(&inner.limit_stats[1]),
     );
     (invoke, mesh, metrics)
 }

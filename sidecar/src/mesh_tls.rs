@@ -8,7 +8,6 @@
 //! header names another tenant than its certificate (PERMISSION_DENIED `TENANT_MISMATCH`,
 //! naming the certificate or the header). Cross-tenant delivery is not allowed.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,10 +17,11 @@ use http::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tonic::Status;
 
 use crate::Inner;
+use crate::limits::{Activity, Port};
 use crate::serve::HandlerFuture;
 
 /// The verified identity of a mesh request's peer.
@@ -29,13 +29,18 @@ use crate::serve::HandlerFuture;
 pub struct MeshPeer(pub PeerId);
 
 /// Accepts TLS connections on `listener` until shutdown and serves HTTP/2 on them with
-/// `handler`, each request carrying its [`MeshPeer`].
-pub async fn serve<F>(listener: TcpListener, configs: Arc<TlsConfigs>, mut shutdown: watch::Receiver<bool>, handler: F)
-where
+/// `handler` within `port`'s limits, each request carrying its [`MeshPeer`].
+pub async fn serve<F>(
+    listener: TcpListener,
+    configs: Arc<TlsConfigs>,
+    port: Arc<Port>,
+    mut shutdown: watch::Receiver<bool>,
+    handler: F,
+) where
     F: Fn(Request<Incoming>) -> HandlerFuture + Clone + Send + Sync + 'static,
 {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let builder = crate::serve::server_builder();
+    let builder = port.builder();
+    let (running, mut all_ended) = mpsc::channel::<()>(1);
     let mut accepted = agent_reach_identity::net::accept_tls(listener, configs, Arc::default());
     loop {
         let tls = tokio::select! {
@@ -56,21 +61,22 @@ where
             // with a verified chain, but a connection without an identity is not served.
             continue;
         };
+        let Some(slot) = port.admit() else { continue };
         let handler = handler.clone();
-        let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+        let activity = Activity::new();
+        let service = port.clone().service(activity.clone(), move |mut req: Request<Incoming>| {
             req.extensions_mut().insert(MeshPeer(peer.clone()));
-            let fut = handler(req);
-            async move { Ok::<_, Infallible>(fut.await) }
+            handler(req)
         });
-        let conn = graceful.watch(builder.serve_connection(TokioIo::new(tls), service));
+        let conn = builder.serve_connection(TokioIo::new(tls), service);
+        let (port, shutdown, running) = (port.clone(), shutdown.clone(), running.clone());
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!("mesh connection ended: {e}");
-            }
+            port.drive(conn, |c| c.graceful_shutdown(), activity, shutdown, slot, running).await;
         });
     }
     drop(accepted);
-    if tokio::time::timeout(Duration::from_secs(10), graceful.shutdown()).await.is_err() {
+    drop(running);
+    if tokio::time::timeout(Duration::from_secs(10), all_ended.recv()).await.is_err() {
         tracing::warn!("mesh connections still open 10s after shutdown");
     }
 }

@@ -1,42 +1,36 @@
-//! HTTP/2 serving of the local and mesh ports: the server settings and the accept loop
-//! with graceful shutdown. What each port answers is in [`crate::api`].
+//! HTTP/2 serving of the local and mesh ports: the accept loop with graceful shutdown,
+//! within the port's limits ([`crate::limits::Port`]: connection cap, header list,
+//! header-read and idle timeouts). What each port answers is in [`crate::api`].
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use crate::coalesce;
 use crate::grpc::Body;
+use crate::limits::{Activity, Port};
 
 pub(crate) type HandlerFuture = Pin<Box<dyn Future<Output = Response<Body>> + Send>>;
 
-/// The HTTP/2 server settings of the local and mesh ports.
-pub(crate) fn server_builder() -> hyper::server::conn::http2::Builder<TokioExecutor> {
-    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-    builder
-        .timer(TokioTimer::new())
-        .initial_stream_window_size(1 << 20)
-        .initial_connection_window_size(8 << 20)
-        .max_concurrent_streams(4096)
-        .keep_alive_interval(Duration::from_secs(20))
-        .keep_alive_timeout(Duration::from_secs(10));
-    builder
-}
-
 /// Accepts HTTP/2 connections until shutdown, then closes them gracefully.
-pub(crate) async fn serve_http2<F>(listener: TcpListener, mut shutdown: watch::Receiver<bool>, handler: F)
-where
+pub(crate) async fn serve_http2<F>(
+    listener: TcpListener,
+    port: Arc<Port>,
+    mut shutdown: watch::Receiver<bool>,
+    handler: F,
+) where
     F: Fn(Request<Incoming>) -> HandlerFuture + Clone + Send + Sync + 'static,
 {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let builder = server_builder();
+    let builder = port.builder();
+    // Each connection's task holds a sender; all are gone when every connection ended.
+    let (running, mut all_ended) = mpsc::channel::<()>(1);
     loop {
         let accepted = tokio::select! {
             _ = agent_reach_support::process::stopped(&mut shutdown) => break,
@@ -50,23 +44,20 @@ where
                 continue;
             }
         };
+        let Some(slot) = port.admit() else { continue };
         let _ = stream.set_nodelay(true);
-        let handler = handler.clone();
-        let service = hyper::service::service_fn(move |req| {
-            let fut = handler(req);
-            async move { Ok::<_, Infallible>(fut.await) }
-        });
+        let activity = Activity::new();
+        let service = port.clone().service(activity.clone(), handler.clone());
         let (io, drain) = coalesce::coalesced(stream);
-        let conn = builder.serve_connection(TokioIo::new(io), service);
-        let conn = coalesce::Flushing::new(graceful.watch(conn), drain);
+        let conn = coalesce::Flushing::new(builder.serve_connection(TokioIo::new(io), service), drain);
+        let (port, shutdown, running) = (port.clone(), shutdown.clone(), running.clone());
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!("connection ended: {e}");
-            }
+            port.drive(conn, |c| c.inner().graceful_shutdown(), activity, shutdown, slot, running).await;
         });
     }
     drop(listener);
-    if tokio::time::timeout(Duration::from_secs(10), graceful.shutdown()).await.is_err() {
+    drop(running);
+    if tokio::time::timeout(Duration::from_secs(10), all_ended.recv()).await.is_err() {
         tracing::warn!("connections still open 10s after shutdown");
     }
 }

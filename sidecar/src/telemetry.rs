@@ -228,6 +228,8 @@ pub(crate) struct ScrapeCollector {
     pub table: TableHandle,
     /// Calls delivered to local agents and not yet answered.
     pub inbound_in_flight: Box<dyn Fn() -> u32 + Send + Sync>,
+    /// Refusals by limit, per port ("local", "mesh").
+    pub limits: [(&'static str, Arc<crate::limits::LimitStats>); 2],
 }
 
 impl std::fmt::Debug for ScrapeCollector {
@@ -266,6 +268,17 @@ impl Collector for ScrapeCollector {
             ("authorization", load(&r.not_authorized)),
         ] {
             ConstCounter::new(value).encode(rejections.encode_family(&[("mechanism", mechanism)])?)?;
+        }
+        let mut refusals = encoder.encode_descriptor(
+            "limit_refusals",
+            "Requests and connections refused by a limit of the local or mesh port",
+            None,
+            ConstCounter::new(0u64).metric_type(),
+        )?;
+        for (port, stats) in &self.limits {
+            for (limit, value) in stats.counts() {
+                ConstCounter::new(value).encode(refusals.encode_family(&[("port", *port), ("limit", limit)])?)?;
+            }
         }
         counter(&mut encoder, "cache_hits", "Calls answered from the result cache", load(&r.cache_hits))?;
         counter(

@@ -61,12 +61,13 @@ fn route(state: &AdminState, req: &Request<Incoming>) -> Response<Full<Bytes>> {
 
 /// Serves the admin endpoints on `listener` until `shutdown` turns true.
 pub async fn serve_admin(listener: TcpListener, state: Arc<AdminState>, mut shutdown: watch::Receiver<bool>) {
+    // Connection cap, accept back-off and header-read timeout: see `http1`.
+    let mut acceptor = crate::http1::Acceptor::new(listener);
     loop {
-        let accepted = tokio::select! {
+        let (tcp, slot) = tokio::select! {
             _ = shutdown.wait_for(|s| *s) => return,
-            a = listener.accept() => a,
+            a = acceptor.accept() => a,
         };
-        let Ok((tcp, _)) = accepted else { continue };
         let state = state.clone();
         let mut stop = shutdown.clone();
         tokio::spawn(async move {
@@ -74,12 +75,13 @@ pub async fn serve_admin(listener: TcpListener, state: Arc<AdminState>, mut shut
                 let resp = route(&state, &req);
                 async move { Ok::<_, Infallible>(resp) }
             });
-            let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), service);
+            let conn = crate::http1::builder().serve_connection(TokioIo::new(tcp), service);
             tokio::pin!(conn);
             tokio::select! {
                 _ = &mut conn => {}
                 _ = stop.wait_for(|s| *s) => conn.as_mut().graceful_shutdown(),
             }
+            drop(slot);
         });
     }
 }

@@ -12,6 +12,7 @@
 //! this crate only serves and exports.
 
 pub mod admin;
+pub mod http1;
 pub mod semconv;
 pub mod trace;
 

@@ -499,12 +499,14 @@ impl Drop for AbortOnDrop {
 /// Serves the dashboard on `listener` until `shutdown` turns true; every event stream ends
 /// then.
 pub async fn serve(listener: TcpListener, dashboard: Arc<Dashboard>, mut shutdown: watch::Receiver<bool>) {
+    // Connection cap, accept back-off and header-read timeout (see the telemetry crate's
+    // `http1`).
+    let mut acceptor = agent_reach_telemetry::http1::Acceptor::new(listener);
     loop {
-        let accepted = tokio::select! {
+        let (tcp, slot) = tokio::select! {
             _ = agent_reach_support::process::stopped(&mut shutdown) => return,
-            a = listener.accept() => a,
+            a = acceptor.accept() => a,
         };
-        let Ok((tcp, _)) = accepted else { continue };
         let dashboard = dashboard.clone();
         let mut stop = shutdown.clone();
         let streams_stop = shutdown.clone();
@@ -518,7 +520,7 @@ pub async fn serve(listener: TcpListener, dashboard: Arc<Dashboard>, mut shutdow
                     Ok::<_, Infallible>(response)
                 }
             });
-            let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), service);
+            let conn = agent_reach_telemetry::http1::builder().serve_connection(TokioIo::new(tcp), service);
             tokio::pin!(conn);
             tokio::select! {
                 _ = &mut conn => {}
@@ -527,6 +529,7 @@ pub async fn serve(listener: TcpListener, dashboard: Arc<Dashboard>, mut shutdow
                     let _ = conn.await;
                 }
             }
+            drop(slot);
         });
     }
 }

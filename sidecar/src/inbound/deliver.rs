@@ -19,7 +19,8 @@ use tower::{Service, ServiceExt};
 use super::InboundService;
 use crate::call::{Attempt, Caller, InboundCall, Shape};
 use crate::error::{DeliveryError, SidecarError};
-use crate::grpc::{self, Body, PATH_HANDLE, PATH_HANDLE_STREAM, header};
+use crate::grpc::{self, Body, Frames, PATH_HANDLE, PATH_HANDLE_STREAM, header};
+use crate::limits::BodyRead;
 use crate::pool::{Pool, SendError, collect_chunks, send_h2};
 use crate::registry::Registry;
 
@@ -37,6 +38,10 @@ pub(crate) struct MeshEntry {
     stack: InboundService,
     /// Prefetches the session context of calls whose sessions are new here.
     sessions: Arc<crate::session::SessionCache>,
+    /// The largest call read.
+    limit: usize,
+    /// How long the calling sidecar may take to send the call's body.
+    body_read: BodyRead,
 }
 
 impl MeshEntry {
@@ -47,8 +52,19 @@ impl MeshEntry {
         deadline_reserve: Duration,
         stack: InboundService,
         sessions: Arc<crate::session::SessionCache>,
+        limit: usize,
+        body_read: BodyRead,
     ) -> MeshEntry {
-        MeshEntry { registry, tenant: tenant.into(), sidecar_id: sidecar_id.into(), deadline_reserve, stack, sessions }
+        MeshEntry {
+            registry,
+            tenant: tenant.into(),
+            sidecar_id: sidecar_id.into(),
+            deadline_reserve,
+            stack,
+            sessions,
+            limit,
+            body_read,
+        }
     }
 
     /// Sends the call for the local instance named by the `ar-instance` header through the
@@ -112,9 +128,17 @@ impl MeshEntry {
             }
             None => false,
         };
+        // The call is one message: it is read whole before it asks for an admission slot,
+        // so a caller that stalls its body holds none (and is refused after the body-read
+        // timeout).
+        let body = match self.body_read.within(collect_chunks(Body::Incoming(body), self.limit)).await {
+            Ok(Ok(chunks)) => Body::Frames(Frames::chunks(chunks)),
+            Ok(Err(e)) => return grpc::status_response(DeliveryError::Internal(e).into_status()),
+            Err(e) => return grpc::status_response(e.into_status()),
+        };
         let call = InboundCall {
             local,
-            body: Body::Incoming(body),
+            body,
             remaining: timeout.map(|t| t.saturating_sub(self.deadline_reserve)),
             headers: Arc::new(parts.headers),
             shape,

@@ -20,6 +20,7 @@ use crate::call::{InvokeHead, OutboundCall, Shape, policy_of};
 use crate::credentials;
 use crate::error::SidecarError;
 use crate::grpc::{self, Body, ENVELOPE_ALLOWANCE, ReadError};
+use crate::limits::BodyRead;
 use crate::registry::Registry;
 
 /// Serves `Sidecar/Invoke` and `Sidecar/InvokeStream`.
@@ -29,6 +30,8 @@ pub(crate) struct InvokeEntry {
     max_payload_bytes: usize,
     /// For calls without a deadline whose policy names none.
     default_timeout: Duration,
+    /// How long the caller may take to send its message.
+    body_read: BodyRead,
     stack: OutboundService,
     /// Local instances, whose agent credentials verify callers.
     registry: Arc<Registry>,
@@ -39,10 +42,11 @@ impl InvokeEntry {
         table: TableHandle,
         max_payload_bytes: usize,
         default_timeout: Duration,
+        body_read: BodyRead,
         stack: OutboundService,
         registry: Arc<Registry>,
     ) -> InvokeEntry {
-        InvokeEntry { table, max_payload_bytes, default_timeout, stack, registry }
+        InvokeEntry { table, max_payload_bytes, default_timeout, body_read, stack, registry }
     }
 
     /// Reads the call and sends it through the outbound stack.
@@ -65,7 +69,7 @@ impl InvokeEntry {
         // when the call would fail for another reason.
         let caller = credentials::verify(&self.registry, &parts.headers)?;
         let limit = self.max_payload_bytes;
-        let message = match grpc::read_message(&mut body, limit + ENVELOPE_ALLOWANCE).await {
+        let message = match self.body_read.within(grpc::read_message(&mut body, limit + ENVELOPE_ALLOWANCE)).await? {
             Ok(m) => m,
             Err(ReadError::TooLarge(size)) => return Err(SidecarError::PayloadTooLarge { size, limit }),
             Err(ReadError::Compressed) => {

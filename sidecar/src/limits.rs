@@ -1,0 +1,495 @@
+//! What one client may hold on the sidecar's local and mesh ports, and how the ports
+//! enforce it: connections per port, HTTP/2 streams per connection, the size of a
+//! request's header list, and the time a connection may take to send its first request
+//! headers, may stay idle between requests, and a request may take to send its body.
+//!
+//! [`Port`] holds one port's [`PortLimits`] and counters. Its accept loop asks
+//! [`Port::admit`] for a connection slot (over the cap the connection is closed at once),
+//! serves each connection through [`Port::service`] (which refuses an oversized header
+//! list on that stream only, with `LIMIT_EXCEEDED`, and tracks the requests in flight) and
+//! drives it with [`Port::drive`] (which closes it gracefully when it sent no request
+//! headers in time, stayed idle too long, or the sidecar shuts down). h2 itself advertises
+//! the streams limit and refuses streams past it (REFUSED_STREAM), and keeps its
+//! protections against reset floods (CVE-2023-44487) on.
+//!
+//! Not here: the body-read timeout is applied where bodies are read (the `Invoke` and
+//! `Deliver` entries, [`PortLimits::body_read_timeout`]); TLS handshakes have their own
+//! timeout in `agent_reach_identity::net`.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use agent_reach::reason::{self, Reason};
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use tokio::time::Instant;
+use tonic::Status;
+
+use crate::grpc::{self, Body};
+
+/// Limits of the local and mesh ports (each port has its own connection count).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortLimits {
+    /// Largest request header list (HPACK-decoded size: name + value + 32 per field,
+    /// pseudo-headers included) a request may carry; larger ones are refused on their
+    /// stream with `LIMIT_EXCEEDED` (`--max-header-list-bytes`).
+    pub max_header_list_bytes: u32,
+    /// HTTP/2 streams open at once on one connection (`--max-concurrent-streams`).
+    pub max_concurrent_streams: u32,
+    /// Connections open at once on one port (`--max-connections`).
+    pub max_connections: usize,
+    /// Time a new connection has to send its first request headers
+    /// (`--header-read-timeout`).
+    pub header_read_timeout: Duration,
+    /// Time a request has to send its whole (single-message) body
+    /// (`--body-read-timeout`).
+    pub body_read_timeout: Duration,
+    /// A connection with no request in flight for this long is closed
+    /// (`--idle-timeout`).
+    pub idle_timeout: Duration,
+}
+
+impl Default for PortLimits {
+    fn default() -> Self {
+        PortLimits {
+            max_header_list_bytes: 16 * 1024,
+            max_concurrent_streams: 256,
+            max_connections: 1024,
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(15),
+            idle_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+impl PortLimits {
+    /// Checks that every limit is usable; the error names the flag.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_header_list_bytes < 1024 {
+            return Err("--max-header-list-bytes must be at least 1024".into());
+        }
+        if self.max_concurrent_streams == 0 {
+            return Err("--max-concurrent-streams must be greater than 0".into());
+        }
+        if self.max_connections == 0 || self.max_connections > Semaphore::MAX_PERMITS {
+            return Err("--max-connections must be greater than 0".into());
+        }
+        for (flag, d) in [
+            ("--header-read-timeout", self.header_read_timeout),
+            ("--body-read-timeout", self.body_read_timeout),
+            ("--idle-timeout", self.idle_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(format!("{flag} must be greater than 0"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The SETTINGS_MAX_HEADER_LIST_SIZE advertised to clients: eight times the limit, so
+    /// a header list past the limit still reaches [`Port::service`] and is refused there
+    /// with a reason. h2 answers a list past the advertised size with HTTP 431 on its
+    /// stream, and closes the connection (ENHANCE_YOUR_CALM) past four times that.
+    pub(crate) fn advertised_header_list_bytes(&self) -> u32 {
+        self.max_header_list_bytes.saturating_mul(8)
+    }
+}
+
+/// Refusals by limit, for `/metrics`.
+#[derive(Debug, Default)]
+pub(crate) struct LimitStats {
+    pub header_list: AtomicU64,
+    pub connections: AtomicU64,
+    pub header_read_timeout: AtomicU64,
+    pub body_read_timeout: AtomicU64,
+    pub idle_timeout: AtomicU64,
+}
+
+impl LimitStats {
+    /// `(limit label, count)` for each limit.
+    pub(crate) fn counts(&self) -> [(&'static str, u64); 5] {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        [
+            ("max_header_list_bytes", load(&self.header_list)),
+            ("max_connections", load(&self.connections)),
+            ("header_read_timeout", load(&self.header_read_timeout)),
+            ("body_read_timeout", load(&self.body_read_timeout)),
+            ("idle_timeout", load(&self.idle_timeout)),
+        ]
+    }
+}
+
+/// The body-read timeout of one port's calls, and the counter of calls it refused.
+#[derive(Clone, Debug)]
+pub(crate) struct BodyRead {
+    timeout: Duration,
+    stats: Arc<LimitStats>,
+}
+
+impl BodyRead {
+    pub(crate) fn new(timeout: Duration, stats: Arc<LimitStats>) -> BodyRead {
+        BodyRead { timeout, stats }
+    }
+
+    /// `read` (reading a request's body), refused with `LIMIT_EXCEEDED` when it takes
+    /// longer than the body-read timeout.
+    pub(crate) async fn within<T>(&self, read: impl Future<Output = T>) -> Result<T, crate::error::SidecarError> {
+        tokio::time::timeout(self.timeout, read).await.map_err(|_| {
+            self.stats.body_read_timeout.fetch_add(1, Ordering::Relaxed);
+            crate::error::SidecarError::LimitExceeded {
+                flag: "--body-read-timeout",
+                message: format!("the request body did not arrive within {:?}", self.timeout),
+            }
+        })
+    }
+}
+
+/// The `LIMIT_EXCEEDED` status naming `flag` (e.g. "--max-header-list-bytes").
+pub(crate) fn refusal(flag: &str, message: impl Into<String>) -> Status {
+    reason::status(Reason::LimitExceeded, message, &[(reason::META_LIMIT, flag.trim_start_matches('-').to_string())])
+}
+
+/// HPACK size of a request's header list (RFC 7541 §4.1: name + value + 32 per field),
+/// pseudo-headers included.
+pub(crate) fn header_list_size<B>(req: &Request<B>) -> usize {
+    const FIELD: usize = 32;
+    let uri = req.uri();
+    let pseudo = (":method".len() + req.method().as_str().len() + FIELD)
+        + (":path".len() + uri.path_and_query().map_or(1, |p| p.as_str().len()) + FIELD)
+        + uri.scheme_str().map_or(0, |s| ":scheme".len() + s.len() + FIELD)
+        + uri.authority().map_or(0, |a| ":authority".len() + a.as_str().len() + FIELD);
+    pseudo + req.headers().iter().map(|(n, v)| n.as_str().len() + v.len() + FIELD).sum::<usize>()
+}
+
+/// One port's limits, counters and connection slots.
+pub(crate) struct Port {
+    limits: PortLimits,
+    stats: Arc<LimitStats>,
+    slots: Arc<Semaphore>,
+}
+
+type HandlerFuture = Pin<Box<dyn Future<Output = Response<Body>> + Send>>;
+
+impl Port {
+    pub(crate) fn new(limits: PortLimits, stats: Arc<LimitStats>) -> Port {
+        let slots = Arc::new(Semaphore::new(limits.max_connections));
+        Port { limits, stats, slots }
+    }
+
+    /// The HTTP/2 server settings of the port.
+    pub(crate) fn builder(&self) -> hyper::server::conn::http2::Builder<TokioExecutor> {
+        let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        builder
+            .timer(TokioTimer::new())
+            .initial_stream_window_size(1 << 20)
+            .initial_connection_window_size(8 << 20)
+            .max_concurrent_streams(self.limits.max_concurrent_streams)
+            .max_header_list_size(self.limits.advertised_header_list_bytes())
+            // Streams the client resets before they are answered (rapid reset,
+            // CVE-2023-44487), and streams reset for its protocol errors: past these the
+            // connection gets GOAWAY. The values are hyper's and h2's defaults, stated
+            // so that they cannot be switched off by accident.
+            .max_pending_accept_reset_streams(20)
+            .max_local_error_reset_streams(1024)
+            // Dead peers: a PING unanswered within the timeout closes the connection.
+            .keep_alive_interval(Duration::from_secs(20))
+            .keep_alive_timeout(Duration::from_secs(10));
+        builder
+    }
+
+    /// A slot for one more connection, or `None` (counted) when the port is full.
+    pub(crate) fn admit(&self) -> Option<OwnedSemaphorePermit> {
+        let slot = self.slots.clone().try_acquire_owned().ok();
+        if slot.is_none() {
+            self.stats.connections.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(max = self.limits.max_connections, "connection refused: --max-connections reached");
+        }
+        slot
+    }
+
+    /// The service of one connection: refuses a request whose header list is over the
+    /// limit (on its stream only), hands the others to `handler`, and counts each request
+    /// in `activity` until its response body ends.
+    pub(crate) fn service<F>(
+        self: Arc<Self>,
+        activity: Arc<Activity>,
+        handler: F,
+    ) -> impl hyper::service::Service<
+        Request<Incoming>,
+        Response = Response<Tracked>,
+        Error = Infallible,
+        Future = impl Future<Output = Result<Response<Tracked>, Infallible>> + Send,
+    > + Clone
+    + Send
+    + 'static
+    where
+        F: Fn(Request<Incoming>) -> HandlerFuture + Clone + Send + Sync + 'static,
+    {
+        let max = self.limits.max_header_list_bytes as usize;
+        let stats = self.stats.clone();
+        hyper::service::service_fn(move |req: Request<Incoming>| {
+            let guard = activity.begin();
+            let size = header_list_size(&req);
+            let answer: Result<HandlerFuture, Status> = if size > max {
+                stats.header_list.fetch_add(1, Ordering::Relaxed);
+                Err(refusal(
+                    "--max-header-list-bytes",
+                    format!("the request's header list is {size} bytes; this port accepts at most {max}"),
+                ))
+            } else {
+                Ok(handler(req))
+            };
+            async move {
+                let resp = match answer {
+                    Ok(fut) => fut.await,
+                    Err(status) => grpc::status_response(status),
+                };
+                Ok::<_, Infallible>(resp.map(|body| Tracked { body, guard: Some(guard) }))
+            }
+        })
+    }
+
+    /// Runs one connection until it ends: starts a graceful close (GOAWAY, requests in
+    /// flight finish) when the client sends no request headers within the header-read
+    /// timeout, when it has had no request in flight for the idle timeout, or at shutdown;
+    /// drops it when a close started for a timeout has not finished one header-read
+    /// timeout later. `slot` and `_running` are held until the connection ends.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn drive<C, E>(
+        &self,
+        conn: C,
+        graceful: impl Fn(Pin<&mut C>),
+        activity: Arc<Activity>,
+        mut shutdown: watch::Receiver<bool>,
+        slot: OwnedSemaphorePermit,
+        _running: mpsc::Sender<()>,
+    ) where
+        C: Future<Output = Result<(), E>>,
+        E: std::fmt::Display,
+    {
+        tokio::pin!(conn);
+        let mut closing: Option<Instant> = None;
+        let mut stopping = false;
+        loop {
+            let check = match closing {
+                Some(give_up) => give_up,
+                None => activity.deadline(&self.limits),
+            };
+            tokio::select! {
+                ended = conn.as_mut() => {
+                    if let Err(e) = ended {
+                        tracing::debug!("connection ended: {e}");
+                    }
+                    break;
+                }
+                _ = agent_reach_support::process::stopped(&mut shutdown), if !stopping => {
+                    stopping = true;
+                    graceful(conn.as_mut());
+                }
+                _ = tokio::time::sleep_until(check), if !stopping => {
+                    if closing.is_some() {
+                        tracing::debug!("connection dropped: it did not close after GOAWAY");
+                        break;
+                    }
+                    if let Some(limit) = activity.expired(&self.limits) {
+                        let counter = match limit {
+                            Expired::HeaderRead => &self.stats.header_read_timeout,
+                            Expired::Idle => &self.stats.idle_timeout,
+                        };
+                        counter.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(?limit, "closing the connection");
+                        graceful(conn.as_mut());
+                        closing = Some(Instant::now() + self.limits.header_read_timeout);
+                    }
+                }
+            }
+        }
+        drop(slot);
+    }
+}
+
+/// Which timeout closed a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Expired {
+    /// No request headers within the header-read timeout of the connection's start.
+    HeaderRead,
+    /// No request in flight for the idle timeout.
+    Idle,
+}
+
+/// Requests in flight on one connection and when the last one ended.
+#[derive(Debug)]
+pub(crate) struct Activity {
+    start: Instant,
+    in_flight: AtomicUsize,
+    /// Requests seen so far.
+    requests: AtomicU64,
+    /// When the connection last had no request in flight, in µs after `start`.
+    quiet_since_us: AtomicU64,
+}
+
+impl Activity {
+    pub(crate) fn new() -> Arc<Activity> {
+        Arc::new(Activity {
+            start: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            requests: AtomicU64::new(0),
+            quiet_since_us: AtomicU64::new(0),
+        })
+    }
+
+    /// Counts one request until the guard drops.
+    pub(crate) fn begin(self: &Arc<Self>) -> ActiveGuard {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        ActiveGuard(self.clone())
+    }
+
+    fn since_start(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// When to check the connection next.
+    fn deadline(&self, limits: &PortLimits) -> Instant {
+        if self.requests.load(Ordering::Relaxed) == 0 {
+            return self.start + limits.header_read_timeout;
+        }
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return Instant::now() + limits.idle_timeout;
+        }
+        self.start + Duration::from_micros(self.quiet_since_us.load(Ordering::Relaxed)) + limits.idle_timeout
+    }
+
+    /// Whether the connection is past a timeout now.
+    fn expired(&self, limits: &PortLimits) -> Option<Expired> {
+        let now = self.start.elapsed();
+        if self.requests.load(Ordering::Relaxed) == 0 {
+            return (now >= limits.header_read_timeout).then_some(Expired::HeaderRead);
+        }
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let quiet = Duration::from_micros(self.quiet_since_us.load(Ordering::Relaxed));
+        (now.saturating_sub(quiet) >= limits.idle_timeout).then_some(Expired::Idle)
+    }
+}
+
+/// A request in flight on a connection.
+pub(crate) struct ActiveGuard(Arc<Activity>);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.quiet_since_us.store(self.0.since_start(), Ordering::Relaxed);
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A response body that keeps its request counted in flight until it ends.
+pub(crate) struct Tracked {
+    body: Body,
+    guard: Option<ActiveGuard>,
+}
+
+impl http_body::Body for Tracked {
+    type Data = bytes::Bytes;
+    type Error = <Body as http_body::Body>::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+            self.guard = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> PortLimits {
+        PortLimits {
+            header_read_timeout: Duration::from_secs(2),
+            idle_timeout: Duration::from_secs(5),
+            ..PortLimits::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_without_request_headers_expires_after_the_header_read_timeout() {
+        let l = limits();
+        let a = Activity::new();
+        assert_eq!(a.deadline(&l), a.start + Duration::from_secs(2));
+        tokio::time::advance(Duration::from_millis(1999)).await;
+        assert_eq!(a.expired(&l), None);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(a.expired(&l), Some(Expired::HeaderRead));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_idles_out_only_with_nothing_in_flight() {
+        let l = limits();
+        let a = Activity::new();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let g = a.begin();
+        // A request in flight for far longer than the idle timeout keeps it open.
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert_eq!(a.expired(&l), None);
+        drop(g);
+        assert_eq!(a.deadline(&l), a.start + Duration::from_secs(61 + 5));
+        tokio::time::advance(Duration::from_millis(4999)).await;
+        assert_eq!(a.expired(&l), None);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(a.expired(&l), Some(Expired::Idle));
+    }
+
+    #[test]
+    fn the_header_list_size_counts_pseudo_headers_and_fields() {
+        let req = Request::post("http://127.0.0.1:7700/agentreach.v1.Sidecar/Invoke")
+            .header("content-type", "application/grpc")
+            .header("x-big", "v".repeat(1000))
+            .body(())
+            .unwrap();
+        let pseudo = (7 + 4 + 32) + (5 + 29 + 32) + (7 + 4 + 32) + (10 + 14 + 32);
+        let fields = (12 + 16 + 32) + (5 + 1000 + 32);
+        assert_eq!(header_list_size(&req), pseudo + fields);
+    }
+
+    #[test]
+    fn limits_are_validated_by_flag() {
+        assert_eq!(PortLimits::default().validate(), Ok(()));
+        let bad = PortLimits { max_concurrent_streams: 0, ..PortLimits::default() };
+        assert!(bad.validate().unwrap_err().contains("--max-concurrent-streams"));
+        let bad = PortLimits { idle_timeout: Duration::ZERO, ..PortLimits::default() };
+        assert!(bad.validate().unwrap_err().contains("--idle-timeout"));
+        let bad = PortLimits { max_header_list_bytes: 100, ..PortLimits::default() };
+        assert!(bad.validate().unwrap_err().contains("--max-header-list-bytes"));
+    }
+
+    #[test]
+    fn a_refusal_names_the_limit() {
+        let s = refusal("--max-header-list-bytes", "too big");
+        assert_eq!(s.code(), tonic::Code::ResourceExhausted);
+        let info = reason::error_info(&s).unwrap();
+        assert_eq!(info.reason, "LIMIT_EXCEEDED");
+        assert_eq!(info.metadata.get("limit").map(String::as_str), Some("max-header-list-bytes"));
+    }
+}
