@@ -348,6 +348,18 @@ impl FieldError {
 
 /// Longest agent, capability, tag or tenant name accepted.
 pub const MAX_NAME_LEN: usize = 128;
+/// Most capabilities one registration declares.
+pub const MAX_CAPABILITIES: usize = 64;
+/// Most tags one capability of a registration, or one call target, carries.
+pub const MAX_TAGS: usize = 32;
+/// Most metadata entries of one registration.
+pub const MAX_METADATA_ENTRIES: usize = 64;
+/// Most bytes of one registration's metadata (keys and values together).
+pub const MAX_METADATA_BYTES: usize = 16 * 1024;
+/// Longest agent endpoint.
+pub const MAX_ENDPOINT_LEN: usize = 1024;
+/// Longest idempotency key of a call.
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 256;
 
 /// Checks an agent or capability name: 1..=128 chars of `A-Z a-z 0-9 . _ - :`. Names end
 /// up in store keys, so `/` and anything else are refused.
@@ -412,8 +424,20 @@ impl Registration {
         if self.capabilities.is_empty() {
             return Err(FieldError::new("registration.capabilities", "at least one capability is required"));
         }
+        if self.capabilities.len() > MAX_CAPABILITIES {
+            return Err(FieldError::new(
+                "registration.capabilities",
+                format!("{} capabilities; at most {MAX_CAPABILITIES} are allowed", self.capabilities.len()),
+            ));
+        }
         for (i, cap) in self.capabilities.iter().enumerate() {
             validate_name(&format!("registration.capabilities[{i}].name"), &cap.name)?;
+            if cap.tags.len() > MAX_TAGS {
+                return Err(FieldError::new(
+                    format!("registration.capabilities[{i}].tags"),
+                    format!("{} tags; at most {MAX_TAGS} are allowed", cap.tags.len()),
+                ));
+            }
             for (j, tag) in cap.tags.iter().enumerate() {
                 validate_tag(&format!("registration.capabilities[{i}].tags[{j}]"), tag)?;
             }
@@ -424,8 +448,24 @@ impl Registration {
                 ));
             }
         }
+        if self.metadata.len() > MAX_METADATA_ENTRIES {
+            return Err(FieldError::new(
+                "registration.metadata",
+                format!("{} entries; at most {MAX_METADATA_ENTRIES} are allowed", self.metadata.len()),
+            ));
+        }
+        let metadata_bytes: usize = self.metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
+        if metadata_bytes > MAX_METADATA_BYTES {
+            return Err(FieldError::new(
+                "registration.metadata",
+                format!("{metadata_bytes} bytes; at most {MAX_METADATA_BYTES} are allowed"),
+            ));
+        }
         if self.endpoint.is_empty() {
             return Err(FieldError::new("registration.endpoint", "must not be empty"));
+        }
+        if self.endpoint.len() > MAX_ENDPOINT_LEN {
+            return Err(FieldError::new("registration.endpoint", format!("longer than {MAX_ENDPOINT_LEN} bytes")));
         }
         endpoint_authority(&self.endpoint).map_err(|reason| FieldError::new("registration.endpoint", reason))?;
         if self.transport == Transport::Grpc && endpoint_path(&self.endpoint) != "/" {
@@ -444,6 +484,12 @@ impl Target {
         match &self.kind {
             TargetKind::Agent(n) => validate_name("target.agent", n)?,
             TargetKind::Capability(n) => validate_name("target.capability", n)?,
+        }
+        if self.tags.len() > MAX_TAGS {
+            return Err(FieldError::new(
+                "target.tags",
+                format!("{} tags; at most {MAX_TAGS} are allowed", self.tags.len()),
+            ));
         }
         for (i, tag) in self.tags.iter().enumerate() {
             validate_tag(&format!("target.tags[{i}]"), tag)?;
@@ -519,6 +565,60 @@ mod tests {
             mutate(&mut r);
             assert_eq!(r.validate().unwrap_err().field, field);
         }
+    }
+
+    #[test]
+    fn registrations_and_targets_are_bounded() {
+        type Mutate = Box<dyn Fn(&mut Registration)>;
+        let cases: Vec<(Mutate, &str, &str)> = vec![
+            (
+                Box::new(|r| {
+                    r.capabilities =
+                        (0..=MAX_CAPABILITIES).map(|i| Capability { name: format!("c{i}"), tags: vec![] }).collect()
+                }),
+                "registration.capabilities",
+                "65 capabilities; at most 64",
+            ),
+            (
+                Box::new(|r| r.capabilities[0].tags = (0..=MAX_TAGS).map(|i| format!("t{i}")).collect()),
+                "registration.capabilities[0].tags",
+                "33 tags; at most 32",
+            ),
+            (
+                Box::new(|r| {
+                    r.metadata = (0..=MAX_METADATA_ENTRIES).map(|i| (format!("k{i}"), String::new())).collect()
+                }),
+                "registration.metadata",
+                "65 entries; at most 64",
+            ),
+            (
+                Box::new(|r| r.metadata = [("k".to_string(), "v".repeat(MAX_METADATA_BYTES))].into()),
+                "registration.metadata",
+                "16385 bytes; at most 16384",
+            ),
+            (
+                Box::new(|r| r.endpoint = format!("http://127.0.0.1:5000{}", "/x".repeat(600))),
+                "registration.endpoint",
+                "longer than 1024 bytes",
+            ),
+        ];
+        for (mutate, field, why) in cases {
+            let mut r = reg();
+            mutate(&mut r);
+            let err = r.validate().unwrap_err();
+            assert_eq!(err.field, field);
+            assert!(err.reason.starts_with(why), "{}", err.reason);
+        }
+        let mut r = reg();
+        r.capabilities[0].tags = (0..MAX_TAGS).map(|i| format!("t{i}")).collect();
+        r.metadata = (0..MAX_METADATA_ENTRIES).map(|i| (format!("k{i}"), "v".into())).collect();
+        assert_eq!(r.validate(), Ok(()), "at the limits");
+        let target = |n: usize| Target {
+            kind: TargetKind::Capability("c".into()),
+            tags: (0..n).map(|i| format!("t{i}")).collect(),
+        };
+        assert_eq!(target(MAX_TAGS).validate(), Ok(()));
+        assert_eq!(target(MAX_TAGS + 1).validate().unwrap_err().field, "target.tags");
     }
 
     #[test]

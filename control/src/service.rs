@@ -19,6 +19,10 @@ use crate::registry::{Beat, NewInstance, Registry};
 use crate::stats::ControlStats;
 use crate::watch::{EventStream, Subscription};
 
+/// Most instances (and so lease ids) one heartbeat renews; a sidecar's heartbeat carries
+/// its local instances.
+pub const MAX_INSTANCES_PER_HEARTBEAT: usize = 4096;
+
 /// The Control service.
 pub struct ControlService {
     registry: Arc<Registry>,
@@ -94,6 +98,10 @@ impl Control for ControlService {
     ) -> Result<Response<proto::ControlHeartbeatReply>, Status> {
         let peer = request_peer(&request);
         let r = request.into_inner();
+        if r.instances.len() > MAX_INSTANCES_PER_HEARTBEAT {
+            let why = format!("{} instances; at most {MAX_INSTANCES_PER_HEARTBEAT} per heartbeat", r.instances.len());
+            return Err(ControlError::from(FieldError::new("instances", why)).into());
+        }
         let caller = self.authz.sidecar(peer, &r.tenant, r.sidecar.as_ref().map(|s| s.sidecar_id.as_str()))?;
         if let Some(caller) = &caller {
             let mut leases: Vec<i64> = r.instances.iter().map(|i| i.lease_id).chain([r.lease_id]).collect();

@@ -389,7 +389,7 @@ impl Sidecar {
     }
 
     /// Requests and connections refused by `limit` (e.g. "max_header_list_bytes",
-    /// "idle_timeout"; the `limit` label of `agent_reach_sidecar_limit_refusals` on
+    /// "idle_timeout"; the `limit` label of `agent_reach_limit_refusals_total` on
     /// /metrics) on the local port (`mesh == false`) or the mesh port.
     pub fn limit_refusals(&self, mesh: bool, limit: &str) -> u64 {
         let stats = &self.inner.limit_stats[usize::from(mesh)];
@@ -483,7 +483,8 @@ fn entries(
         rejections,
         metrics: metrics.clone(),
     });
-    let body_read = |stats: &Arc<limits::LimitStats>| limits::BodyRead::new(config.limits.body_read_timeout, stats.clone());
+    let body_read =
+        |stats: &Arc<limits::LimitStats>| limits::BodyRead::new(config.limits.body_read_timeout, stats.clone());
     let invoke = InvokeEntry::new(
         inner.table.clone(),
         config.max_payload_bytes,

@@ -85,6 +85,13 @@ impl InvokeEntry {
         if head.payload.len() > limit {
             return Err(SidecarError::PayloadTooLarge { size: head.payload.len(), limit });
         }
+        if head.idempotency_key.len() > agent_reach::model::MAX_IDEMPOTENCY_KEY_LEN {
+            return Err(FieldError::new(
+                "idempotency_key",
+                format!("longer than {} bytes", agent_reach::model::MAX_IDEMPOTENCY_KEY_LEN),
+            )
+            .into());
+        }
         let target = target_from_proto(head.target.clone())?;
         let priority = priority_from_i32(head.priority);
         let table = self.table.load_full();

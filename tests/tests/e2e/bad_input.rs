@@ -178,15 +178,21 @@ async fn errors_quote_a_short_prefix_of_hostile_input() {
     wait_for_instances(&a, &[agent.instance_id()]).await;
     let client = Client::connect(&a.local_addr().to_string()).await.unwrap();
 
-    // A target with 1,000 tags: no instance has them; the message names a few.
+    // A target with 1,000 tags: refused (32 at most), naming the field.
     let tags: Vec<String> = (0..1000).map(|i| format!("tag-number-{i:04}")).collect();
     let err = client.invoke("text.summarize").tags(tags.clone()).text("x").send().await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+    assert_eq!(err.reason(), Some("INVALID_ARGUMENT"));
+    assert_short(err.status(), "1,000 tags");
+    assert!(err.message().contains("1000 tags; at most 32 are allowed"), "{err}");
+    // 30 tags are allowed: no instance has them; the message names a few.
+    let err = client.invoke("text.summarize").tags(tags[..30].to_vec()).text("x").send().await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable, "{err}");
     assert_eq!(err.reason(), Some("NO_HEALTHY_INSTANCE"));
-    assert_short(err.status(), "1,000 tags");
+    assert_short(err.status(), "30 tags");
     assert!(err.message().contains("tag-number-0000,"), "{err}");
-    assert!(err.message().contains("… 992 more]"), "{err}");
-    assert!(!err.message().contains("tag-number-0999"), "{err}");
+    assert!(err.message().contains("… 22 more]"), "{err}");
+    assert!(!err.message().contains("tag-number-0029"), "{err}");
     // The same through Route.
     let err = client
         .raw()
