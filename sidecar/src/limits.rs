@@ -261,7 +261,6 @@ impl Port {
     /// timeout, when it has had no request in flight for the idle timeout, or at shutdown;
     /// drops it when a close started for a timeout has not finished one header-read
     /// timeout later. `slot` and `_running` are held until the connection ends.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn drive<C, E>(
         &self,
         conn: C,

@@ -45,6 +45,7 @@ pub(crate) struct MeshEntry {
 }
 
 impl MeshEntry {
+    #[allow(clippy::too_many_arguments)] // the entry's parts, each passed once at start
     pub(crate) fn new(
         registry: Arc<Registry>,
         tenant: &str,
