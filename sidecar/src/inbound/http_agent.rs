@@ -285,6 +285,11 @@ fn stream_answer(body: hyper::body::Incoming) -> Response<Body> {
                 Some(Ok(frame)) => {
                     let Ok(data) = frame.into_data() else { continue };
                     buf.extend_from_slice(&data);
+                    if buf.len() > MAX_ANSWER_BYTES && !buf.contains(&b'\n') {
+                        break Status::resource_exhausted(format!(
+                            "HTTP agent streamed a line longer than {MAX_ANSWER_BYTES} bytes"
+                        ));
+                    }
                     while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
                         let line = buf.split_to(pos + 1);
                         let line = &line[..line.len() - 1];

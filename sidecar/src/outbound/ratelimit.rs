@@ -6,6 +6,9 @@
 //! The tenant's rate is shared out among the tenant's sidecars (its rate divided by the
 //! number of sidecars in the routing table), since each sidecar only sees its own calls.
 //! Buckets live in a map behind a brief `std::sync::Mutex`, never held across an await.
+//! The map holds at most [`MAX_PAIR_BUCKETS`]: when a new pair would pass it, buckets that
+//! have refilled completely (no different from new ones) are dropped first, then, if the map
+//! is still full, an arbitrary one (its pair starts again with a full burst).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -37,6 +40,13 @@ pub(crate) struct TokenBucket {
 impl TokenBucket {
     pub(crate) fn new(limit: RateLimit, now: Instant) -> TokenBucket {
         TokenBucket { limit, tokens: f64::from(limit.burst), last: now }
+    }
+
+    /// Whether the bucket has refilled to its burst by `now` (then it is no different from
+    /// a new one and may be dropped).
+    fn is_full(&self, now: Instant) -> bool {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.tokens + elapsed * self.limit.per_second >= f64::from(self.limit.burst)
     }
 
     /// Takes a token, or says how long until one is available.
@@ -77,6 +87,9 @@ pub(crate) struct Limited {
     pub retry_after: Duration,
 }
 
+/// Most caller → target buckets kept.
+pub(crate) const MAX_PAIR_BUCKETS: usize = 10_000;
+
 /// Every bucket of one sidecar.
 #[derive(Default)]
 pub(crate) struct RateLimits {
@@ -112,6 +125,14 @@ impl RateLimits {
         if let Some((limit, caller, target, policy)) = pair {
             let mut pairs = self.pairs.lock().unwrap_or_else(|e| e.into_inner());
             let key = (caller.to_string(), target.to_string());
+            if pairs.len() >= MAX_PAIR_BUCKETS && !pairs.contains_key(&key) {
+                pairs.retain(|_, b| !b.is_full(now));
+                if pairs.len() >= MAX_PAIR_BUCKETS
+                    && let Some(k) = pairs.keys().next().cloned()
+                {
+                    pairs.remove(&k);
+                }
+            }
             let b = pairs.entry(key).or_insert_with(|| TokenBucket::new(limit, now));
             if b.limit != limit {
                 *b = TokenBucket::new(limit, now);
@@ -190,6 +211,28 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn pair_buckets_stay_bounded_and_keep_the_ones_in_use() {
+        let limits = RateLimits::default();
+        let pairs = || limits.pairs.lock().unwrap().len();
+        let slow = RateLimit { per_second: 0.01, burst: 1 };
+        let fast = RateLimit { per_second: 1.0, burst: 1 };
+        let start = Instant::now();
+        for i in 0..MAX_PAIR_BUCKETS {
+            limits.check(start, None, Some((fast, &format!("caller-{i}"), "t", "p"))).unwrap();
+        }
+        assert_eq!(pairs(), MAX_PAIR_BUCKETS);
+        // Full, with no bucket refilled yet: one is dropped for the newcomer "hot", which
+        // spends its token and refills only after 100 s.
+        limits.check(start + Duration::from_millis(500), None, Some((slow, "hot", "t", "p"))).unwrap();
+        assert_eq!(pairs(), MAX_PAIR_BUCKETS);
+        // Two seconds on, every fast bucket has refilled and goes; the empty one stays.
+        limits.check(start + Duration::from_secs(2), None, Some((fast, "newcomer", "t", "p"))).unwrap();
+        assert!(pairs() <= 3, "{} buckets kept", pairs());
+        let refused = limits.check(start + Duration::from_secs(2), None, Some((slow, "hot", "t", "p")));
+        assert!(refused.is_err(), "the bucket in use was kept");
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_100_per_second_burst_20_bucket_offered_1000_per_second() {
