@@ -99,6 +99,11 @@ pub struct SidecarArgs {
     #[arg(long, env = "AGENT_REACH_IDEMPOTENCY_MAX_REPLY_BYTES", default_value_t = 1024 * 1024)]
     pub idempotency_max_reply_bytes: usize,
 
+    /// Bytes of answers kept for idempotency replays in all; past it the oldest answered
+    /// keys are forgotten first.
+    #[arg(long, env = "AGENT_REACH_IDEMPOTENCY_MAX_BYTES", default_value_t = 256 * 1024 * 1024)]
+    pub idempotency_max_bytes: usize,
+
     /// Memory of the result cache of read-only capabilities, in bytes.
     #[arg(long, env = "AGENT_REACH_CACHE_MAX_BYTES", default_value_t = 64 * 1024 * 1024)]
     pub cache_max_bytes: usize,
@@ -241,6 +246,8 @@ pub struct SidecarConfig {
     pub idempotency_max_reply_bytes: usize,
     /// Keys kept at most (the oldest answered keys go first beyond it).
     pub idempotency_max_keys: usize,
+    /// Bytes of answers kept at most (`--idempotency-max-bytes`).
+    pub idempotency_max_bytes: usize,
     pub cache_max_bytes: usize,
     pub cache_max_entries: usize,
     pub otlp_endpoint: Option<String>,
@@ -289,6 +296,7 @@ impl SidecarConfig {
             idempotency_window: Duration::from_secs(600),
             idempotency_max_reply_bytes: 1024 * 1024,
             idempotency_max_keys: 100_000,
+            idempotency_max_bytes: 256 * 1024 * 1024,
             cache_max_bytes: 64 * 1024 * 1024,
             cache_max_entries: 100_000,
             otlp_endpoint: None,
@@ -382,6 +390,7 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
             idempotency_window: a.idempotency_window,
             idempotency_max_reply_bytes: a.idempotency_max_reply_bytes,
             idempotency_max_keys: 100_000,
+            idempotency_max_bytes: a.idempotency_max_bytes,
             cache_max_bytes: a.cache_max_bytes,
             cache_max_entries: 100_000,
             otlp_endpoint: a.otlp_endpoint.clone(),

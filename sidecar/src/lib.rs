@@ -451,10 +451,11 @@ fn entries(
         table: inner.table.clone(),
         pool: pool.clone(),
         gates,
-        idempotency: inbound::idempotency::Store::new(
+        idempotency: inbound::idempotency::Store::bounded(
             config.idempotency_window,
             config.idempotency_max_reply_bytes,
             config.idempotency_max_keys,
+            config.idempotency_max_bytes,
         ),
         rejections: rejections.clone(),
         metrics: metrics.clone(),

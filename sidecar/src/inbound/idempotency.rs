@@ -4,7 +4,9 @@
 //! duplicate that arrives while it runs waits for it and gets the same answer; a duplicate
 //! that arrives later gets the stored answer without running anything. Answers larger than
 //! the size limit are not stored; a later duplicate is then refused with
-//! IDEMPOTENT_REPLY_NOT_STORED rather than run again. A first call that ends in an error
+//! IDEMPOTENT_REPLY_NOT_STORED rather than run again. The store holds at most
+//! `max_entries` keys and `max_total_bytes` of answers; past either, the oldest answered
+//! keys go first (a later duplicate of one then runs again). A first call that ends in an error
 //! status hands that answer to its waiting duplicates but is not stored, so a later retry
 //! runs. Unary calls only (streams are not replayed).
 //!
@@ -14,6 +16,7 @@
 //! await (waiters park on a `watch` channel).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -64,17 +67,54 @@ pub(crate) struct Store {
     window: Duration,
     max_reply_bytes: usize,
     max_entries: usize,
+    /// Bytes of the answers stored, and their bound.
+    stored_bytes: AtomicUsize,
+    max_total_bytes: usize,
+}
+
+/// Bytes an entry's stored answer takes.
+fn stored_size(entry: Option<&Entry>) -> usize {
+    match entry {
+        Some(Entry::Done { outcome: Outcome::Answer(a), .. }) => a.size(),
+        _ => 0,
+    }
 }
 
 impl Store {
+    #[cfg(test)]
     pub(crate) fn new(window: Duration, max_reply_bytes: usize, max_entries: usize) -> Arc<Store> {
+        Store::bounded(window, max_reply_bytes, max_entries, usize::MAX)
+    }
+
+    /// A store keeping at most `max_total_bytes` of answers in all.
+    pub(crate) fn bounded(
+        window: Duration,
+        max_reply_bytes: usize,
+        max_entries: usize,
+        max_total_bytes: usize,
+    ) -> Arc<Store> {
         Arc::new(Store {
             entries: Mutex::new(HashMap::new()),
             order: Mutex::new(VecDeque::new()),
             window,
             max_reply_bytes,
             max_entries,
+            stored_bytes: AtomicUsize::new(0),
+            max_total_bytes,
         })
+    }
+
+    /// Bytes of the answers stored.
+    pub(crate) fn stored_bytes(&self) -> usize {
+        self.stored_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Accounts for `entry` leaving the map.
+    fn forget(&self, entry: Option<&Entry>) {
+        let size = stored_size(entry);
+        if size > 0 {
+            self.stored_bytes.fetch_sub(size, Ordering::Relaxed);
+        }
     }
 
     fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Entry>> {
@@ -94,7 +134,8 @@ impl Store {
             _ => {}
         }
         let (tx, rx) = watch::channel(None);
-        entries.insert(id.clone(), Entry::Running(rx));
+        let replaced = entries.insert(id.clone(), Entry::Running(rx));
+        self.forget(replaced.as_ref());
         drop(entries);
         Claim::First(Completion { store: self.clone(), id: Some(id), tx })
     }
@@ -103,7 +144,7 @@ impl Store {
     fn expire(&self, now: Instant) {
         let mut order = self.order.lock().unwrap_or_else(|e| e.into_inner());
         while let Some((expires, id)) = order.front() {
-            let over = order.len() > self.max_entries;
+            let over = order.len() > self.max_entries || self.stored_bytes() > self.max_total_bytes;
             if *expires > now && !over {
                 break;
             }
@@ -111,7 +152,8 @@ impl Store {
             if let Some(Entry::Done { expires: e, .. }) = entries.get(id)
                 && (*e <= now || over)
             {
-                entries.remove(id);
+                let removed = entries.remove(id);
+                self.forget(removed.as_ref());
             }
             drop(entries);
             order.pop_front();
@@ -142,7 +184,9 @@ impl Completion {
             match stored {
                 Some(outcome) => {
                     let expires = Instant::now() + self.store.window;
-                    entries.insert(id.clone(), Entry::Done { outcome, expires });
+                    let entry = Entry::Done { outcome, expires };
+                    self.store.stored_bytes.fetch_add(stored_size(Some(&entry)), Ordering::Relaxed);
+                    entries.insert(id.clone(), entry);
                     drop(entries);
                     self.store.order.lock().unwrap_or_else(|e| e.into_inner()).push_back((expires, id));
                 }
@@ -308,6 +352,27 @@ mod tests {
                 Claim::Done(_) => return Err("not stored"),
             }
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stored_answers_stay_within_their_total_bytes() {
+        // Answers are 11 or 12 bytes ("run 1 of k0", "run 10 of k9"); 35 bytes hold three.
+        let store = Store::bounded(Duration::from_secs(600), 1024, 10_000, 35);
+        let runs = AtomicU32::new(0);
+        for i in 0..10 {
+            call(&store, "t", &format!("k{i}"), &runs).await.unwrap();
+            // Bounded at the next claim: at most one answer over the bound in between.
+            assert!(store.stored_bytes() <= 35 + 12, "{} bytes", store.stored_bytes());
+        }
+        store.expire(Instant::now());
+        assert_eq!(store.stored_bytes(), 11 + 11 + 12, "k7, k8 and k9 are kept");
+        // The newest keys replay; the oldest run again.
+        assert_eq!(call(&store, "t", "k9", &runs).await.unwrap(), "run 10 of k9");
+        assert_eq!(call(&store, "t", "k0", &runs).await.unwrap(), "run 11 of k0");
+        // Expiry gives the bytes back.
+        tokio::time::advance(Duration::from_secs(601)).await;
+        store.expire(Instant::now());
+        assert_eq!(store.stored_bytes(), 0);
     }
 
     #[tokio::test(start_paused = true)]
