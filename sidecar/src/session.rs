@@ -558,7 +558,8 @@ pub(crate) async fn local_api(
                     Box::pin(async move { sessions.watch(r.into_inner()).await.map(tonic::Response::new) })
                 }
             }
-            let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::<
+            // StrictCodec: a request that does not decode is INVALID_ARGUMENT with a reason.
+            let mut grpc = tonic::server::Grpc::new(agent_reach::codec::StrictCodec::<
                 proto::SessionChange,
                 proto::WatchSessionRequest,
             >::default());
@@ -591,6 +592,6 @@ where
             Box::pin(async move { fut.await.map(tonic::Response::new) })
         }
     }
-    let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::<Resp, Req>::default());
+    let mut grpc = tonic::server::Grpc::new(agent_reach::codec::StrictCodec::<Resp, Req>::default());
     grpc.unary(Svc(handler), req).await.map(crate::grpc::Body::Tonic)
 }
