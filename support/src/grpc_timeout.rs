@@ -81,4 +81,36 @@ mod tests {
         assert_eq!(format(Duration::from_millis(250)), "250000u");
         assert_eq!(format(Duration::from_nanos(99_999_999)), "99999999n");
     }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        proptest! {
+            #[test]
+            fn parsing_any_bytes_never_panics(value in proptest::collection::vec(any::<u8>(), 0..16)) {
+                let _ = parse(&value);
+            }
+
+            #[test]
+            fn every_accepted_value_round_trips(n in 0u64..100_000_000, unit in prop::sample::select(&b"HMSmun"[..])) {
+                let mut value = n.to_string().into_bytes();
+                value.push(unit);
+                let d = parse(&value).expect("a well-formed value parses");
+                // Formatting the parsed duration gives a value that parses back to no less
+                // than it (rounded up to the unit that fits in 8 digits).
+                let again = parse(format(d).as_bytes()).expect("a formatted value parses");
+                prop_assert!(again >= d);
+            }
+
+            #[test]
+            fn formatting_any_duration_gives_a_parsable_value_of_at_most_eight_digits(nanos in any::<u64>()) {
+                let d = Duration::from_nanos(nanos);
+                let s = format(d);
+                prop_assert!(s.len() <= 9, "{}", s);
+                prop_assert!(parse(s.as_bytes()).is_some_and(|back| back >= d));
+            }
+        }
+    }
 }
