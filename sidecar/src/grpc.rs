@@ -615,4 +615,44 @@ mod tests {
             assert_eq!(forwardable_header(&HeaderName::from_static(name)), fwd, "{name}");
         }
     }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        fn joined(frames: Frames) -> Bytes {
+            frames_data(frames).concat().into()
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(64))]
+
+            #[test]
+            fn any_bytes_are_one_message_or_refused_without_panic(data in proptest::collection::vec(any::<u8>(), 0..64)) {
+                let data = Bytes::from(data);
+                if let Some(message) = single_message(&data) {
+                    prop_assert_eq!(message.len() + PREFIX_LEN, data.len());
+                }
+            }
+
+            #[test]
+            fn a_framed_message_reads_back_whole(
+                message in proptest::collection::vec(any::<u8>(), 0..(COALESCE_LIMIT * 2)),
+                extra in proptest::collection::vec(any::<u8>(), 0..8),
+            ) {
+                let framed = joined(Frames::message(Bytes::from(message.clone()), &extra));
+                let mut whole = message;
+                whole.extend_from_slice(&extra);
+                prop_assert_eq!(single_message(&framed), Some(Bytes::from(whole)));
+            }
+
+            #[test]
+            fn chunks_pass_on_their_bytes_in_order(chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..32), 0..8)) {
+                let expected: Vec<u8> = chunks.concat();
+                let frames = Frames::chunks(chunks.into_iter().map(Bytes::from).collect());
+                prop_assert_eq!(joined(frames), Bytes::from(expected));
+            }
+        }
+    }
 }
