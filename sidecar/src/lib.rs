@@ -41,8 +41,8 @@ mod grpc;
 mod http_client;
 pub mod identity;
 mod inbound;
-pub mod local_access;
 mod limits;
+pub mod local_access;
 mod mesh_tls;
 mod outbound;
 mod persist;
@@ -271,7 +271,13 @@ impl Sidecar {
         let local_handler = move |req| local_api(local_inner.clone(), invoke.clone(), req);
         if let Some((path, mode)) = &config.local_uds {
             let uds = local_access::bind_uds(path, *mode)?;
-            tasks.spawn(local_access::serve_uds(uds, path.clone(), shutdown_rx.clone(), local_handler.clone()));
+            tasks.spawn(local_access::serve_uds(
+                uds,
+                path.clone(),
+                local_port.clone(),
+                shutdown_rx.clone(),
+                local_handler.clone(),
+            ));
         }
         tasks.spawn(serve_http2(local, local_port, shutdown_rx.clone(), local_handler));
         let mesh_inner = inner.clone();

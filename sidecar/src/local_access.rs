@@ -11,8 +11,8 @@
 //!
 //! This module does not identify agents (that is the agent credential, `credentials`).
 
-use std::convert::Infallible;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use agent_reach::reason::{self, Reason};
@@ -20,9 +20,10 @@ use http::{HeaderMap, HeaderName, Request};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixListener;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tonic::Status;
 
+use crate::limits::{Activity, Port};
 use crate::serve::HandlerFuture;
 
 /// The request metadata carrying the API token.
@@ -106,14 +107,20 @@ pub(crate) fn bind_uds(path: &Path, mode: u32) -> std::io::Result<UnixListener> 
     Ok(listener)
 }
 
-/// Serves HTTP/2 on the Unix socket `listener` (bound at `path`) with `handler` until
+/// Serves HTTP/2 on the Unix socket `listener` (bound at `path`) with `handler`, within
+/// the local port's limits (`port`: its connections count with the TCP port's), until
 /// shutdown, then removes the socket file.
-pub(crate) async fn serve_uds<F>(listener: UnixListener, path: PathBuf, mut shutdown: watch::Receiver<bool>, handler: F)
-where
+pub(crate) async fn serve_uds<F>(
+    listener: UnixListener,
+    path: PathBuf,
+    port: Arc<Port>,
+    mut shutdown: watch::Receiver<bool>,
+    handler: F,
+) where
     F: Fn(Request<Incoming>) -> HandlerFuture + Clone + Send + Sync + 'static,
 {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let builder = crate::serve::server_builder();
+    let builder = port.builder();
+    let (running, mut all_ended) = mpsc::channel::<()>(1);
     loop {
         let accepted = tokio::select! {
             _ = agent_reach_support::process::stopped(&mut shutdown) => break,
@@ -127,21 +134,19 @@ where
                 continue;
             }
         };
-        let handler = handler.clone();
-        let service = hyper::service::service_fn(move |req| {
-            let fut = handler(req);
-            async move { Ok::<_, Infallible>(fut.await) }
-        });
-        let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+        let Some(slot) = port.admit() else { continue };
+        let activity = Activity::new();
+        let service = port.clone().service(activity.clone(), handler.clone());
+        let conn = builder.serve_connection(TokioIo::new(stream), service);
+        let (port, shutdown, running) = (port.clone(), shutdown.clone(), running.clone());
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!("local socket connection ended: {e}");
-            }
+            port.drive(conn, |c| c.graceful_shutdown(), activity, shutdown, slot, running).await;
         });
     }
     drop(listener);
+    drop(running);
     let _ = std::fs::remove_file(&path);
-    if tokio::time::timeout(Duration::from_secs(10), graceful.shutdown()).await.is_err() {
+    if tokio::time::timeout(Duration::from_secs(10), all_ended.recv()).await.is_err() {
         tracing::warn!("local socket connections still open 10s after shutdown");
     }
 }
