@@ -3,7 +3,8 @@
 //! header lists, stalled bodies, silent and idle connections, connections past the cap,
 //! rapid resets. Each test checks what happens to the abuser's stream or connection (the
 //! refusal, its reason, the counter on /metrics) and that a legitimate caller running at the
-//! same time sees no failed call.
+//! same time sees no failed call. The ports are plaintext here (control without identity),
+//! so the raw client speaks HTTP/2 directly; the same HTTP/2 server serves them behind TLS.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -13,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use agent_reach::{Agent, Client, Reply};
 use agent_reach_e2e::{
-    Backend, TestStore, init_logging, sidecar_config, start_control, start_sidecar, start_sidecar_with_admin,
+    Backend, TestStore, init_logging, sidecar_config, start_control_plaintext, start_sidecar, start_sidecar_with_admin,
     wait_for_instances,
 };
 use bytes::Bytes;
@@ -169,7 +170,7 @@ impl Legit {
 async fn an_oversized_header_list_is_refused_on_its_stream_only() {
     init_logging();
     let ts = TestStore::start(Backend::Embedded).await;
-    let control = start_control(ts.store.clone(), Duration::from_secs(15)).await;
+    let control = start_control_plaintext(ts.store.clone(), Duration::from_secs(15)).await;
     let sidecar = start_sidecar_with_admin(sidecar_config(&control.endpoint(), "host-a")).await;
     let agent = worker(sidecar.local_addr(), 0).await;
     wait_for_instances(&sidecar, &[agent.instance_id()]).await;
@@ -209,7 +210,7 @@ async fn an_oversized_header_list_is_refused_on_its_stream_only() {
 async fn stalled_bodies_hold_no_admission_slot_and_are_refused_after_the_body_read_timeout() {
     init_logging();
     let ts = TestStore::start(Backend::Embedded).await;
-    let control = start_control(ts.store.clone(), Duration::from_secs(15)).await;
+    let control = start_control_plaintext(ts.store.clone(), Duration::from_secs(15)).await;
     let mut config = sidecar_config(&control.endpoint(), "host-a");
     config.limits.body_read_timeout = Duration::from_millis(1500);
     let sidecar = start_sidecar(config).await;
@@ -266,7 +267,7 @@ async fn stalled_bodies_hold_no_admission_slot_and_are_refused_after_the_body_re
 async fn silent_idle_and_surplus_connections_are_closed() {
     init_logging();
     let ts = TestStore::start(Backend::Embedded).await;
-    let control = start_control(ts.store.clone(), Duration::from_secs(15)).await;
+    let control = start_control_plaintext(ts.store.clone(), Duration::from_secs(15)).await;
     let mut config = sidecar_config(&control.endpoint(), "host-a");
     config.limits.header_read_timeout = Duration::from_millis(600);
     config.limits.idle_timeout = Duration::from_millis(900);
@@ -322,7 +323,7 @@ async fn silent_idle_and_surplus_connections_are_closed() {
 async fn rapid_resets_close_the_abusers_connection_and_spare_legitimate_callers() {
     init_logging();
     let ts = TestStore::start(Backend::Embedded).await;
-    let control = start_control(ts.store.clone(), Duration::from_secs(15)).await;
+    let control = start_control_plaintext(ts.store.clone(), Duration::from_secs(15)).await;
     let mut config = sidecar_config(&control.endpoint(), "host-a");
     config.limits.max_concurrent_streams = 32;
     let sidecar = start_sidecar(config).await;
@@ -388,7 +389,7 @@ async fn rapid_resets_close_the_abusers_connection_and_spare_legitimate_callers(
 async fn rapid_resets_on_the_control_port_close_that_connection_only() {
     init_logging();
     let ts = TestStore::start(Backend::Embedded).await;
-    let control = start_control(ts.store.clone(), Duration::from_secs(15)).await;
+    let control = start_control_plaintext(ts.store.clone(), Duration::from_secs(15)).await;
     let addr: SocketAddr = control.endpoint().trim_start_matches("http://").parse().unwrap();
     let mut abuser = RawH2::connect(addr).await;
     let mut sent = 0;
