@@ -114,6 +114,17 @@ pub struct SidecarArgs {
     #[arg(long, env = "AGENT_REACH_ADMIN_LISTEN", default_value = "127.0.0.1:7702")]
     pub admin_listen: String,
 
+    /// Local HTTP address of the A2A JSON-RPC binding (with SSE streaming; agent cards at
+    /// /agents/{agent}/.well-known/agent-card.json); "off" disables it. The A2A gRPC binding
+    /// (lf.a2a.v1.A2AService) is always served on the local API port.
+    #[arg(long, env = "AGENT_REACH_A2A_LISTEN", default_value = "127.0.0.1:7703")]
+    pub a2a_listen: String,
+
+    /// A2A tasks kept in memory for GetTask and ListTasks; beyond it the oldest finished
+    /// task is forgotten, and new messages are refused while every kept task still runs.
+    #[arg(long, env = "AGENT_REACH_A2A_MAX_TASKS", default_value_t = 10_000)]
+    pub a2a_max_tasks: usize,
+
     /// OTLP/gRPC collector to export spans to, e.g. http://127.0.0.1:4317; none = no export
     /// (recent spans still show on the admin port).
     #[arg(long, env = "AGENT_REACH_OTLP_ENDPOINT")]
@@ -220,6 +231,10 @@ pub struct SidecarConfig {
     /// Removals arriving within this long after a reconnection to control are held (see
     /// `grace.rs`); zero: never.
     pub removal_grace: Duration,
+    /// Where the A2A JSON-RPC binding listens; `None`: not served (the gRPC binding is).
+    pub a2a_listen: Option<SocketAddr>,
+    /// A2A tasks kept in memory.
+    pub a2a_max_tasks: usize,
     /// Mutual TLS toward control with a certificate bought with a join token; `None`:
     /// plaintext.
     pub identity: Option<crate::identity::IdentitySettings>,
@@ -263,6 +278,8 @@ impl SidecarConfig {
             recent_spans: 4096,
             ready_max_stale: Duration::from_secs(300),
             removal_grace: Duration::from_secs(10),
+            a2a_listen: None,
+            a2a_max_tasks: 10_000,
             identity: None,
             http_agent_allowed_hosts: Vec::new(),
             task_claim_ttl: Duration::from_secs(30),
@@ -292,6 +309,13 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
         }
         if a.admin_listen != "off" && a.admin_listen.parse::<SocketAddr>().is_err() {
             return Err(format!("--admin-listen: {:?} is not host:port or \"off\"", a.admin_listen));
+        }
+        let a2a_listen = match a.a2a_listen.as_str() {
+            "off" => None,
+            l => Some(l.parse::<SocketAddr>().map_err(|_| format!("--a2a-listen: {l:?} is not host:port or \"off\""))?),
+        };
+        if a.a2a_max_tasks == 0 {
+            return Err("--a2a-max-tasks must be greater than 0".into());
         }
         let settle = a.heartbeat_interval * 2 + crate::probe::PROBE_TIMEOUT;
         if a.dead_after <= settle {
@@ -346,6 +370,8 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
             recent_spans: 4096,
             ready_max_stale: a.ready_max_stale,
             removal_grace: a.removal_grace,
+            a2a_listen,
+            a2a_max_tasks: a.a2a_max_tasks,
             identity: match (&a.trust_bundle_file, &a.join_token_file) {
                 (Some(bundle), Some(token)) => {
                     let read = |flag: &str, path: &std::path::Path| {
