@@ -70,7 +70,7 @@ async def main(base_url: str, binding: str) -> dict:
         }
 
         # Blocking, without streaming.
-        blocking = await ClientFactory(
+        blocking = ClientFactory(
             ClientConfig(
                 streaming=False,
                 httpx_client=http,
