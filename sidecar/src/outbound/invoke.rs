@@ -60,7 +60,11 @@ impl InvokeEntry {
     /// Sends an encoded `InvokeRequest` made inside the sidecar (the A2A endpoints) through
     /// the outbound stack, as if a local agent had sent it with `headers`.
     pub(crate) async fn call(&self, message: bytes::Bytes, headers: http::HeaderMap, shape: Shape) -> Response<Body> {
-        let call = match self.check_call(message, headers, shape, Instant::now()) {
+        // An agent credential on the A2A request is verified as on Invoke; without one the
+        // call has no verified caller.
+        let checked = credentials::verify(&self.registry, &headers)
+            .and_then(|caller| self.check_call(message, headers, shape, Instant::now(), caller));
+        let call = match checked {
             Ok(c) => c,
             Err(e) => return grpc::status_response(e.into_status()),
         };
@@ -89,7 +93,7 @@ impl InvokeEntry {
             Err(ReadError::Malformed(why)) => return Err(FieldError::new("request", why).into()),
             Err(ReadError::Body(e)) => return Err(SidecarError::Internal(format!("reading the request: {e}"))),
         };
-        self.check_call(message, parts.headers, shape, started)
+        self.check_call(message, parts.headers, shape, started, caller)
     }
 
     /// Decodes the routing fields of an `InvokeRequest` and checks them.
@@ -99,6 +103,7 @@ impl InvokeEntry {
         headers: http::HeaderMap,
         shape: Shape,
         started: Instant,
+        caller: Option<crate::call::Caller>,
     ) -> Result<OutboundCall, SidecarError> {
         let limit = self.max_payload_bytes;
         let head = InvokeHead::decode(message.clone())
