@@ -477,14 +477,15 @@ mod tests {
 
     #[test]
     fn the_a2a_json_rpc_port_defaults_to_loopback_and_can_be_turned_off() {
-        let cfg = SidecarConfig::try_from(&SidecarArgs::parse_from(["sidecar"])).unwrap();
+        let cfg =
+            SidecarConfig::try_from(&SidecarArgs::parse_from(["sidecar", "--insecure-plaintext-control"])).unwrap();
         assert_eq!(cfg.a2a_listen, Some("127.0.0.1:7703".parse().unwrap()));
         assert_eq!(cfg.a2a_max_tasks, 10_000);
-        let off = SidecarArgs::parse_from(["sidecar", "--a2a-listen", "off"]);
+        let off = SidecarArgs::parse_from(["sidecar", "--insecure-plaintext-control", "--a2a-listen", "off"]);
         assert_eq!(SidecarConfig::try_from(&off).unwrap().a2a_listen, None);
-        let bad = SidecarArgs::parse_from(["sidecar", "--a2a-listen", "nowhere"]);
+        let bad = SidecarArgs::parse_from(["sidecar", "--insecure-plaintext-control", "--a2a-listen", "nowhere"]);
         assert!(SidecarConfig::try_from(&bad).unwrap_err().contains("--a2a-listen"));
-        let zero = SidecarArgs::parse_from(["sidecar", "--a2a-max-tasks", "0"]);
+        let zero = SidecarArgs::parse_from(["sidecar", "--insecure-plaintext-control", "--a2a-max-tasks", "0"]);
         assert!(SidecarConfig::try_from(&zero).unwrap_err().contains("--a2a-max-tasks"));
     }
 }
