@@ -35,6 +35,9 @@ echo "==> kubernetes-validate: $(./scripts/install-kubernetes-validate.sh)"
 # The dashboard's browser tests (tests/tests/e2e/dashboard.rs) drive a headless Chromium.
 echo "==> chromium: $(./scripts/install-chromium.sh)"
 
+# The A2A tests (tests/tests/e2e/a2a.rs) drive the sidecar with the official a2a-sdk.
+echo "==> a2a-sdk: $(./scripts/install-a2a-sdk.sh)"
+
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -2,7 +2,8 @@
 //! call's full round trip) made (a) directly to an agent's `Agent/Handle` and (b) through
 //! the mesh: client → sidecar A → sidecar B → agent, by capability, and (c) the same mesh
 //! path through a second pair of sidecars that samples every call and exports its spans over
-//! OTLP/gRPC to a receiver in this process (tracing on vs off). Control, the sidecars, the
+//! OTLP/gRPC to a receiver in this process (tracing on vs off), and (d) A2A `SendMessage`
+//! (blocking, gRPC binding) to the same agent through the same two sidecars. Control, the sidecars, the
 //! agents and the receiver run in this process on 127.0.0.1; the embedded store backs
 //! control. A quick latency probe, not the throughput comparison against other proxies
 //! (that is [`crate::orchestrate`]).
@@ -14,6 +15,7 @@ use std::time::{Duration, Instant};
 use agent_reach::proto::agent_client::AgentClient;
 use agent_reach::{Agent, Client, Reply, proto};
 use agent_reach_control::{ControlConfig, ControlHandle};
+use agent_reach_sidecar::a2a::proto::{self as a2a, a2a_service_client::A2aServiceClient};
 use agent_reach_sidecar::{Sidecar, SidecarConfig};
 use agent_reach_store::EmbeddedStore;
 use bytes::Bytes;
@@ -106,16 +108,34 @@ async fn latency(calls: usize, payload: usize, threads: usize) -> Result<(), Str
     let mesh_call = |mesh: Client, body: Bytes| async move {
         mesh.invoke("echo").payload(body).send().await.map(|_| ()).map_err(|e| e.to_string())
     };
+    let a2a_client =
+        A2aServiceClient::connect(format!("http://{}", a.local_addr())).await.map_err(|e| e.to_string())?;
+    let a2a_call = |mut client: A2aServiceClient<tonic::transport::Channel>, body: Bytes| async move {
+        let message = a2a::Message {
+            message_id: "bench".into(),
+            role: a2a::Role::User as i32,
+            parts: vec![a2a::Part {
+                content: Some(a2a::part::Content::Raw(body.to_vec())),
+                media_type: "application/octet-stream".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let request = a2a::SendMessageRequest { tenant: "echo".into(), message: Some(message), ..Default::default() };
+        client.send_message(request).await.map(|_| ()).map_err(|e| e.to_string())
+    };
 
     // Warm up connections and code paths.
     for _ in 0..500 {
         direct_call(direct.clone(), body.clone()).await?;
         mesh_call(mesh.clone(), body.clone()).await?;
         mesh_call(traced.clone(), body.clone()).await?;
+        a2a_call(a2a_client.clone(), body.clone()).await?;
     }
     let mut d = Vec::with_capacity(calls);
     let mut m = Vec::with_capacity(calls);
     let mut tr = Vec::with_capacity(calls);
+    let mut aa = Vec::with_capacity(calls);
     // Interleave the two paths so drift on a shared machine hits both alike.
     for _ in 0..calls {
         let t = Instant::now();
@@ -127,6 +147,9 @@ async fn latency(calls: usize, payload: usize, threads: usize) -> Result<(), Str
         let t = Instant::now();
         mesh_call(traced.clone(), body.clone()).await?;
         tr.push(t.elapsed());
+        let t = Instant::now();
+        a2a_call(a2a_client.clone(), body.clone()).await?;
+        aa.push(t.elapsed());
     }
     // Each traced call makes three spans (A's server and client spans, B's server span);
     // give the batch exporters up to 5 s to deliver them all.
@@ -144,6 +167,7 @@ async fn latency(calls: usize, payload: usize, threads: usize) -> Result<(), Str
     let rd = report("direct: client -> agent", &mut d);
     let rm = report("mesh: client -> A -> B -> agent", &mut m);
     let rt = report("mesh, every call traced and exported (OTLP)", &mut tr);
+    let ra = report("A2A SendMessage (gRPC): client -> A -> B -> agent", &mut aa);
     println!(
         "added by the mesh (two sidecar hops): p50 +{:.3} ms, p99 +{:.3} ms",
         (rm.0 - rd.0) * 1e3,
@@ -154,6 +178,11 @@ async fn latency(calls: usize, payload: usize, threads: usize) -> Result<(), Str
         (rt.0 - rm.0) * 1e3,
         (rt.1 - rm.1) * 1e3,
         sink.spans.load(Ordering::Relaxed)
+    );
+    println!(
+        "added by A2A over a plain Invoke (same two sidecars): p50 +{:.3} ms, p99 +{:.3} ms",
+        (ra.0 - rm.0) * 1e3,
+        (ra.1 - rm.1) * 1e3
     );
     for (agent, sidecars, control) in [(agent, sidecars, control), (traced_agent, traced_sidecars, traced_control)] {
         agent.shutdown().await;

@@ -73,6 +73,9 @@ struct UpArgs {
     /// Sidecar admin HTTP address (/metrics, /healthz, /readyz, /traces).
     #[arg(long, env = "AGENT_REACH_ADMIN_LISTEN", default_value = "127.0.0.1:7702")]
     admin_listen: SocketAddr,
+    /// Sidecar A2A JSON-RPC address (agent cards at /agents/{agent}/.well-known/agent-card.json).
+    #[arg(long, env = "AGENT_REACH_A2A_LISTEN", default_value = "127.0.0.1:7703")]
+    a2a_listen: SocketAddr,
     /// Dashboard address (loopback only in dev mode; log in with the admin token).
     #[arg(long, env = "AGENT_REACH_DASHBOARD_LISTEN", default_value = "127.0.0.1:7802")]
     dashboard_listen: SocketAddr,
@@ -161,6 +164,7 @@ async fn up(args: UpArgs) -> Result<(), String> {
     .map_err(|e| e.to_string())?;
     let mut config = SidecarConfig::new(vec![control.endpoint()]);
     config.identity = Some(dev::identity(&store, &control, &config.tenant).await?);
+    config.a2a_listen = Some(args.a2a_listen);
     let bundle = dev::write_bundle(&control)?;
     let sidecar = Sidecar::start_with_admin(config, local, mesh, Some(admin)).await.map_err(|e| e.to_string())?;
     println!("Agent-Reach dev mesh is up (embedded store: state lives in this process only).");
@@ -170,6 +174,9 @@ async fn up(args: UpArgs) -> Result<(), String> {
     println!("            {}   (mesh API)", sidecar.mesh_addr());
     if let Some(admin) = sidecar.admin_addr() {
         println!("            {admin}   (admin: /metrics /healthz /readyz /traces/<trace-id>)");
+    }
+    if let Some(a2a) = sidecar.a2a_addr() {
+        println!("            http://{a2a}/agents/<agent>   (A2A JSON-RPC; A2A gRPC on the local API port)");
     }
     println!();
     println!("  identity  mutual TLS on the control and mesh ports; development CA generated at start");

@@ -20,7 +20,12 @@ use crate::outbound::invoke::InvokeEntry;
 use crate::serve::HandlerFuture;
 use crate::{Inner, error, mesh_tls, session, tasks};
 
-pub(crate) fn local_api(inner: Arc<Inner>, invoke: InvokeEntry, req: Request<Incoming>) -> HandlerFuture {
+pub(crate) fn local_api(
+    inner: Arc<Inner>,
+    invoke: InvokeEntry,
+    a2a: crate::a2a::grpc::Server,
+    req: Request<Incoming>,
+) -> HandlerFuture {
     Box::pin(async move {
         if let Some(token) = &inner.config.local_token
             && let Err(status) = token.check(req.uri().path(), req.headers())
@@ -83,6 +88,10 @@ pub(crate) fn local_api(inner: Arc<Inner>, invoke: InvokeEntry, req: Request<Inc
                     async move { route_rpc(&inner, r.into_inner()) }
                 })
                 .await
+            }
+            p if p.starts_with(crate::a2a::grpc::PATH_PREFIX) => {
+                let _call = inner.calls.begin();
+                crate::a2a::grpc::call(&a2a, req).await
             }
             p if p.starts_with("/grpc.health.v1.Health/") => health(&inner, req).await,
             p if p.starts_with("/grpc.reflection.") => reflection(req).await,

@@ -150,6 +150,17 @@ pub struct SidecarArgs {
     #[arg(long, env = "AGENT_REACH_ADMIN_LISTEN", default_value = "127.0.0.1:7702")]
     pub admin_listen: String,
 
+    /// Local HTTP address of the A2A JSON-RPC binding (with SSE streaming; agent cards at
+    /// /agents/{agent}/.well-known/agent-card.json); "off" disables it. The A2A gRPC binding
+    /// (lf.a2a.v1.A2AService) is always served on the local API port.
+    #[arg(long, env = "AGENT_REACH_A2A_LISTEN", default_value = "127.0.0.1:7703")]
+    pub a2a_listen: String,
+
+    /// A2A tasks kept in memory for GetTask and ListTasks; beyond it the oldest finished
+    /// task is forgotten, and new messages are refused while every kept task still runs.
+    #[arg(long, env = "AGENT_REACH_A2A_MAX_TASKS", default_value_t = 10_000)]
+    pub a2a_max_tasks: usize,
+
     /// OTLP/gRPC collector to export spans to, e.g. http://127.0.0.1:4317; none = no export
     /// (recent spans still show on the admin port).
     #[arg(long, env = "AGENT_REACH_OTLP_ENDPOINT")]
@@ -258,6 +269,10 @@ pub struct SidecarConfig {
     /// Removals arriving within this long after a reconnection to control are held (see
     /// `grace.rs`); zero: never.
     pub removal_grace: Duration,
+    /// Where the A2A JSON-RPC binding listens; `None`: not served (the gRPC binding is).
+    pub a2a_listen: Option<SocketAddr>,
+    /// A2A tasks kept in memory.
+    pub a2a_max_tasks: usize,
     /// Mutual TLS toward control with a certificate bought with a join token; `None`:
     /// plaintext.
     pub identity: Option<crate::identity::IdentitySettings>,
@@ -304,6 +319,8 @@ impl SidecarConfig {
             recent_spans: 4096,
             ready_max_stale: Duration::from_secs(300),
             removal_grace: Duration::from_secs(10),
+            a2a_listen: None,
+            a2a_max_tasks: 10_000,
             identity: None,
             http_agent_allowed_hosts: Vec::new(),
             task_claim_ttl: Duration::from_secs(30),
@@ -334,6 +351,13 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
         }
         if a.admin_listen != "off" && a.admin_listen.parse::<SocketAddr>().is_err() {
             return Err(format!("--admin-listen: {:?} is not host:port or \"off\"", a.admin_listen));
+        }
+        let a2a_listen = match a.a2a_listen.as_str() {
+            "off" => None,
+            l => Some(l.parse::<SocketAddr>().map_err(|_| format!("--a2a-listen: {l:?} is not host:port or \"off\""))?),
+        };
+        if a.a2a_max_tasks == 0 {
+            return Err("--a2a-max-tasks must be greater than 0".into());
         }
         let settle = a.heartbeat_interval * 2 + crate::probe::PROBE_TIMEOUT;
         if a.dead_after <= settle {
@@ -398,6 +422,8 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
             recent_spans: 4096,
             ready_max_stale: a.ready_max_stale,
             removal_grace: a.removal_grace,
+            a2a_listen,
+            a2a_max_tasks: a.a2a_max_tasks,
             identity: match (&a.trust_bundle_file, &a.join_token_file) {
                 (Some(bundle), Some(token)) => {
                     let read = |flag: &str, path: &std::path::Path| {
@@ -503,5 +529,19 @@ mod tests {
         assert_eq!(SidecarConfig::try_from(&args).unwrap().local_uds, Some((PathBuf::from("/tmp/x.sock"), 0o660)));
         let args = SidecarArgs::parse_from(["sidecar", "--local-token-file", "/nonexistent/token"]);
         assert!(SidecarConfig::try_from(&args).unwrap_err().contains("--local-token-file"));
+    }
+
+    #[test]
+    fn the_a2a_json_rpc_port_defaults_to_loopback_and_can_be_turned_off() {
+        let cfg =
+            SidecarConfig::try_from(&SidecarArgs::parse_from(["sidecar", "--insecure-plaintext-control"])).unwrap();
+        assert_eq!(cfg.a2a_listen, Some("127.0.0.1:7703".parse().unwrap()));
+        assert_eq!(cfg.a2a_max_tasks, 10_000);
+        let off = SidecarArgs::parse_from(["sidecar", "--insecure-plaintext-control", "--a2a-listen", "off"]);
+        assert_eq!(SidecarConfig::try_from(&off).unwrap().a2a_listen, None);
+        let bad = SidecarArgs::parse_from(["sidecar", "--insecure-plaintext-control", "--a2a-listen", "nowhere"]);
+        assert!(SidecarConfig::try_from(&bad).unwrap_err().contains("--a2a-listen"));
+        let zero = SidecarArgs::parse_from(["sidecar", "--insecure-plaintext-control", "--a2a-max-tasks", "0"]);
+        assert!(SidecarConfig::try_from(&zero).unwrap_err().contains("--a2a-max-tasks"));
     }
 }

@@ -29,6 +29,7 @@
 //!
 //! [`Sidecar::start`] takes already-bound listeners, so tests run sidecars on port 0.
 
+pub mod a2a;
 mod api;
 mod call;
 mod coalesce;
@@ -116,6 +117,8 @@ pub struct Sidecar {
     local_addr: SocketAddr,
     mesh_addr: SocketAddr,
     admin_addr: Option<SocketAddr>,
+    /// The A2A JSON-RPC port, when served.
+    a2a_addr: Option<SocketAddr>,
     revision: watch::Receiver<i64>,
     shutdown: watch::Sender<bool>,
     tasks: JoinSet<()>,
@@ -267,8 +270,11 @@ impl Sidecar {
         let [local_stats, mesh_stats] = inner.limit_stats.clone();
         let local_port = Arc::new(limits::Port::new(config.limits.clone(), local_stats));
         let mesh_port = Arc::new(limits::Port::new(config.limits.clone(), mesh_stats));
+        let (a2a, a2a_addr) =
+            a2a::start(&config, inner.table.clone(), invoke.clone(), local_addr, shutdown_rx.clone(), &mut tasks)
+                .await?;
         let local_inner = inner.clone();
-        let local_handler = move |req| local_api(local_inner.clone(), invoke.clone(), req);
+        let local_handler = move |req| local_api(local_inner.clone(), invoke.clone(), a2a.clone(), req);
         if let Some((path, mode)) = &config.local_uds {
             let uds = local_access::bind_uds(path, *mode)?;
             tasks.spawn(local_access::serve_uds(
@@ -291,7 +297,17 @@ impl Sidecar {
             sidecar = %config.sidecar_id, tenant = %config.tenant, local = %local_addr, mesh = %mesh_addr,
             advertise = ?config.advertise, control = ?config.control, "sidecar started"
         );
-        Ok(Sidecar { inner, local_addr, mesh_addr, admin_addr, revision, shutdown, tasks, identity: workload })
+        Ok(Sidecar {
+            inner,
+            local_addr,
+            mesh_addr,
+            admin_addr,
+            a2a_addr,
+            revision,
+            shutdown,
+            tasks,
+            identity: workload,
+        })
     }
 
     /// The sidecar's current TLS configurations (its certificate), when it has an identity.
@@ -327,6 +343,11 @@ impl Sidecar {
         self.admin_addr
     }
     /// Span export and the recent-span buffer.
+    /// Address of the A2A JSON-RPC port (`--a2a-listen`), when served.
+    pub fn a2a_addr(&self) -> Option<SocketAddr> {
+        self.a2a_addr
+    }
+
     pub fn tracing(&self) -> &agent_reach_telemetry::Tracing {
         &self.inner.tracing
     }

@@ -61,6 +61,23 @@ impl InvokeEntry {
         }
     }
 
+    /// Sends an encoded `InvokeRequest` made inside the sidecar (the A2A endpoints) through
+    /// the outbound stack, as if a local agent had sent it with `headers`.
+    pub(crate) async fn call(&self, message: bytes::Bytes, headers: http::HeaderMap, shape: Shape) -> Response<Body> {
+        // An agent credential on the A2A request is verified as on Invoke; without one the
+        // call has no verified caller.
+        let checked = credentials::verify(&self.registry, &headers)
+            .and_then(|caller| self.check_call(message, headers, shape, Instant::now(), caller));
+        let call = match checked {
+            Ok(c) => c,
+            Err(e) => return grpc::status_response(e.into_status()),
+        };
+        match self.stack.clone().oneshot(call).await {
+            Ok(resp) => resp,
+            Err(e) => grpc::status_response(e.into_status()),
+        }
+    }
+
     /// Reads and checks the caller's message.
     async fn read_call(&self, req: Request<Incoming>, shape: Shape) -> Result<OutboundCall, SidecarError> {
         let started = Instant::now();
@@ -80,6 +97,19 @@ impl InvokeEntry {
             Err(ReadError::Malformed(why)) => return Err(FieldError::new("request", why).into()),
             Err(ReadError::Body(e)) => return Err(SidecarError::Internal(format!("reading the request: {e}"))),
         };
+        self.check_call(message, parts.headers, shape, started, caller)
+    }
+
+    /// Decodes the routing fields of an `InvokeRequest` and checks them.
+    fn check_call(
+        &self,
+        message: bytes::Bytes,
+        headers: http::HeaderMap,
+        shape: Shape,
+        started: Instant,
+        caller: Option<crate::call::Caller>,
+    ) -> Result<OutboundCall, SidecarError> {
+        let limit = self.max_payload_bytes;
         let head = InvokeHead::decode(message.clone())
             .map_err(|e| FieldError::new("request", format!("not a valid InvokeRequest: {e}")))?;
         if head.payload.len() > limit {
@@ -95,8 +125,7 @@ impl InvokeEntry {
         let target = target_from_proto(head.target.clone())?;
         let priority = priority_from_i32(head.priority);
         let table = self.table.load_full();
-        let timeout = parts
-            .headers
+        let timeout = headers
             .get(grpc::HEADER_GRPC_TIMEOUT)
             .and_then(|v| grpc_timeout::parse(v.as_bytes()))
             .or_else(|| {
@@ -110,7 +139,7 @@ impl InvokeEntry {
             head,
             target,
             priority,
-            headers: Arc::new(parts.headers),
+            headers: Arc::new(headers),
             shape,
             started,
             timeout,

@@ -1,6 +1,7 @@
 //! End-to-end tests: real control service, sidecars and agents on 127.0.0.1, on a real etcd
 //! process and on the embedded store.
 
+mod a2a;
 mod abuse;
 mod admin;
 mod authz;
