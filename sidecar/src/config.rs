@@ -494,11 +494,11 @@ mod tests {
 
     #[test]
     fn bad_flags_are_named() {
-        let args = SidecarArgs::parse_from(["sidecar", "--tenant", "Bad/Tenant"]);
+        let args = SidecarArgs::parse_from(["sidecar", "--insecure-plaintext-control", "--tenant", "Bad/Tenant"]);
         assert!(SidecarConfig::try_from(&args).unwrap_err().contains("--tenant"));
-        let args = SidecarArgs::parse_from(["sidecar", "--max-payload-bytes", "0"]);
+        let args = SidecarArgs::parse_from(["sidecar", "--insecure-plaintext-control", "--max-payload-bytes", "0"]);
         assert!(SidecarConfig::try_from(&args).unwrap_err().contains("--max-payload-bytes"));
-        let args = SidecarArgs::parse_from(["sidecar", "--dead-after", "5s"]);
+        let args = SidecarArgs::parse_from(["sidecar", "--insecure-plaintext-control", "--dead-after", "5s"]);
         assert!(SidecarConfig::try_from(&args).unwrap_err().contains("--dead-after"));
         // Secure by default: no certificate settings and no explicit opt-out refuses to start.
         let args = SidecarArgs::parse_from(["sidecar"]);
@@ -523,11 +523,30 @@ mod tests {
         assert!(SidecarConfig::try_from(&args).unwrap_err().contains("--max-connections"));
         let args = SidecarArgs::parse_from(["sidecar", "--insecure-plaintext-control", "--table-file", "off"]);
         assert_eq!(SidecarConfig::try_from(&args).unwrap().table_file, None);
-        let args = SidecarArgs::parse_from(["sidecar", "--local-uds", "/tmp/x.sock", "--local-uds-mode", "999"]);
+        let args = SidecarArgs::parse_from([
+            "sidecar",
+            "--insecure-plaintext-control",
+            "--local-uds",
+            "/tmp/x.sock",
+            "--local-uds-mode",
+            "999",
+        ]);
         assert!(SidecarConfig::try_from(&args).unwrap_err().contains("--local-uds-mode"));
-        let args = SidecarArgs::parse_from(["sidecar", "--local-uds", "/tmp/x.sock", "--local-uds-mode", "660"]);
+        let args = SidecarArgs::parse_from([
+            "sidecar",
+            "--insecure-plaintext-control",
+            "--local-uds",
+            "/tmp/x.sock",
+            "--local-uds-mode",
+            "660",
+        ]);
         assert_eq!(SidecarConfig::try_from(&args).unwrap().local_uds, Some((PathBuf::from("/tmp/x.sock"), 0o660)));
-        let args = SidecarArgs::parse_from(["sidecar", "--local-token-file", "/nonexistent/token"]);
+        let args = SidecarArgs::parse_from([
+            "sidecar",
+            "--insecure-plaintext-control",
+            "--local-token-file",
+            "/nonexistent/token",
+        ]);
         assert!(SidecarConfig::try_from(&args).unwrap_err().contains("--local-token-file"));
     }
 

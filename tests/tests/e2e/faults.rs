@@ -23,6 +23,14 @@ struct Load {
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
+/// `config` with the harness identity of its control, then pointed at `proxy` in front of
+/// that control (TLS passes through the proxy untouched).
+async fn through(config: agent_reach_sidecar::SidecarConfig, proxy: &FaultProxy) -> agent_reach_sidecar::SidecarConfig {
+    let mut config = agent_reach_e2e::secure::sidecar_identity(config).await;
+    config.control = vec![proxy.addr().to_string()];
+    config
+}
+
 impl Load {
     async fn start(sidecar: std::net::SocketAddr, workers: usize, pause: Duration) -> Load {
         let ok = Arc::new(AtomicU64::new(0));
@@ -97,8 +105,8 @@ async fn a_control_outage_longer_than_the_lease_ttl_loses_no_call() {
     // one after the other.
     let to_control_a = FaultProxy::start(control.addr()).await;
     let to_control_b = FaultProxy::start(control.addr()).await;
-    let a = start_sidecar(sidecar_config(&to_control_a.addr().to_string(), "host-a")).await;
-    let b = start_sidecar(target_config(&to_control_b.addr().to_string(), "host-b")).await;
+    let a = start_sidecar(through(sidecar_config(&control.endpoint(), "host-a"), &to_control_a).await).await;
+    let b = start_sidecar(through(target_config(&control.endpoint(), "host-b"), &to_control_b).await).await;
     let e1 = echo_agent(b.local_addr(), "echo", &[("echo", &[])]).await;
     let e2 = echo_agent(b.local_addr(), "echo", &[("echo", &[])]).await;
     let ids = [e1.instance_id(), e2.instance_id()];
@@ -226,7 +234,7 @@ async fn a_faulty_mesh_link_loses_no_idempotent_call_and_a_dead_one_trips_the_br
     // Sidecar B is advertised at the proxy, so every caller reaches it through the faults.
     let b_mesh = listener().await;
     let link = FaultProxy::start(b_mesh.local_addr().unwrap()).await;
-    let mut config_b = target_config(&control.endpoint(), "host-b");
+    let mut config_b = agent_reach_e2e::secure::sidecar_identity(target_config(&control.endpoint(), "host-b")).await;
     config_b.advertise = Some(link.addr().to_string());
     let b = agent_reach_sidecar::Sidecar::start(config_b, listener().await, b_mesh).await.unwrap();
     let c = start_sidecar(target_config(&control.endpoint(), "host-c")).await;

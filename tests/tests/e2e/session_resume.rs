@@ -83,9 +83,8 @@ async fn a_watch_resumes_after_a_sidecar_restart_without_gaps_or_duplicates() {
     for i in 4..=6 {
         versions.push(by_writer.set("turn", i.to_string()).await.expect("write"));
     }
-    let a = Sidecar::start(sidecar_config(&control.endpoint(), "host-a"), rebind(local).await, listener().await)
-        .await
-        .expect("sidecar A again");
+    let config = agent_reach_e2e::secure::sidecar_identity(sidecar_config(&control.endpoint(), "host-a")).await;
+    let a = Sidecar::start(config, rebind(local).await, listener().await).await.expect("sidecar A again");
     for i in 4..=7 {
         if i == 7 {
             versions.push(by_writer.set("turn", "7").await.expect("a write after the restart"));

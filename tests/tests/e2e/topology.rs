@@ -109,8 +109,9 @@ async fn any_replica_shows_every_sidecars_edges_heartbeats_traces_and_alerts() {
     put_policy(&ts.store, &[&a, &b], capability_policy("text.summarize", fallback)).await;
 
     // Traffic through host-a (replica one) and host-b (replica two).
-    let from_a = Client::connect(&a.local_addr().to_string()).await.unwrap().with_caller("planner", "");
-    let from_b = Client::connect(&b.local_addr().to_string()).await.unwrap().with_caller("auditor", "");
+    // Callers are the agents themselves: edges name the caller their sidecar verified.
+    let from_a = planner.client();
+    let from_b = auditor.client();
     for _ in 0..20 {
         from_a.invoke("work").text("x").send().await.unwrap();
     }
