@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use agent_reach::policy::{Fallback, PolicySpec};
-use agent_reach::{Agent, Client, HandlerError, Reply, RunningAgent};
+use agent_reach::{Agent, HandlerError, Reply, RunningAgent};
 use agent_reach_control::{ControlConfig, ControlHandle};
 use agent_reach_e2e::browser::Browser;
 use agent_reach_e2e::{
