@@ -196,6 +196,10 @@ pub fn sidecar_args(id: &str, local: u16, mesh: u16, control: u16) -> Result<Vec
         "1",
         "--admin-listen",
         &format!("127.0.0.1:{admin}"),
+        // Two sidecars share the host: the A2A JSON-RPC port (default 127.0.0.1:7703) is not
+        // measured here, so it is off rather than contended.
+        "--a2a-listen",
+        "off",
     ]
     .iter()
     .map(|s| s.to_string())

@@ -37,6 +37,7 @@ pub mod record;
 pub mod registry;
 pub mod reports;
 pub mod service;
+pub mod session_stats;
 pub mod sessions;
 pub mod stats;
 pub mod tasks;

@@ -57,7 +57,7 @@ pub struct ControlStats {
     /// Alerts fired and delivered (see [`crate::alerts`]).
     pub alerts: AlertCounters,
     /// Session context writes, refusals and live sessions (see [`crate::sessions`]).
-    pub sessions: crate::sessions::SessionCounters,
+    pub sessions: crate::session_stats::SessionCounters,
 }
 
 /// Counters of the alert rules and the webhook.

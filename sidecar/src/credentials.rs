@@ -5,19 +5,13 @@
 //! registry entry, so a credential is bound to this sidecar's tenant, to the agent and to
 //! the instance, and dies with the registration (a new `Register` of the same id mints a
 //! new one and the old stops working). An agent presents it as the request metadata
-//! `ar-agent-credential`; [`verify`] turns it into the [`Caller`] the sidecar vouches for
+//! `ar-agent-credential`; `outbound::invoke` turns it into the caller the sidecar vouches for
 //! toward the target's sidecar. Calls without it are anonymous; a credential that does not
 //! verify is refused (UNAUTHENTICATED `AGENT_CREDENTIAL_INVALID`), never downgraded to
 //! anonymous. This module does not decide who may call whom (see `inbound::authz`).
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use http::HeaderMap;
-
-use crate::call::Caller;
-use crate::error::SidecarError;
-use crate::grpc::header;
-use crate::registry::Registry;
 
 /// The prefix of every agent credential.
 const PREFIX: &str = "arac.";
@@ -39,20 +33,12 @@ fn hash(secret: &str) -> CredentialHash {
     out
 }
 
-/// The caller a local request's `ar-agent-credential` proves (`None`: no credential,
-/// anonymous).
-pub(crate) fn verify(registry: &Registry, headers: &HeaderMap) -> Result<Option<Caller>, SidecarError> {
-    let Some(value) = headers.get(header::AGENT_CREDENTIAL) else { return Ok(None) };
-    let invalid = |why: &str| SidecarError::CredentialInvalid(why.to_string());
-    let token = value.to_str().map_err(|_| invalid("not text"))?;
-    let (instance_id, secret) =
-        token.strip_prefix(PREFIX).and_then(|rest| rest.rsplit_once('.')).ok_or_else(|| invalid("malformed"))?;
-    let local = registry.get(instance_id).ok_or_else(|| invalid("its instance is not registered here"))?;
-    // Comparing digests: a mismatch position says nothing usable about the secret.
-    if hash(secret) != local.credential {
-        return Err(invalid("unknown credential"));
-    }
-    Ok(Some(Caller { agent: local.registration.agent.as_str().into(), instance: instance_id.into() }))
+/// The instance id a credential names and the hash of its secret (`None`: not of the
+/// credential form). Whether that instance is registered here with that hash is the
+/// caller's check (`outbound::invoke`), which turns it into the verified caller.
+pub(crate) fn parse(token: &str) -> Option<(&str, CredentialHash)> {
+    let (instance_id, secret) = token.strip_prefix(PREFIX).and_then(|rest| rest.rsplit_once('.'))?;
+    Some((instance_id, hash(secret)))
 }
 
 #[cfg(test)]

@@ -110,7 +110,7 @@ impl SidecarError {
                 &[("caller", caller), ("target", target), ("policy", policy)],
             ),
             SidecarError::Internal(_) => reason::status(Reason::Internal, message, &[]),
-            SidecarError::LimitExceeded { flag, .. } => crate::limits::refusal(flag, message),
+            SidecarError::LimitExceeded { flag, .. } => limit_refusal(flag, message),
         }
     }
 }
@@ -221,4 +221,9 @@ impl DeliveryError {
             _ => None,
         }
     }
+}
+
+/// The `LIMIT_EXCEEDED` status naming `flag` (e.g. "--max-header-list-bytes").
+pub(crate) fn limit_refusal(flag: &str, message: impl Into<String>) -> Status {
+    reason::status(Reason::LimitExceeded, message, &[(reason::META_LIMIT, flag.trim_start_matches('-').to_string())])
 }

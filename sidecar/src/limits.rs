@@ -24,7 +24,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use agent_reach::reason::{self, Reason};
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -151,10 +150,7 @@ impl BodyRead {
     }
 }
 
-/// The `LIMIT_EXCEEDED` status naming `flag` (e.g. "--max-header-list-bytes").
-pub(crate) fn refusal(flag: &str, message: impl Into<String>) -> Status {
-    reason::status(Reason::LimitExceeded, message, &[(reason::META_LIMIT, flag.trim_start_matches('-').to_string())])
-}
+use crate::error::limit_refusal as refusal;
 
 /// HPACK size of a request's header list (RFC 7541 §4.1: name + value + 32 per field),
 /// pseudo-headers included.
@@ -423,6 +419,7 @@ impl http_body::Body for Tracked {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use agent_reach::reason;
 
     fn limits() -> PortLimits {
         PortLimits {

@@ -168,7 +168,9 @@ def start_sidecar(workdir: Path, name: str, control: str, extra: list[str] | Non
             binary("agent-reach-sidecar"), f"--listen=127.0.0.1:{local}", f"--mesh-listen=127.0.0.1:{mesh}",
             f"--admin-listen=127.0.0.1:{admin}", f"--control=http://{control}", f"--sidecar-id=sidecar-{name}",
             "--heartbeat-interval=500ms", "--probe-interval=500ms", "--dead-after=5s", "--control-timeout=2s",
-            "--drain-timeout=5s", "--insecure-plaintext-control", *(extra or []),
+            "--drain-timeout=5s", "--insecure-plaintext-control",
+            # Several sidecars share the host; the A2A JSON-RPC port is not used by these tests.
+            "--a2a-listen=off", *(extra or []),
         ], workdir, {"RUST_LOG": os.environ.get("RUST_LOG", "info")})
         try:
             wait_http(f"http://127.0.0.1:{admin}/readyz", 30, proc)

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 use super::OutboundService;
-use crate::call::{InvokeHead, OutboundCall, Shape, policy_of};
+use crate::call::{Caller, InvokeHead, OutboundCall, Shape, policy_of};
 use crate::credentials;
 use crate::error::SidecarError;
 use crate::grpc::{self, Body, ENVELOPE_ALLOWANCE, ReadError};
@@ -66,7 +66,7 @@ impl InvokeEntry {
     pub(crate) async fn call(&self, message: bytes::Bytes, headers: http::HeaderMap, shape: Shape) -> Response<Body> {
         // An agent credential on the A2A request is verified as on Invoke; without one the
         // call has no verified caller.
-        let checked = credentials::verify(&self.registry, &headers)
+        let checked = verify_credential(&self.registry, &headers)
             .and_then(|caller| self.check_call(message, headers, shape, Instant::now(), caller));
         let call = match checked {
             Ok(c) => c,
@@ -84,7 +84,7 @@ impl InvokeEntry {
         let (parts, mut body) = req.into_parts();
         // Who is calling is settled before anything else: a bad credential is refused even
         // when the call would fail for another reason.
-        let caller = credentials::verify(&self.registry, &parts.headers)?;
+        let caller = verify_credential(&self.registry, &parts.headers)?;
         let limit = self.max_payload_bytes;
         let message = match self.body_read.within(grpc::read_message(&mut body, limit + ENVELOPE_ALLOWANCE)).await? {
             Ok(m) => m,
@@ -149,6 +149,21 @@ impl InvokeEntry {
             caller,
         })
     }
+}
+
+/// The caller a local request's `ar-agent-credential` proves (`None`: no credential,
+/// anonymous); a credential that does not verify is refused, never made anonymous.
+fn verify_credential(registry: &Registry, headers: &http::HeaderMap) -> Result<Option<Caller>, SidecarError> {
+    let Some(value) = headers.get(grpc::header::AGENT_CREDENTIAL) else { return Ok(None) };
+    let invalid = |why: &str| SidecarError::CredentialInvalid(why.to_string());
+    let token = value.to_str().map_err(|_| invalid("not text"))?;
+    let (instance_id, hash) = credentials::parse(token).ok_or_else(|| invalid("malformed"))?;
+    let local = registry.get(instance_id).ok_or_else(|| invalid("its instance is not registered here"))?;
+    // Comparing digests: a mismatch position says nothing usable about the secret.
+    if hash != local.credential {
+        return Err(invalid("unknown credential"));
+    }
+    Ok(Some(Caller { agent: local.registration.agent.as_str().into(), instance: instance_id.into() }))
 }
 
 #[cfg(test)]
