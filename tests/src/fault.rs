@@ -3,7 +3,8 @@
 //! runs — latency with jitter per direction, a blackhole per direction (bytes are read and
 //! dropped, so the link looks open but nothing arrives: both directions for a blackholed
 //! link, one for a half-open one), resets of every open connection, refusal of new
-//! connections (reset at once) and a share of new connections reset at random.
+//! connections (reset at once) and a share of new connections reset (deterministically: the
+//! first after each change, then one in every `1 / share`).
 //!
 //! It replaces `tc netem`, which this project's test machines do not have. It works on
 //! bytes only; it knows nothing of HTTP/2 or gRPC. Each direction of a connection is a
@@ -42,7 +43,8 @@ pub struct Faults {
     pub downstream: Direction,
     /// Every new connection is reset at once.
     pub refuse: bool,
-    /// This share (0.0..=1.0) of new connections is reset at once.
+    /// This share (0.0..=1.0) of new connections is reset at once (the first new connection
+    /// after the change, then one in every `1 / share`).
     pub reset_share: f64,
 }
 
@@ -83,6 +85,14 @@ pub struct FaultStats {
     pub dropped_chunks: AtomicU64,
 }
 
+/// Whether the `n`-th new connection (from 0, counted since the faults last changed) is
+/// reset when `share` of them are: deterministically the first, then one in every
+/// `1 / share`, so a test that sees any new connection sees a reset.
+fn resets_on_arrival(n: u64, share: f64) -> bool {
+    let share = share.clamp(0.0, 1.0);
+    share > 0.0 && (n == 0 || (n as f64 * share).floor() != ((n - 1) as f64 * share).floor())
+}
+
 /// A running proxy on 127.0.0.1 port 0 in front of `upstream`; stops when dropped.
 pub struct FaultProxy {
     addr: SocketAddr,
@@ -103,11 +113,19 @@ impl FaultProxy {
         let stats = Arc::new(FaultStats::default());
         let st = stats.clone();
         let task = tokio::spawn(async move {
+            let mut faults_rx = faults_rx;
+            // New connections since the faults last changed.
+            let mut since_change = 0u64;
             loop {
                 let Ok((client, _)) = listener.accept().await else { continue };
                 st.accepted.fetch_add(1, Ordering::Relaxed);
-                let now = *faults_rx.borrow();
-                if now.refuse || (now.reset_share > 0.0 && rand::rng().random_bool(now.reset_share.min(1.0))) {
+                if faults_rx.has_changed().unwrap_or(false) {
+                    since_change = 0;
+                }
+                let now = *faults_rx.borrow_and_update();
+                let n = since_change;
+                since_change += 1;
+                if now.refuse || resets_on_arrival(n, now.reset_share) {
                     st.reset_on_arrival.fetch_add(1, Ordering::Relaxed);
                     reset(client);
                     continue;
