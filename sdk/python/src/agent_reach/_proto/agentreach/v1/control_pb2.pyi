@@ -59,16 +59,95 @@ class InstanceHeartbeat(_message.Message):
     def __init__(self, instance_id: _Optional[str] = ..., agent: _Optional[str] = ..., lease_id: _Optional[int] = ..., state: _Optional[_Union[_common_pb2.HealthState, str]] = ..., load: _Optional[_Union[_common_pb2.Load, _Mapping]] = ...) -> None: ...
 
 class ControlHeartbeatRequest(_message.Message):
-    __slots__ = ("tenant", "sidecar", "instances", "lease_id")
+    __slots__ = ("tenant", "sidecar", "instances", "lease_id", "report")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     SIDECAR_FIELD_NUMBER: _ClassVar[int]
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     sidecar: SidecarIdentity
     instances: _containers.RepeatedCompositeFieldContainer[InstanceHeartbeat]
     lease_id: int
-    def __init__(self, tenant: _Optional[str] = ..., sidecar: _Optional[_Union[SidecarIdentity, _Mapping]] = ..., instances: _Optional[_Iterable[_Union[InstanceHeartbeat, _Mapping]]] = ..., lease_id: _Optional[int] = ...) -> None: ...
+    report: SidecarReport
+    def __init__(self, tenant: _Optional[str] = ..., sidecar: _Optional[_Union[SidecarIdentity, _Mapping]] = ..., instances: _Optional[_Iterable[_Union[InstanceHeartbeat, _Mapping]]] = ..., lease_id: _Optional[int] = ..., report: _Optional[_Union[SidecarReport, _Mapping]] = ...) -> None: ...
+
+class SidecarReport(_message.Message):
+    __slots__ = ("window_ms", "edges", "open_breakers", "instances", "spans", "received_at_ms", "sidecar_id", "latency_bucket_bounds_ms")
+    WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
+    EDGES_FIELD_NUMBER: _ClassVar[int]
+    OPEN_BREAKERS_FIELD_NUMBER: _ClassVar[int]
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    SPANS_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    SIDECAR_ID_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_BUCKET_BOUNDS_MS_FIELD_NUMBER: _ClassVar[int]
+    window_ms: int
+    edges: _containers.RepeatedCompositeFieldContainer[EdgeReport]
+    open_breakers: _containers.RepeatedScalarFieldContainer[str]
+    instances: _containers.RepeatedCompositeFieldContainer[LocalInstanceReport]
+    spans: _containers.RepeatedCompositeFieldContainer[SpanSummary]
+    received_at_ms: int
+    sidecar_id: str
+    latency_bucket_bounds_ms: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, window_ms: _Optional[int] = ..., edges: _Optional[_Iterable[_Union[EdgeReport, _Mapping]]] = ..., open_breakers: _Optional[_Iterable[str]] = ..., instances: _Optional[_Iterable[_Union[LocalInstanceReport, _Mapping]]] = ..., spans: _Optional[_Iterable[_Union[SpanSummary, _Mapping]]] = ..., received_at_ms: _Optional[int] = ..., sidecar_id: _Optional[str] = ..., latency_bucket_bounds_ms: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class EdgeReport(_message.Message):
+    __slots__ = ("caller", "target", "agent", "calls", "errors", "fallback_calls", "latency_buckets")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    AGENT_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_CALLS_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    caller: str
+    target: str
+    agent: str
+    calls: int
+    errors: int
+    fallback_calls: int
+    latency_buckets: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, caller: _Optional[str] = ..., target: _Optional[str] = ..., agent: _Optional[str] = ..., calls: _Optional[int] = ..., errors: _Optional[int] = ..., fallback_calls: _Optional[int] = ..., latency_buckets: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class LocalInstanceReport(_message.Message):
+    __slots__ = ("instance_id", "agent", "last_heartbeat_age_ms")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEARTBEAT_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    agent: str
+    last_heartbeat_age_ms: int
+    def __init__(self, instance_id: _Optional[str] = ..., agent: _Optional[str] = ..., last_heartbeat_age_ms: _Optional[int] = ...) -> None: ...
+
+class SpanSummary(_message.Message):
+    __slots__ = ("trace_id", "span_id", "parent_span_id", "name", "kind", "start_unix_us", "duration_us", "status", "attributes")
+    class AttributesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    SPAN_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_SPAN_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    START_UNIX_US_FIELD_NUMBER: _ClassVar[int]
+    DURATION_US_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    name: str
+    kind: str
+    start_unix_us: int
+    duration_us: int
+    status: str
+    attributes: _containers.ScalarMap[str, str]
+    def __init__(self, trace_id: _Optional[str] = ..., span_id: _Optional[str] = ..., parent_span_id: _Optional[str] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., start_unix_us: _Optional[int] = ..., duration_us: _Optional[int] = ..., status: _Optional[str] = ..., attributes: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ControlHeartbeatReply(_message.Message):
     __slots__ = ("expired_instance_ids", "replaced_instance_ids", "lease_expired")
@@ -111,16 +190,18 @@ class WatchRequest(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., sidecar: _Optional[_Union[SidecarIdentity, _Mapping]] = ..., from_revision: _Optional[int] = ...) -> None: ...
 
 class Snapshot(_message.Message):
-    __slots__ = ("revision", "instances", "resync", "policies")
+    __slots__ = ("revision", "instances", "resync", "policies", "more")
     REVISION_FIELD_NUMBER: _ClassVar[int]
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
     RESYNC_FIELD_NUMBER: _ClassVar[int]
     POLICIES_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     revision: int
     instances: _containers.RepeatedCompositeFieldContainer[_common_pb2.Instance]
     resync: bool
     policies: _containers.RepeatedCompositeFieldContainer[_policy_pb2.Policy]
-    def __init__(self, revision: _Optional[int] = ..., instances: _Optional[_Iterable[_Union[_common_pb2.Instance, _Mapping]]] = ..., resync: _Optional[bool] = ..., policies: _Optional[_Iterable[_Union[_policy_pb2.Policy, _Mapping]]] = ...) -> None: ...
+    more: bool
+    def __init__(self, revision: _Optional[int] = ..., instances: _Optional[_Iterable[_Union[_common_pb2.Instance, _Mapping]]] = ..., resync: _Optional[bool] = ..., policies: _Optional[_Iterable[_Union[_policy_pb2.Policy, _Mapping]]] = ..., more: _Optional[bool] = ...) -> None: ...
 
 class PolicyRef(_message.Message):
     __slots__ = ("kind", "name")
