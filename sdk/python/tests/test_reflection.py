@@ -46,7 +46,8 @@ def test_control_and_sidecar_list_and_describe_their_services(mesh: Mesh) -> Non
         sidecar = pool.FindServiceByName("agentreach.v1.Sidecar")
         assert [m.name for m in sidecar.methods] == [
             "Register", "Heartbeat", "Deregister", "Route", "Invoke", "InvokeStream",
-            "GetSession", "PutSession", "DeleteSession", "WatchSession"]
+            "GetSession", "PutSession", "DeleteSession", "WatchSession",
+            "SubmitTask", "GetTask", "ListTasks", "CancelTask", "SubscribeTask", "ReportTask", "AnswerTask"]
         invoke = pool.FindMessageTypeByName("agentreach.v1.InvokeRequest")
         assert invoke.fields_by_name["target"].number == 1
         assert invoke.fields_by_name["payload"].number == 2

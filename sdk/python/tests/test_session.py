@@ -120,6 +120,12 @@ def test_first_writer_compare_and_set_limits_watch_and_delete(mesh: Mesh, unique
             await asyncio.wait_for(watcher, 10)
             assert [s[:2] for s in seen[:2]] == [(v1, {"status": "open"}), (v2, {"status": "closed"})]
             assert len(seen) == 4 and seen[-1][2], seen
+            # Sidecar A's cache learns of B's delete from its watch of control: reads there are
+            # eventually consistent across sidecars (read-your-writes holds for A's own writes).
+            for _ in range(50):
+                if not (await on_a.read()).found:
+                    break
+                await asyncio.sleep(0.1)
             assert not (await on_a.read()).found
 
     run(main())
