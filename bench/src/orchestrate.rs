@@ -173,64 +173,6 @@ impl Pinning {
     }
 }
 
-/// The sidecar flags of the benchmark: one runtime thread, explicit addresses (the admin
-/// port on a free port of its own, so several sidecars fit on one host), and plaintext
-/// toward control and on the mesh port by the explicit opt-out `--insecure-plaintext-control`:
-/// the benchmark compares the mesh with nginx and Envoy proxying plaintext gRPC, so every
-/// path runs without TLS (no TLS comparison mode is built yet).
-pub fn sidecar_args(id: &str, local: u16, mesh: u16, control: u16) -> Result<Vec<String>, String> {
-    let admin = procs::free_port()?;
-    Ok([
-        "--insecure-plaintext-control",
-        "--listen",
-        &format!("127.0.0.1:{local}"),
-        "--mesh-listen",
-        &format!("127.0.0.1:{mesh}"),
-        "--advertise",
-        &format!("127.0.0.1:{mesh}"),
-        "--control",
-        &format!("http://127.0.0.1:{control}"),
-        "--sidecar-id",
-        id,
-        "--worker-threads",
-        "1",
-        "--admin-listen",
-        &format!("127.0.0.1:{admin}"),
-        // Two sidecars share the host: the A2A JSON-RPC port (default 127.0.0.1:7703) is not
-        // measured here, so it is off rather than contended.
-        "--a2a-listen",
-        "off",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect())
-}
-
-/// The control flags of the benchmark: one runtime thread, the gRPC port, the admin port
-/// on a free port of its own, and `extra` flags. Plaintext, with the Admin API open, by the
-/// explicit opt-outs `--mtls off --insecure-open-admin-api` (see [`sidecar_args`]; the
-/// table-size benchmark also registers fake sidecars straight through the Control API).
-pub fn control_args(port: u16, extra: &[&str]) -> Result<Vec<String>, String> {
-    let admin = procs::free_port()?;
-    let mut args: Vec<String> = vec![
-        "--mtls".into(),
-        "off".into(),
-        "--insecure-open-admin-api".into(),
-        "--listen".into(),
-        format!("127.0.0.1:{port}"),
-        "--worker-threads".into(),
-        "1".into(),
-        "--admin-listen".into(),
-        format!("127.0.0.1:{admin}"),
-        // Several control processes run at once; none needs the dashboard (its fixed
-        // default port would collide).
-        "--dashboard-listen".into(),
-        "off".into(),
-    ];
-    args.extend(extra.iter().map(|s| s.to_string()));
-    Ok(args)
-}
-
 /// Every process of the run and the first-hop port of each path.
 struct Topology {
     procs: Vec<(String, Proc)>,
@@ -253,14 +195,14 @@ impl Topology {
         let port = procs::free_port;
         let control_port = port()?;
         let mut cmd = binaries.control(pin.client());
-        cmd.args(control_args(control_port, &[])?).env("RUST_LOG", "warn");
+        cmd.args(procs::control_args(control_port, &[])?).env("RUST_LOG", "warn");
         start(&mut procs, "control", cmd, dir, control_port).await?;
 
         let mut sidecar_ports = Vec::new();
         for (role, id) in [("sidecar A", "bench-sidecar-a"), ("sidecar B", "bench-sidecar-b")] {
             let (local, mesh) = (port()?, port()?);
             let mut cmd = binaries.sidecar(pin.proxies());
-            cmd.args(sidecar_args(id, local, mesh, control_port)?).env("RUST_LOG", "warn");
+            cmd.args(procs::sidecar_args(id, local, mesh, control_port)?).env("RUST_LOG", "warn");
             start(&mut procs, role, cmd, dir, local).await?;
             sidecar_ports.push(local);
         }

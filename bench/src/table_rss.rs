@@ -128,7 +128,7 @@ async fn start_control(setup: &Setup<'_>, name: &str) -> Result<(Proc, u16), Str
     let port = procs::free_port()?;
     let mut cmd = setup.binaries.control(setup.control_cpus);
     // Long leases: the fake instances never heartbeat.
-    cmd.args(crate::orchestrate::control_args(port, &["--lease-ttl", "3600s"])?);
+    cmd.args(crate::procs::control_args(port, &["--lease-ttl", "3600s"])?);
     cmd.env("RUST_LOG", "warn");
     let mut p = Proc::spawn(name, cmd, setup.dir)?;
     procs::wait_port(([127, 0, 0, 1], port).into(), &mut p, Duration::from_secs(15)).await?;
@@ -138,7 +138,7 @@ async fn start_control(setup: &Setup<'_>, name: &str) -> Result<(Proc, u16), Str
 async fn start_sidecar(setup: &Setup<'_>, name: &str, control_port: u16) -> Result<(Proc, u16), String> {
     let (local, mesh) = (procs::free_port()?, procs::free_port()?);
     let mut cmd = setup.binaries.sidecar(setup.sidecar_cpus);
-    cmd.args(crate::orchestrate::sidecar_args(name, local, mesh, control_port)?);
+    cmd.args(crate::procs::sidecar_args(name, local, mesh, control_port)?);
     cmd.env("RUST_LOG", "warn");
     let mut p = Proc::spawn(name, cmd, setup.dir)?;
     procs::wait_port(([127, 0, 0, 1], local).into(), &mut p, Duration::from_secs(15)).await?;
