@@ -24,7 +24,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -34,8 +34,10 @@ use agent_reach::reason::{self, Reason};
 use futures_util::{Stream, StreamExt};
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tonic::Status;
 use tonic::transport::Channel;
-use tonic::{Code, Status};
+
+use crate::control::{Failover, Rules};
 
 /// Sessions followed at most.
 pub const MAX_CACHED: usize = 10_000;
@@ -94,9 +96,8 @@ struct Cached {
 /// The cache and the clients of control's Sessions service.
 pub struct SessionCache {
     tenant: String,
-    endpoints: Vec<(String, SessionsClient<Channel>)>,
-    current: AtomicUsize,
-    timeout: Duration,
+    /// The sessions service of every control endpoint.
+    control: Failover<SessionsClient<Channel>>,
     entries: Mutex<HashMap<String, Arc<Mutex<Cached>>>>,
     stats: SessionStats,
     shutdown: watch::Receiver<bool>,
@@ -111,15 +112,11 @@ impl SessionCache {
         timeout: Duration,
         shutdown: watch::Receiver<bool>,
     ) -> Result<SessionCache, String> {
-        let endpoints: Vec<_> = channels.into_iter().map(|(uri, c)| (uri, SessionsClient::new(c))).collect();
-        if endpoints.is_empty() {
-            return Err("--control: at least one endpoint is required".into());
-        }
+        let endpoints = channels.into_iter().map(|(uri, c)| (uri, SessionsClient::new(c))).collect();
+        let control = Failover::new(endpoints, timeout, Rules::Agent)?;
         Ok(SessionCache {
             tenant,
-            endpoints,
-            current: AtomicUsize::new(0),
-            timeout,
+            control,
             entries: Mutex::new(HashMap::new()),
             stats: SessionStats::default(),
             shutdown,
@@ -130,37 +127,14 @@ impl SessionCache {
         &self.stats
     }
 
-    /// Calls control, trying each endpoint once while they answer UNAVAILABLE or time out.
+    /// Calls control, trying each endpoint once while they answer UNAVAILABLE or time out
+    /// ([`Failover`]).
     async fn call<T, F, Fut>(&self, f: F) -> Result<T, Status>
     where
         F: Fn(SessionsClient<Channel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
-        let start = self.current.load(Ordering::Relaxed);
-        let n = self.endpoints.len();
-        let mut last = Status::unavailable("no control endpoint");
-        for i in 0..n {
-            let idx = (start + i) % n;
-            let (uri, client) = &self.endpoints[idx];
-            match tokio::time::timeout(self.timeout, f(client.clone())).await {
-                Ok(Ok(resp)) => {
-                    self.current.store(idx, Ordering::Relaxed);
-                    return Ok(resp.into_inner());
-                }
-                Ok(Err(status)) if !matches!(status.code(), Code::Unavailable | Code::Unknown | Code::Cancelled) => {
-                    return Err(status);
-                }
-                Ok(Err(status)) => last = Status::new(status.code(), format!("{uri}: {}", status.message())),
-                Err(_) => {
-                    last = reason::status(
-                        Reason::ControlUnavailable,
-                        format!("{uri}: no answer within {:?}", self.timeout),
-                        &[],
-                    )
-                }
-            }
-        }
-        Err(last)
+        self.control.call(f).await
     }
 
     /// The tenant a request acts in: the sidecar's own.

@@ -214,7 +214,7 @@ impl Tasks {
             })
             .await?;
         let (tx, rx) = mpsc::channel(16);
-        let endpoints: Vec<_> = self.endpoints.iter().map(|(_, c)| c.clone()).collect();
+        let endpoints = self.control.clients();
         let mut shutdown = self.shutdown.clone();
         tokio::spawn(async move {
             let stop = async move {

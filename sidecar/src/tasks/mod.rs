@@ -14,7 +14,7 @@ pub mod dispatch;
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -24,8 +24,10 @@ use agent_reach::proto::{self, TaskState};
 use agent_reach::reason::{self, Reason};
 use futures_util::Stream;
 use tokio::sync::watch;
+use tonic::Status;
 use tonic::transport::Channel;
-use tonic::{Code, Status};
+
+use crate::control::{Failover, Rules};
 
 /// The task's id in the metadata of the call that dispatches it.
 pub const META_TASK_ID: &str = "ar-task-id";
@@ -56,9 +58,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub struct Tasks {
     tenant: String,
     sidecar_id: String,
-    endpoints: Vec<(String, TasksClient<Channel>)>,
-    current: AtomicUsize,
-    timeout: Duration,
+    /// The tasks service of every control endpoint.
+    control: Failover<TasksClient<Channel>>,
     /// This sidecar's own local API, through which tasks are dispatched like any call.
     local: OnceLock<SidecarClient<Channel>>,
     /// Tasks this sidecar dispatches now.
@@ -76,16 +77,12 @@ impl Tasks {
         channels: Vec<(String, Channel)>,
         shutdown: watch::Receiver<bool>,
     ) -> Result<Tasks, String> {
-        let endpoints: Vec<_> = channels.into_iter().map(|(uri, c)| (uri, TasksClient::new(c))).collect();
-        if endpoints.is_empty() {
-            return Err("--control: at least one endpoint is required".into());
-        }
+        let endpoints = channels.into_iter().map(|(uri, c)| (uri, TasksClient::new(c))).collect();
+        let control = Failover::new(endpoints, config.control_timeout, Rules::Agent)?;
         Ok(Tasks {
             tenant: config.tenant.clone(),
             sidecar_id: config.sidecar_id.clone(),
-            endpoints,
-            current: AtomicUsize::new(0),
-            timeout: config.control_timeout,
+            control,
             local: OnceLock::new(),
             running: Mutex::new(Default::default()),
             claim_ttl: config.task_claim_ttl,
@@ -108,37 +105,14 @@ impl Tasks {
         &self.stats
     }
 
-    /// Calls control, trying each endpoint once while they answer UNAVAILABLE or time out.
+    /// Calls control, trying each endpoint once while they answer UNAVAILABLE or time out
+    /// ([`Failover`]).
     async fn call<T, F, Fut>(&self, f: F) -> Result<T, Status>
     where
         F: Fn(TasksClient<Channel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
-        let start = self.current.load(Ordering::Relaxed);
-        let n = self.endpoints.len();
-        let mut last = Status::unavailable("no control endpoint");
-        for i in 0..n {
-            let idx = (start + i) % n;
-            let (uri, client) = &self.endpoints[idx];
-            match tokio::time::timeout(self.timeout, f(client.clone())).await {
-                Ok(Ok(resp)) => {
-                    self.current.store(idx, Ordering::Relaxed);
-                    return Ok(resp.into_inner());
-                }
-                Ok(Err(status)) if !matches!(status.code(), Code::Unavailable | Code::Unknown | Code::Cancelled) => {
-                    return Err(status);
-                }
-                Ok(Err(status)) => last = Status::new(status.code(), format!("{uri}: {}", status.message())),
-                Err(_) => {
-                    last = reason::status(
-                        Reason::ControlUnavailable,
-                        format!("{uri}: no answer within {:?}", self.timeout),
-                        &[],
-                    )
-                }
-            }
-        }
-        Err(last)
+        self.control.call(f).await
     }
 
     fn check_tenant(&self, requested: &str) -> Result<String, Status> {
