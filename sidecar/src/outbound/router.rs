@@ -303,22 +303,7 @@ impl Router {
         let attempt = tries.attempt;
         let guard = CallGuard::begin(&member, group);
         let id = member.id().to_string();
-        let trace = self.attempt_span(call, plan.target, &member, attempt);
-        let request = self.request(call, plan, &member, attempt, remaining, trace.clone());
-        let breaker = request.breaker;
-        let sent_at = clock();
-        // Stop waiting a reserve before the caller does, so the answer (or the
-        // DEADLINE_EXCEEDED) still reaches it in time.
-        let answer_by = call.deadline.checked_sub(self.deadline_reserve).unwrap_or(call.deadline);
-        let outcome = tokio::time::timeout_at(answer_by, self.attempts.clone().oneshot(request)).await;
-        let hop = Duration::from_nanos(clock().saturating_sub(sent_at));
-        self.metrics.hop_duration.get_or_create(&HOP_OUTBOUND).observe(hop.as_secs_f64());
-        let outcome = match outcome {
-            Ok(Ok(attempt)) => Some(attempt),
-            Ok(Err(never)) => match never {},
-            Err(_) => None,
-        };
-        end_attempt_span(&trace, outcome.as_ref());
+        let (outcome, sent_at) = self.send(call, plan, &member, attempt, remaining).await;
         tries.tried.push(id.clone());
         if attempt > 1 {
             Rejections::count(&self.rejections.retries);
@@ -329,7 +314,7 @@ impl Router {
                 // Cut at the deadline, the attempt never reached the breaker's count: it is a
                 // failure there too, or an instance behind a blackholed or half-open link
                 // (which answers nothing, not even an error) would never be taken out.
-                member.stats.breaker.record(clock(), true, &breaker);
+                member.stats.breaker.record(clock(), true, &plan.breaker);
                 return Step::Answer(deadline_exceeded(call, attempt, std::mem::take(&mut tries.tried)));
             }
             Some(Attempt::NotDelivered(e)) => {
@@ -392,6 +377,35 @@ impl Router {
                 Step::Answer(resp)
             }
         }
+    }
+
+    /// Sends one attempt to `member` through the attempt stack and records its span and
+    /// hop time. Returns what it ended with (None: cut a reserve before the caller's
+    /// deadline) and when it was sent.
+    async fn send(
+        &self,
+        call: &OutboundCall,
+        plan: &Plan<'_>,
+        member: &Member,
+        attempt: u32,
+        remaining: Duration,
+    ) -> (Option<Attempt>, u64) {
+        let trace = self.attempt_span(call, plan.target, member, attempt);
+        let request = self.request(call, plan, member, attempt, remaining, trace.clone());
+        let sent_at = clock();
+        // Stop waiting a reserve before the caller does, so the answer (or the
+        // DEADLINE_EXCEEDED) still reaches it in time.
+        let answer_by = call.deadline.checked_sub(self.deadline_reserve).unwrap_or(call.deadline);
+        let outcome = tokio::time::timeout_at(answer_by, self.attempts.clone().oneshot(request)).await;
+        let hop = Duration::from_nanos(clock().saturating_sub(sent_at));
+        self.metrics.hop_duration.get_or_create(&HOP_OUTBOUND).observe(hop.as_secs_f64());
+        let outcome = match outcome {
+            Ok(Ok(attempt)) => Some(attempt),
+            Ok(Err(never)) => match never {},
+            Err(_) => None,
+        };
+        end_attempt_span(&trace, outcome.as_ref());
+        (outcome, sent_at)
     }
 
     /// The attempt as the attempt stack takes it: the caller's message with the fields

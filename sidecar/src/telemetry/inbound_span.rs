@@ -1,0 +1,104 @@
+//! The target's-sidecar side of a call: [`InboundTelemetry`] opens the server span whose
+//! context reaches the agent and records the inbound hop; admission queueing is a span of
+//! its own ([`record_queue_span`]).
+
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
+use std::time::Duration;
+
+use agent_reach_routing::clock;
+use agent_reach_telemetry::Tracing;
+use agent_reach_telemetry::semconv;
+use opentelemetry::trace::{Span, SpanKind, Status as SpanStatus, TraceContextExt, Tracer};
+use opentelemetry::{Context, KeyValue};
+use tower::{Service, ServiceExt};
+
+use super::{BoxFuture, HopLabels, SidecarMetrics, delivery_outcome, outcome_of};
+use crate::call::{Attempt, InboundCall};
+
+/// Service: the target's-sidecar server span and the inbound hop metric.
+#[derive(Clone)]
+pub(crate) struct InboundTelemetry<S> {
+    tracing: Tracing,
+    metrics: Arc<SidecarMetrics>,
+    inner: S,
+}
+
+/// The layer of [`InboundTelemetry`].
+pub(crate) fn inbound_layer<S>(
+    tracing: Tracing,
+    metrics: Arc<SidecarMetrics>,
+) -> impl tower::Layer<S, Service = InboundTelemetry<S>> + Clone {
+    tower::layer::layer_fn(move |inner| InboundTelemetry { tracing: tracing.clone(), metrics: metrics.clone(), inner })
+}
+
+impl<S> Service<InboundCall> for InboundTelemetry<S>
+where
+    S: Service<InboundCall, Response = Attempt, Error = std::convert::Infallible> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    type Response = Attempt;
+    type Error = std::convert::Infallible;
+    type Future = BoxFuture<Result<Attempt, std::convert::Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut call: InboundCall) -> Self::Future {
+        let tracer = self.tracing.tracer();
+        let reg = &call.local.registration;
+        let method = if call.shape == crate::call::Shape::Stream { "DeliverStream" } else { "Deliver" };
+        let mut attrs = vec![
+            KeyValue::new("agent_reach.tenant", call.tenant.clone()),
+            KeyValue::new("agent_reach.instance", call.local.instance_id.clone()),
+            KeyValue::new("agent_reach.agent", reg.agent.clone()),
+            KeyValue::new("agent_reach.agent_version", reg.version.clone()),
+            KeyValue::new("agent_reach.priority", call.priority.as_str()),
+        ];
+        attrs.extend(semconv::grpc("agentreach.v1.Mesh", method));
+        attrs.extend(semconv::invoke_agent(&reg.agent, &call.local.instance_id));
+        let span = tracer
+            .span_builder(format!("deliver {}", reg.agent))
+            .with_kind(SpanKind::Server)
+            .with_attributes(attrs)
+            .start_with_context(tracer, &call.trace);
+        let cx = call.trace.with_span(span);
+        call.trace = cx.clone();
+        let (service, metrics) = (self.inner.clone(), self.metrics.clone());
+        Box::pin(async move {
+            let started = clock();
+            let attempt = service.oneshot(call).await?;
+            let elapsed = Duration::from_nanos(clock().saturating_sub(started));
+            metrics.hop_duration.get_or_create(&HopLabels { hop: "inbound" }).observe(elapsed.as_secs_f64());
+            let (outcome, code) = match &attempt {
+                Attempt::Answered(resp, _) => match tonic::Status::from_header_map(resp.headers()) {
+                    Some(s) => (outcome_of(&s), s.code()),
+                    None => ("OK".to_string(), tonic::Code::Ok),
+                },
+                Attempt::NotDelivered(e) | Attempt::Failed(e) => (delivery_outcome(e), e.code()),
+            };
+            let span = cx.span();
+            span.set_attribute(KeyValue::new("agent_reach.outcome", outcome.clone()));
+            span.set_attribute(semconv::grpc_status(code as i32));
+            if outcome != "OK" {
+                span.set_status(SpanStatus::error(outcome));
+            }
+            span.end();
+            Ok(attempt)
+        })
+    }
+}
+
+/// Records the time a call waited for an admission slot as a span (a child of the server
+/// span) from `since` to now.
+pub(crate) fn record_queue_span(tracing: &Tracing, parent: &Context, since: std::time::SystemTime, admitted: bool) {
+    let tracer = tracing.tracer();
+    let mut span = tracer
+        .span_builder("admission queue")
+        .with_kind(SpanKind::Internal)
+        .with_start_time(since)
+        .with_attributes([KeyValue::new("agent_reach.admitted", admitted)])
+        .start_with_context(tracer, parent);
+    span.end();
+}

@@ -1,0 +1,145 @@
+//! Counters kept elsewhere in the sidecar (refusals by mechanism, calls in flight, the
+//! watch's state, port limits), read at each scrape by [`ScrapeCollector`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use agent_reach_routing::{BreakerState, TableHandle, clock};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+
+use super::{Calls, Rejections};
+use crate::control::WatchStats;
+
+/// Reads counters kept elsewhere in the sidecar at each scrape.
+pub(crate) struct ScrapeCollector {
+    pub rejections: Arc<Rejections>,
+    pub calls: Arc<Calls>,
+    pub watch_stats: Arc<WatchStats>,
+    pub table: TableHandle,
+    /// Calls delivered to local agents and not yet answered.
+    pub inbound_in_flight: Box<dyn Fn() -> u32 + Send + Sync>,
+    /// Refusals by limit, per port ("local", "mesh").
+    pub limits: [(&'static str, Arc<crate::limits::LimitStats>); 2],
+}
+
+impl std::fmt::Debug for ScrapeCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScrapeCollector").finish_non_exhaustive()
+    }
+}
+
+fn counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: u64) -> Result<(), std::fmt::Error> {
+    let c = ConstCounter::new(value);
+    let m = encoder.encode_descriptor(name, help, None, c.metric_type())?;
+    c.encode(m)
+}
+
+fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: i64) -> Result<(), std::fmt::Error> {
+    let g = ConstGauge::new(value);
+    let m = encoder.encode_descriptor(name, help, None, g.metric_type())?;
+    g.encode(m)
+}
+
+impl Collector for ScrapeCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let r = &self.rejections;
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let mut rejections = encoder.encode_descriptor(
+            "rejections",
+            "Calls refused, by the mechanism that refused them",
+            None,
+            ConstCounter::new(0u64).metric_type(),
+        )?;
+        for (mechanism, value) in [
+            ("rate_limit", load(&r.rate_limited)),
+            ("circuit_breaker", load(&r.breaker_open)),
+            ("admission", load(&r.overloaded)),
+            ("idempotency", load(&r.idempotency_refused)),
+            ("authorization", load(&r.not_authorized)),
+        ] {
+            ConstCounter::new(value).encode(rejections.encode_family(&[("mechanism", mechanism)])?)?;
+        }
+        let mut refusals = encoder.encode_descriptor(
+            "limit_refusals",
+            "Requests and connections refused by a limit of the local or mesh port",
+            None,
+            ConstCounter::new(0u64).metric_type(),
+        )?;
+        for (port, stats) in &self.limits {
+            for (limit, value) in stats.counts() {
+                ConstCounter::new(value).encode(refusals.encode_family(&[("port", *port), ("limit", limit)])?)?;
+            }
+        }
+        counter(&mut encoder, "cache_hits", "Calls answered from the result cache", load(&r.cache_hits))?;
+        counter(
+            &mut encoder,
+            "idempotency_replays",
+            "Duplicates answered with a stored reply",
+            load(&r.idempotency_replays),
+        )?;
+        counter(&mut encoder, "retries", "Attempts after the first, on another instance", load(&r.retries))?;
+        counter(
+            &mut encoder,
+            "retry_budget_exhausted",
+            "Retries the retry budget refused",
+            load(&r.retry_budget_exhausted),
+        )?;
+        counter(&mut encoder, "fallbacks", "Calls sent to a policy's fallback", load(&r.fallbacks))?;
+        gauge(
+            &mut encoder,
+            "in_flight_outbound",
+            "Calls in flight through this sidecar",
+            self.calls.in_flight() as i64,
+        )?;
+        gauge(
+            &mut encoder,
+            "in_flight_inbound",
+            "Calls delivered to local agents and not yet answered",
+            i64::from((self.inbound_in_flight)()),
+        )?;
+        let w = &self.watch_stats;
+        gauge(
+            &mut encoder,
+            "watch_connected",
+            "1 while a watch stream to control is up",
+            i64::from(w.connected.load(Ordering::Relaxed)),
+        )?;
+        let table = self.table.load();
+        gauge(&mut encoder, "watch_revision", "Store revision of the routing table", table.revision)?;
+        counter(&mut encoder, "watch_snapshots", "Snapshots applied", load(&w.snapshots))?;
+        counter(&mut encoder, "watch_resyncs", "Snapshots that replaced a table after compaction", load(&w.resyncs))?;
+        counter(&mut encoder, "watch_deltas", "Deltas applied", load(&w.deltas))?;
+        counter(&mut encoder, "watch_rejected", "Deltas rejected for a revision going backwards", load(&w.rejected))?;
+        let (_, age) = w.staleness();
+        gauge(
+            &mut encoder,
+            "table_stale_seconds",
+            "How long the table has gone unconfirmed while control is unreachable",
+            age.as_secs() as i64,
+        )?;
+        gauge(&mut encoder, "table_instances", "Instances in the routing table", table.len() as i64)?;
+        let now = clock();
+        let mut open = 0;
+        let mut half_open = 0;
+        for m in table.instances.values() {
+            match m.stats.breaker.state(now) {
+                BreakerState::Open => open += 1,
+                BreakerState::HalfOpen => half_open += 1,
+                BreakerState::Closed => {}
+            }
+        }
+        let mut breakers = encoder.encode_descriptor(
+            "breakers",
+            "Instances whose circuit breaker is open or half-open",
+            None,
+            ConstGauge::new(0i64).metric_type(),
+        )?;
+        for (state, value) in [("open", open), ("half_open", half_open)] {
+            ConstGauge::new(value).encode(breakers.encode_family(&[("state", state)])?)?;
+        }
+        Ok(())
+    }
+}
