@@ -22,7 +22,9 @@
 //! tenant; [`CAPABILITY`] names the capability the call was routed by.
 //!
 //! Target's sidecar → agent: [`CALLER_AGENT`] and [`CALLER_INSTANCE`] name the verified
-//! caller (absent for anonymous calls).
+//! caller (absent for anonymous calls); an HTTP/JSON agent receives them as
+//! [`HTTP_AGENT_CALLER_AGENT`] and [`HTTP_AGENT_CALLER_INSTANCE`] (its requests are made
+//! by the sidecar from scratch, so no header a caller wrote reaches it).
 
 /// The prefix of every mesh header; none of them is forwarded to the next hop.
 pub const PREFIX: &str = "ar-";
@@ -64,6 +66,11 @@ pub const SESSION_PREWARMED: &str = "ar-session-prewarmed";
 pub const LOAD: &str = "ar-load";
 /// Request header of a call to an HTTP/JSON agent: the remaining deadline in milliseconds.
 pub const HTTP_AGENT_DEADLINE_MS: &str = "x-agent-reach-deadline-ms";
+/// Request header of a call to an HTTP/JSON agent: the verified calling agent (absent for
+/// anonymous calls; the JSON body's `caller` is what the caller wrote).
+pub const HTTP_AGENT_CALLER_AGENT: &str = "x-agent-reach-caller-agent";
+/// Request header of a call to an HTTP/JSON agent: the verified calling instance.
+pub const HTTP_AGENT_CALLER_INSTANCE: &str = "x-agent-reach-caller-instance";
 /// Request metadata (agent → its sidecar): the agent credential `Register` returned.
 pub const AGENT_CREDENTIAL: &str = "ar-agent-credential";
 /// The calling agent, verified by its sidecar (between sidecars, and to the target agent).

@@ -195,6 +195,12 @@ pub struct SidecarArgs {
     #[arg(long, env = "AGENT_REACH_JOIN_TOKEN_FILE", requires = "trust_bundle_file")]
     pub join_token_file: Option<PathBuf>,
 
+    /// Where the workload certificate and its key are kept (mode 0600), so the sidecar
+    /// starts while control is unreachable. Default: next to the table file
+    /// (<table file>.identity.json); "off" keeps them in memory only.
+    #[arg(long, env = "AGENT_REACH_IDENTITY_FILE")]
+    pub identity_file: Option<String>,
+
     /// Trust domain of the mesh's SPIFFE ids.
     #[arg(long, env = "AGENT_REACH_TRUST_DOMAIN", default_value = agent_reach_identity::DEFAULT_TRUST_DOMAIN)]
     pub trust_domain: String,
@@ -276,6 +282,8 @@ pub struct SidecarConfig {
     /// Mutual TLS toward control with a certificate bought with a join token; `None`:
     /// plaintext.
     pub identity: Option<crate::identity::IdentitySettings>,
+    /// Where the workload certificate is kept (`--identity-file`); `None`: in memory only.
+    pub identity_file: Option<PathBuf>,
     /// Non-loopback hosts an HTTP agent's endpoint may name (`--http-agent-allowed-hosts`).
     pub http_agent_allowed_hosts: Vec<String>,
     /// Durable tasks: how long this sidecar's dispatch claim lasts unless renewed.
@@ -322,6 +330,7 @@ impl SidecarConfig {
             a2a_listen: None,
             a2a_max_tasks: 10_000,
             identity: None,
+            identity_file: None,
             http_agent_allowed_hosts: Vec::new(),
             task_claim_ttl: Duration::from_secs(30),
             task_timeout: Duration::from_secs(3600),
@@ -391,6 +400,18 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
             }
             None => default_sidecar_id(),
         };
+        let table_file = match a.table_file.as_deref() {
+            Some("off") => None,
+            Some("") => return Err("--table-file: empty path (use \"off\" to disable)".into()),
+            Some(path) => Some(PathBuf::from(path)),
+            None => crate::persist::default_path(&a.tenant, a.listen.port()),
+        };
+        let identity_file = match a.identity_file.as_deref() {
+            Some("off") => None,
+            Some("") => return Err("--identity-file: empty path (use \"off\" to disable)".into()),
+            Some(path) => Some(PathBuf::from(path)),
+            None => table_file.as_ref().map(|t| t.with_extension("identity.json")),
+        };
         Ok(SidecarConfig {
             tenant: a.tenant.clone(),
             sidecar_id,
@@ -404,12 +425,7 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
             dead_after: a.dead_after,
             report_interval: a.report_interval,
             control_timeout: a.control_timeout,
-            table_file: match a.table_file.as_deref() {
-                Some("off") => None,
-                Some("") => return Err("--table-file: empty path (use \"off\" to disable)".into()),
-                Some(path) => Some(PathBuf::from(path)),
-                None => crate::persist::default_path(&a.tenant, a.listen.port()),
-            },
+            table_file,
             drain_timeout: a.drain_timeout,
             idempotency_window: a.idempotency_window,
             idempotency_max_reply_bytes: a.idempotency_max_reply_bytes,
@@ -447,6 +463,7 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
                         .into());
                 }
             },
+            identity_file,
             http_agent_allowed_hosts: a
                 .http_agent_allowed_hosts
                 .iter()
@@ -515,6 +532,8 @@ mod tests {
         assert_eq!(cfg.dead_after, Duration::from_secs(30));
         assert_eq!(cfg.control, vec!["http://127.0.0.1:7800".to_string()]);
         assert_eq!(cfg.max_payload_bytes, 4 * 1024 * 1024);
+        let identity_file = cfg.identity_file.clone().unwrap();
+        assert!(identity_file.ends_with("agent-reach/default-7700.table.identity.json"), "{identity_file:?}");
         let default = cfg.table_file.unwrap();
         assert!(default.ends_with("agent-reach/default-7700.table.json"));
         assert!(!default.starts_with(std::env::temp_dir()), "not in the shared temporary directory: {default:?}");
@@ -522,7 +541,8 @@ mod tests {
         let args = SidecarArgs::parse_from(["sidecar", "--insecure-plaintext-control", "--max-connections", "0"]);
         assert!(SidecarConfig::try_from(&args).unwrap_err().contains("--max-connections"));
         let args = SidecarArgs::parse_from(["sidecar", "--insecure-plaintext-control", "--table-file", "off"]);
-        assert_eq!(SidecarConfig::try_from(&args).unwrap().table_file, None);
+        let cfg = SidecarConfig::try_from(&args).unwrap();
+        assert_eq!((cfg.table_file, cfg.identity_file), (None, None));
         let args = SidecarArgs::parse_from([
             "sidecar",
             "--insecure-plaintext-control",

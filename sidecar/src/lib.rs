@@ -41,6 +41,7 @@ pub mod grace;
 mod grpc;
 mod http_client;
 pub mod identity;
+mod identity_file;
 mod inbound;
 mod limits;
 pub mod local_access;
@@ -210,7 +211,6 @@ impl Sidecar {
         );
         let durable =
             Arc::new(tasks::Tasks::new(&config, control.channels(), shutdown_rx.clone()).map_err(StartError::Config)?);
-        durable.set_local(local_addr);
         let inner = Arc::new(Inner {
             sessions,
             tasks: durable.clone(),
@@ -247,12 +247,13 @@ impl Sidecar {
             shutdown_rx.clone(),
         ));
         tasks.spawn(registry.clone().run_renewals(shutdown_rx.clone()));
-        tasks.spawn(durable.run_recovery());
         if let Some(w) = &workload {
             tasks.spawn(w.renewals(control.clone(), shutdown_rx.clone()));
         }
         tasks.spawn(registry.run_probes(shutdown_rx.clone()));
         let (invoke, mesh_entry, metrics) = entries(&inner, workload.as_ref().map(|w| w.tls.clone()));
+        durable.set_invoker(invoke.clone(), config.max_payload_bytes + grpc::ENVELOPE_ALLOWANCE);
+        tasks.spawn(durable.run_recovery());
         let admin_addr = match admin {
             Some(listener) => {
                 let addr = listener.local_addr()?;

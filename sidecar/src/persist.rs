@@ -79,8 +79,6 @@ fn dir_of(path: &Path) -> &Path {
 /// fsynced. The directory is created (mode 0700) when missing and refused when others
 /// may write to it.
 pub(crate) fn save(path: &Path, tenant: &str, table: &RoutingTable) -> std::io::Result<()> {
-    use std::io::Write;
-    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let saved = SavedTable {
         format: FORMAT,
         tenant: tenant.to_string(),
@@ -94,6 +92,14 @@ pub(crate) fn save(path: &Path, tenant: &str, table: &RoutingTable) -> std::io::
         policies: table.policies.values().map(|p| Policy::clone(p)).collect(),
     };
     let json = serde_json::to_vec(&saved).map_err(std::io::Error::other)?;
+    write_private(path, &json)
+}
+
+/// Writes `bytes` to `path` atomically and durably, readable by this user only (see
+/// [`save`]); also keeps the workload certificate and key (`identity_file`).
+pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let dir = dir_of(path);
     let mut builder = std::fs::DirBuilder::new();
     builder.recursive(true);
@@ -101,7 +107,7 @@ pub(crate) fn save(path: &Path, tenant: &str, table: &RoutingTable) -> std::io::
     std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
     builder.create(dir)?;
     check_dir(dir)?;
-    let name = path.file_name().ok_or_else(|| std::io::Error::other("the table file has no file name"))?;
+    let name = path.file_name().ok_or_else(|| std::io::Error::other("the file has no file name"))?;
     let tmp = dir.join(format!(
         ".{}.{}.{}.{}.tmp",
         name.to_string_lossy(),
@@ -114,7 +120,7 @@ pub(crate) fn save(path: &Path, tenant: &str, table: &RoutingTable) -> std::io::
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
     let written = options.open(&tmp).and_then(|mut f| {
-        f.write_all(&json)?;
+        f.write_all(bytes)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)
     });

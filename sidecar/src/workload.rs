@@ -8,7 +8,9 @@
 //! sidecar makes a new key and CSR and renews over mutual TLS with the current
 //! certificate; the new one (and the trust bundle that came with it) is swapped into the
 //! TLS configuration for the next connections ([`crate::identity::ControlTls`]), while open
-//! ones carry on. The private key never leaves this process.
+//! ones carry on. The private key never leaves this process, except into the sidecar's
+//! own `--identity-file` (mode 0600, see [`crate::identity_file`]), from which a restart
+//! while control is unreachable takes its certificate.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,6 +22,7 @@ use tokio::sync::watch;
 
 use crate::control::ControlClients;
 use crate::identity::{ControlTls, IdentityError, IdentitySettings};
+use crate::identity_file::{IdentityFile, Issued, fresh};
 
 /// Counters of the sidecar's certificates.
 #[derive(Debug, Default)]
@@ -35,6 +38,8 @@ pub struct Workload {
     pub tls: Arc<ControlTls>,
     pub id: WorkloadId,
     pub stats: Arc<IdentityStats>,
+    /// Where every certificate received is kept (`--identity-file`).
+    file: Option<Arc<IdentityFile>>,
 }
 
 impl Workload {
@@ -49,8 +54,30 @@ impl Workload {
             return Ok(None);
         };
         let id = WorkloadId::new(&settings.trust_domain, &config.tenant, &config.sidecar_id);
-        let workload =
-            Workload { tls: Arc::new(ControlTls::new(settings)?), id, stats: Arc::new(IdentityStats::default()) };
+        let workload = Workload {
+            tls: Arc::new(ControlTls::new(settings)?),
+            id,
+            stats: Arc::new(IdentityStats::default()),
+            file: config.identity_file.clone().map(|path| Arc::new(IdentityFile::new(path))),
+        };
+        // A saved certificate before its renewal point is used as is: no control needed.
+        let now = SystemTime::now();
+        let saved = workload.file.as_ref().and_then(|file| match file.load(&workload.id, now) {
+            Ok(creds) => creds,
+            Err(e) => {
+                tracing::warn!(path = %file.path().display(), "ignoring the saved workload certificate: {e}");
+                None
+            }
+        });
+        let saved = match saved {
+            Some(creds) if fresh(&creds.info, now) => {
+                tracing::info!(identity = %workload.id, not_after_ms = unix_ms(creds.info.not_after),
+                    "using the saved workload certificate");
+                install(&workload.tls, creds)?;
+                return Ok(Some(workload));
+            }
+            other => other,
+        };
         // The first certificate over connections of their own, without a client
         // certificate; they close afterwards, so no Control call ever rides on them.
         let clients = ControlClients::with_tls(
@@ -59,7 +86,15 @@ impl Workload {
             Some(Arc::new(ControlTls::new(settings)?)),
         )
         .map_err(crate::StartError::Config)?;
-        bootstrap(&clients, &workload.tls, &workload.id, settings, &workload.stats).await?;
+        match bootstrap(&clients, &workload, settings).await {
+            Ok(()) => {}
+            // Past its renewal point but not expired: better than not starting.
+            Err(e) if saved.is_some() => {
+                tracing::warn!(identity = %workload.id, "no new certificate ({e}); using the saved one until it expires");
+                install(&workload.tls, saved.expect("checked"))?;
+            }
+            Err(e) => return Err(e.into()),
+        }
         Ok(Some(workload))
     }
 
@@ -69,13 +104,29 @@ impl Workload {
         control: Arc<ControlClients>,
         shutdown: watch::Receiver<bool>,
     ) -> impl Future<Output = ()> + Send + 'static {
-        run_renewals(control, self.tls.clone(), self.id.clone(), self.stats.clone(), shutdown)
+        run_renewals(control, self.tls.clone(), self.id.clone(), self.stats.clone(), self.file.clone(), shutdown)
     }
 }
 
+/// Keeps a certificate just received in `file`, if any (a failure only costs the next
+/// start without control).
+fn keep(file: Option<&IdentityFile>, id: &WorkloadId, issued: &Issued) {
+    if let Some(file) = file
+        && let Err(e) = file.save(id, issued)
+    {
+        tracing::warn!(path = %file.path().display(), "cannot save the workload certificate: {e}");
+    }
+}
+
+/// Makes `creds` the sidecar's certificate.
+fn install(tls: &ControlTls, creds: Credentials) -> Result<(), IdentityError> {
+    tls.install(TlsConfigs::new(creds, ClientAuth::Required, ExpectedPeer::AnyInTrustDomain)?);
+    Ok(())
+}
+
 /// Buys a certificate for `id` (with the join token, or with the current certificate
-/// when `join_token` is empty) and returns its credentials.
-async fn issue(control: &ControlClients, id: &WorkloadId, join_token: &str) -> Result<Credentials, IdentityError> {
+/// when `join_token` is empty).
+async fn issue(control: &ControlClients, id: &WorkloadId, join_token: &str) -> Result<Issued, IdentityError> {
     let key = WorkloadKey::generate()?;
     let request = proto::IssueCertificateRequest {
         tenant: id.tenant.clone(),
@@ -84,33 +135,38 @@ async fn issue(control: &ControlClients, id: &WorkloadId, join_token: &str) -> R
         join_token: join_token.to_string(),
     };
     let reply = control.issue_certificate(request).await.map_err(IdentityError::Refused)?;
-    Ok(Credentials::from_parts(&reply.certificate_pem, key.private_key_der(), &reply.trust_bundle_pem)?)
+    Ok(Issued {
+        certificate_pem: reply.certificate_pem,
+        key_pkcs8: key.private_key_der().secret_der().to_vec(),
+        trust_bundle_pem: reply.trust_bundle_pem,
+    })
 }
 
-/// Buys the first certificate with the join token and installs it into `tls`.
-pub async fn bootstrap(
+/// Buys the first certificate with the join token, installs it and keeps it.
+async fn bootstrap(
     control: &ControlClients,
-    tls: &ControlTls,
-    id: &WorkloadId,
+    workload: &Workload,
     settings: &IdentitySettings,
-    stats: &IdentityStats,
 ) -> Result<(), IdentityError> {
-    let creds = issue(control, id, &settings.join_token).await?;
-    tracing::info!(identity = %id, not_after_ms = unix_ms(creds.info.not_after), "got a workload certificate");
-    let configs = TlsConfigs::new(creds, ClientAuth::Required, ExpectedPeer::AnyInTrustDomain)?;
-    tls.install(configs);
-    stats.issued.fetch_add(1, Ordering::Relaxed);
+    let issued = issue(control, &workload.id, &settings.join_token).await?;
+    let creds = issued.credentials()?;
+    let not_after_ms = unix_ms(creds.info.not_after);
+    install(&workload.tls, creds)?;
+    tracing::info!(identity = %workload.id, not_after_ms, "got a workload certificate");
+    keep(workload.file.as_deref(), &workload.id, &issued);
+    workload.stats.issued.fetch_add(1, Ordering::Relaxed);
     Ok(())
 }
 
 /// Renews the certificate at two thirds of its lifetime until `shutdown`; after a failed
 /// renewal it tries again after a tenth of the remaining lifetime (at least 1 s, at most
 /// 1 min).
-pub async fn run_renewals(
+pub(crate) async fn run_renewals(
     control: Arc<ControlClients>,
     tls: Arc<ControlTls>,
     id: WorkloadId,
     stats: Arc<IdentityStats>,
+    file: Option<Arc<IdentityFile>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut wait = match tls.workload() {
@@ -123,8 +179,13 @@ pub async fn run_renewals(
             _ = tokio::time::sleep(wait) => {}
         }
         let Some(configs) = tls.workload() else { return };
-        match issue(&control, &id, "").await.and_then(|creds| Ok(configs.update(creds)?)) {
-            Ok(()) => {
+        let renewed = issue(&control, &id, "").await.and_then(|issued| {
+            configs.update(issued.credentials()?)?;
+            Ok(issued)
+        });
+        match renewed {
+            Ok(issued) => {
+                keep(file.as_deref(), &id, &issued);
                 stats.issued.fetch_add(1, Ordering::Relaxed);
                 let info = configs.info();
                 tracing::info!(identity = %id, not_after_ms = unix_ms(info.not_after), "renewed the workload certificate");

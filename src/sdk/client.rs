@@ -259,6 +259,11 @@ impl Client {
     pub(crate) fn caller_proto(&self) -> Option<proto::Caller> {
         self.caller.clone()
     }
+
+    /// The agent credential this client presents, if any.
+    pub(crate) fn credential(&self) -> Option<&str> {
+        self.credential.as_deref()
+    }
 }
 
 fn endpoint(addr: &str) -> Result<Endpoint, InvokeError> {

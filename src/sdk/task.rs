@@ -54,10 +54,13 @@ fn text_message(text: impl Into<String>) -> proto::TaskMessage {
 pub type TaskUpdates = Pin<Box<dyn Stream<Item = Result<proto::Task, InvokeError>> + Send>>;
 
 impl Client {
-    /// Starts a task for any instance offering `capability`.
+    /// Starts a task for any instance offering `capability`. With an agent credential
+    /// ([`Client::with_credential`], or an agent's own [client](crate::RunningAgent::client)),
+    /// the task is dispatched as that agent; without one, anonymously.
     pub fn submit(&self, capability: impl Into<String>) -> SubmitBuilder {
         SubmitBuilder {
             sidecar: self.raw(),
+            credential: self.credential().map(str::to_string),
             request: proto::SubmitTaskRequest {
                 target: Some(crate::model::Target::capability(capability).into()),
                 caller: self.caller_proto(),
@@ -77,6 +80,7 @@ impl Client {
 pub struct SubmitBuilder {
     sidecar: SidecarClient<super::SidecarChannel>,
     request: proto::SubmitTaskRequest,
+    credential: Option<String>,
 }
 
 impl SubmitBuilder {
@@ -123,7 +127,11 @@ impl SubmitBuilder {
     }
     /// Stores the task; returns once it is stored (not when it is done).
     pub async fn send(mut self) -> Result<Submitted, InvokeError> {
-        let reply = self.sidecar.submit_task(self.request).await?.into_inner();
+        let mut request = tonic::Request::new(self.request);
+        if let Some(v) = self.credential.and_then(|c| c.parse().ok()) {
+            request.metadata_mut().insert(crate::headers::AGENT_CREDENTIAL, v);
+        }
+        let reply = self.sidecar.submit_task(request).await?.into_inner();
         let task = reply.task.unwrap_or_default();
         Ok(Submitted {
             handle: TaskHandle { id: task.id.clone(), sidecar: self.sidecar },

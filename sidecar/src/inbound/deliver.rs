@@ -226,7 +226,9 @@ impl Deliver {
         if call.local.registration.transport == Transport::Http {
             let mut trace = HeaderMap::new();
             agent_reach_telemetry::trace::inject(&call.trace, &mut trace);
-            return super::http_agent::deliver(&call.local, call.body, call.remaining, &trace, call.shape).await;
+            let caller = call.caller.as_ref();
+            return super::http_agent::deliver(&call.local, call.body, call.remaining, &trace, call.shape, caller)
+                .await;
         }
         let conn = match self.pool.get(&call.local.authority).await {
             Ok(c) => c,

@@ -13,6 +13,13 @@
 //! `text` is present when the payload is valid UTF-8. The remaining deadline is also sent
 //! as the header `X-Agent-Reach-Deadline-Ms`, and `traceparent` travels as a header.
 //!
+//! `caller` is what the caller wrote about itself. The caller the mesh verified (its agent
+//! credential, vouched for by its sidecar over mutual TLS) comes as `"verified_caller":
+//! {"agent": …, "instance_id": …}` and as the headers `X-Agent-Reach-Caller-Agent` and
+//! `X-Agent-Reach-Caller-Instance`; both are absent for anonymous calls. The sidecar
+//! builds each request to the agent from scratch (only `traceparent` is carried over), so
+//! a caller cannot smuggle those headers in.
+//!
 //! Answer: HTTP 2xx with `{"text": "…"}` or `{"payload_base64": "…"}`, optionally
 //! `"content_type"` and `"metadata"`. For `InvokeStream` (`"stream": true`) the answer is
 //! newline-delimited JSON (`application/x-ndjson`), one such object per chunk. Errors: a
@@ -34,7 +41,7 @@ use prost::Message;
 use serde::{Deserialize, Serialize};
 use tonic::{Code, Status};
 
-use crate::call::{Attempt, Shape};
+use crate::call::{Attempt, Caller, Shape};
 use crate::error::DeliveryError;
 use crate::grpc::{self, Body, ChannelBody, Frames};
 use crate::http_client::client;
@@ -55,6 +62,8 @@ struct JsonCall<'a> {
     metadata: &'a HashMap<String, String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     caller: Option<JsonCaller<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    verified_caller: Option<JsonCaller<'a>>,
     instance_id: &'a str,
     attempt: u32,
     tenant: &'a str,
@@ -136,6 +145,7 @@ fn code_for(status: StatusCode) -> Code {
 /// The JSON body an HTTP agent receives for `call`.
 fn json_call(
     call: &proto::HandleRequest,
+    verified: Option<&Caller>,
     remaining: Option<Duration>,
     shape: Shape,
 ) -> Result<Vec<u8>, serde_json::Error> {
@@ -159,6 +169,7 @@ fn json_call(
         idempotency_key: &call.idempotency_key,
         metadata: &call.metadata,
         caller: call.caller.as_ref().map(|c| JsonCaller { agent: &c.agent, instance_id: &c.instance_id }),
+        verified_caller: verified.map(|c| JsonCaller { agent: &c.agent, instance_id: &c.instance }),
         instance_id: &call.instance_id,
         attempt: call.attempt,
         tenant: &call.tenant,
@@ -178,6 +189,7 @@ pub(crate) async fn deliver(
     remaining: Option<Duration>,
     headers: &HeaderMap,
     shape: Shape,
+    verified: Option<&Caller>,
 ) -> Attempt {
     let collected = match Limited::new(body, MAX_ANSWER_BYTES).collect().await {
         Ok(c) => c.to_bytes(),
@@ -190,7 +202,7 @@ pub(crate) async fn deliver(
         Ok(c) => c,
         Err(e) => return Attempt::Failed(DeliveryError::InvalidArgument(format!("not a HandleRequest: {e}"))),
     };
-    let body = match json_call(&call, remaining, shape) {
+    let body = match json_call(&call, verified, remaining, shape) {
         Ok(b) => b,
         Err(e) => return Attempt::Failed(DeliveryError::Internal(format!("encoding the call as JSON: {e}"))),
     };
@@ -211,6 +223,12 @@ pub(crate) async fn deliver(
     }
     if let Some(tp) = headers.get("traceparent") {
         h.insert("traceparent", tp.clone());
+    }
+    if let Some(c) = verified
+        && let (Ok(agent), Ok(instance)) = (HeaderValue::from_str(&c.agent), HeaderValue::from_str(&c.instance))
+    {
+        h.insert(agent_reach::headers::HTTP_AGENT_CALLER_AGENT, agent);
+        h.insert(agent_reach::headers::HTTP_AGENT_CALLER_INSTANCE, instance);
     }
     let sent = client().request(req);
     let resp = match remaining {

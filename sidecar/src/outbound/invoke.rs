@@ -66,9 +66,23 @@ impl InvokeEntry {
     pub(crate) async fn call(&self, message: bytes::Bytes, headers: http::HeaderMap, shape: Shape) -> Response<Body> {
         // An agent credential on the A2A request is verified as on Invoke; without one the
         // call has no verified caller.
-        let checked = verify_credential(&self.registry, &headers)
-            .and_then(|caller| self.check_call(message, headers, shape, Instant::now(), caller));
-        let call = match checked {
+        match verify_credential(&self.registry, &headers) {
+            Ok(caller) => self.call_as(message, headers, shape, caller).await,
+            Err(e) => grpc::status_response(e.into_status()),
+        }
+    }
+
+    /// Sends an encoded `InvokeRequest` made inside the sidecar through the outbound stack
+    /// as `caller`, whom the sidecar verified earlier (a durable task's submitter, recorded
+    /// from its credential when the task was submitted; `None`: anonymous).
+    pub(crate) async fn call_as(
+        &self,
+        message: bytes::Bytes,
+        headers: http::HeaderMap,
+        shape: Shape,
+        caller: Option<Caller>,
+    ) -> Response<Body> {
+        let call = match self.check_call(message, headers, shape, Instant::now(), caller) {
             Ok(c) => c,
             Err(e) => return grpc::status_response(e.into_status()),
         };
@@ -153,7 +167,7 @@ impl InvokeEntry {
 
 /// The caller a local request's `ar-agent-credential` proves (`None`: no credential,
 /// anonymous); a credential that does not verify is refused, never made anonymous.
-fn verify_credential(registry: &Registry, headers: &http::HeaderMap) -> Result<Option<Caller>, SidecarError> {
+pub(crate) fn verify_credential(registry: &Registry, headers: &http::HeaderMap) -> Result<Option<Caller>, SidecarError> {
     let Some(value) = headers.get(grpc::header::AGENT_CREDENTIAL) else { return Ok(None) };
     let invalid = |why: &str| SidecarError::CredentialInvalid(why.to_string());
     let token = value.to_str().map_err(|_| invalid("not text"))?;

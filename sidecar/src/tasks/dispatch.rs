@@ -1,7 +1,8 @@
 //! Dispatch of durable tasks: the sidecar that stores a task claims it and calls an
-//! instance of its target through its own local API (so admission, priorities, policies,
-//! retries and breakers are those of any call), with the task id as the idempotency key
-//! and the metadata `ar-task-id` / `ar-task-attempt`.
+//! instance of its target through its own outbound stack, as the task's verified submitter
+//! (see `caller`; so admission, priorities, authorization, rate limits, retries and
+//! breakers are those of any call), with the task id as the idempotency key and the
+//! metadata `ar-task-id` / `ar-task-attempt`.
 //!
 //! One attempt is one call. Its outcome decides the task: a reply completes it (the reply is
 //! the artifact "result"; over the result limit it fails with TASK_RESULT_TOO_LARGE); an
@@ -454,8 +455,8 @@ impl Tasks {
     /// One call to the task's target, ended early by the task's final state or a stop;
     /// the claim is renewed while it runs.
     async fn run_attempt(self: &Arc<Self>, task: &proto::Task, number: u32) -> Outcome {
-        let Some(local) = self.local.get().cloned() else {
-            return Outcome::Failed(Status::unavailable("the sidecar's local API is not up"));
+        let Some(invoker) = self.invoker.get().cloned() else {
+            return Outcome::Failed(Status::unavailable("the sidecar's outbound stack is not up"));
         };
         let input = task.messages.first().and_then(|m| m.parts.first()).cloned().unwrap_or_default();
         let mut metadata = task.metadata.clone();
@@ -472,10 +473,8 @@ impl Tasks {
             message_id: format!("{}.{number}", task.id),
             caller: task.submitter.clone(),
         };
-        let mut request = tonic::Request::new(invoke);
-        request.set_timeout(self.task_timeout);
-        let mut local = local;
-        let call = async move { local.invoke(request).await };
+        let (submitter, timeout) = (super::caller::of(task), self.task_timeout);
+        let call = async move { invoker.invoke(invoke, submitter, Some(timeout)).await };
         tokio::pin!(call);
         // Without a watch (control unreachable) the attempt still runs; the final state
         // is then noticed when the call ends.
@@ -490,7 +489,7 @@ impl Tasks {
             tokio::select! {
                 result = &mut call => {
                     return match result {
-                        Ok(reply) => Outcome::Replied(Box::new(reply.into_inner())),
+                        Ok(reply) => Outcome::Replied(Box::new(reply)),
                         Err(status) => Outcome::Failed(status),
                     };
                 }
@@ -626,7 +625,7 @@ impl Tasks {
                 if resp.status().is_success() { Ok(()) } else { Err(format!("webhook answered {}", resp.status())) }
             }
             Some(proto::task_push::Kind::Target(target)) => {
-                let Some(mut local) = self.local.get().cloned() else { return Err("local API not up".into()) };
+                let Some(invoker) = self.invoker.get() else { return Err("outbound stack not up".into()) };
                 let payload = Bytes::from(prost::Message::encode_to_vec(event));
                 let mut metadata = std::collections::HashMap::new();
                 metadata.insert(SIGNATURE_METADATA.to_string(), sign(secret, &payload));
@@ -641,7 +640,9 @@ impl Tasks {
                     metadata,
                     ..Default::default()
                 };
-                local.invoke(invoke).await.map(|_| ()).map_err(|s| s.to_string())
+                // Pushed as the task's submitter, like its dispatch.
+                let submitter = event.task.as_ref().and_then(super::caller::of);
+                invoker.invoke(invoke, submitter, None).await.map(|_| ()).map_err(|s| s.to_string())
             }
             None => Err("no push target".into()),
         }

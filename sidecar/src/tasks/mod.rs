@@ -10,6 +10,7 @@
 //! other front ends (the A2A binding) call; its methods answer statuses whose ErrorInfo
 //! reasons come from control unchanged (TASK_NOT_FOUND, TASK_FINISHED, ...).
 
+mod caller;
 pub mod dispatch;
 
 use std::future::Future;
@@ -18,7 +19,6 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use agent_reach::proto::sidecar_client::SidecarClient;
 use agent_reach::proto::tasks_client::TasksClient;
 use agent_reach::proto::{self, TaskState};
 use agent_reach::reason::{self, Reason};
@@ -60,8 +60,9 @@ pub struct Tasks {
     sidecar_id: String,
     /// The tasks service of every control endpoint.
     control: Failover<TasksClient<Channel>>,
-    /// This sidecar's own local API, through which tasks are dispatched like any call.
-    local: OnceLock<SidecarClient<Channel>>,
+    /// This sidecar's outbound stack, through which tasks are dispatched like any call
+    /// (as their verified submitter, see [`caller`]).
+    invoker: OnceLock<caller::TaskInvoker>,
     /// Tasks this sidecar dispatches now.
     running: Mutex<std::collections::HashSet<String>>,
     claim_ttl: Duration,
@@ -83,7 +84,7 @@ impl Tasks {
             tenant: config.tenant.clone(),
             sidecar_id: config.sidecar_id.clone(),
             control,
-            local: OnceLock::new(),
+            invoker: OnceLock::new(),
             running: Mutex::new(Default::default()),
             claim_ttl: config.task_claim_ttl,
             task_timeout: config.task_timeout,
@@ -92,13 +93,10 @@ impl Tasks {
         })
     }
 
-    /// Dispatches through the local API at `addr` (the sidecar's own listener).
-    pub(crate) fn set_local(&self, addr: std::net::SocketAddr) {
-        let ip = if addr.ip().is_unspecified() { std::net::Ipv4Addr::LOCALHOST.into() } else { addr.ip() };
-        let uri = format!("http://{}", std::net::SocketAddr::new(ip, addr.port()));
-        if let Ok(endpoint) = Channel::from_shared(uri) {
-            let _ = self.local.set(SidecarClient::new(endpoint.tcp_nodelay(true).connect_lazy()));
-        }
+    /// Dispatches through `entry` (the sidecar's outbound stack), reading answers of up to
+    /// `reply_limit` bytes.
+    pub(crate) fn set_invoker(&self, entry: crate::outbound::invoke::InvokeEntry, reply_limit: usize) {
+        let _ = self.invoker.set(caller::TaskInvoker::new(entry, reply_limit));
     }
 
     pub fn stats(&self) -> &TaskStats {
@@ -135,8 +133,13 @@ impl Tasks {
         .await
     }
 
-    /// `SubmitTask`: stores the task (claimed by this sidecar) and starts dispatching it.
-    pub async fn submit(self: &Arc<Self>, r: proto::SubmitTaskRequest) -> Result<proto::SubmitTaskReply, Status> {
+    /// `SubmitTask` by `submitter` (verified by its credential; `None`: anonymous): stores
+    /// the task (claimed by this sidecar) and starts dispatching it as that caller.
+    pub(crate) async fn submit(
+        self: &Arc<Self>,
+        r: proto::SubmitTaskRequest,
+        submitter: Option<crate::call::Caller>,
+    ) -> Result<proto::SubmitTaskReply, Status> {
         let target = r.target.ok_or_else(|| reason::invalid_argument("target", "is required"))?;
         if target.kind.is_none() {
             return Err(reason::invalid_argument("target", "name an agent or a capability"));
@@ -170,6 +173,7 @@ impl Tasks {
             dispatcher: self.sidecar_id.clone(),
             claim_until_ms: dispatch::now_ms() + self.claim_ttl.as_millis() as u64,
             run_once: r.run_once,
+            verified_submitter: caller::record(submitter.as_ref()),
             ..Default::default()
         };
         let request = proto::CreateTaskRequest {
@@ -349,9 +353,13 @@ pub(crate) async fn local_api(
     let path = req.uri().path().rsplit('/').next().unwrap_or_default().to_string();
     match path.as_str() {
         "SubmitTask" => {
+            let submitter = match caller::submitter(&registry, req.headers()) {
+                Ok(s) => s,
+                Err(status) => return crate::grpc::status_response(status),
+            };
             unary(req, move |r: tonic::Request<proto::SubmitTaskRequest>| {
-                let tasks = tasks.clone();
-                async move { tasks.submit(r.into_inner()).await }
+                let (tasks, submitter) = (tasks.clone(), submitter.clone());
+                async move { tasks.submit(r.into_inner(), submitter).await }
             })
             .await
         }

@@ -145,8 +145,9 @@ async fn control_down_at_sidecar_start() {
 
     let ts = TestStore::start(Backend::Embedded).await;
     let bound = tokio::net::TcpListener::bind(control_addr).await.expect("rebind the control port");
-    // Explicit plaintext: the sidecar started while control was down, so it has no
-    // certificate (one with identity cannot start without control: not built yet).
+    // Explicit plaintext: the sidecar started while control was down for the first time,
+    // so it has no certificate (one with identity needs control, or a certificate saved by
+    // an earlier run, see `offline_start.rs`).
     let control = start_control_on_plaintext(ts.store.clone(), Duration::from_secs(15), bound);
     let agent =
         tokio::time::timeout(Duration::from_secs(15), starting).await.expect("registered in time").unwrap().unwrap();

@@ -175,8 +175,8 @@ async fn graceful_shutdown_loses_no_call() {
 async fn routing_survives_control_and_etcd_outage_and_a_sidecar_restart() {
     init_logging();
     let mut ts = TestStore::start(Backend::Etcd).await;
-    // Explicit plaintext: a sidecar with identity buys its certificate from control at start
-    // and keeps none on disk, so it cannot restart while control is down (not built yet).
+    // Explicit plaintext: this test is about the saved table; the restart of a sidecar with
+    // identity from its saved certificate is `offline_start.rs`.
     let control = start_control_plaintext(ts.store.clone(), Duration::from_secs(15)).await;
     let table_file = tempfile::tempdir().unwrap();
     let path = table_file.path().join("a.table.json");

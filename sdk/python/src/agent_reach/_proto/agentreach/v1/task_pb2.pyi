@@ -140,7 +140,7 @@ class TaskPush(_message.Message):
     def __init__(self, url: _Optional[str] = ..., target: _Optional[_Union[_common_pb2.Target, _Mapping]] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("id", "tenant", "context_id", "target", "priority", "session_id", "submitter", "status", "history", "messages", "artifacts", "attempts", "metadata", "push", "version", "created_at_ms", "updated_at_ms", "dispatcher", "claim_until_ms", "expires_at_ms", "run_once")
+    __slots__ = ("id", "tenant", "context_id", "target", "priority", "session_id", "submitter", "status", "history", "messages", "artifacts", "attempts", "metadata", "push", "version", "created_at_ms", "updated_at_ms", "dispatcher", "claim_until_ms", "expires_at_ms", "run_once", "verified_submitter")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -169,6 +169,7 @@ class Task(_message.Message):
     CLAIM_UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
     RUN_ONCE_FIELD_NUMBER: _ClassVar[int]
+    VERIFIED_SUBMITTER_FIELD_NUMBER: _ClassVar[int]
     id: str
     tenant: str
     context_id: str
@@ -190,7 +191,8 @@ class Task(_message.Message):
     claim_until_ms: int
     expires_at_ms: int
     run_once: bool
-    def __init__(self, id: _Optional[str] = ..., tenant: _Optional[str] = ..., context_id: _Optional[str] = ..., target: _Optional[_Union[_common_pb2.Target, _Mapping]] = ..., priority: _Optional[_Union[_common_pb2.Priority, str]] = ..., session_id: _Optional[str] = ..., submitter: _Optional[_Union[_common_pb2.Caller, _Mapping]] = ..., status: _Optional[_Union[TaskStatus, _Mapping]] = ..., history: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., messages: _Optional[_Iterable[_Union[TaskMessage, _Mapping]]] = ..., artifacts: _Optional[_Iterable[_Union[TaskArtifact, _Mapping]]] = ..., attempts: _Optional[_Iterable[_Union[TaskAttempt, _Mapping]]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., push: _Optional[_Union[TaskPush, _Mapping]] = ..., version: _Optional[int] = ..., created_at_ms: _Optional[int] = ..., updated_at_ms: _Optional[int] = ..., dispatcher: _Optional[str] = ..., claim_until_ms: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., run_once: _Optional[bool] = ...) -> None: ...
+    verified_submitter: _common_pb2.Caller
+    def __init__(self, id: _Optional[str] = ..., tenant: _Optional[str] = ..., context_id: _Optional[str] = ..., target: _Optional[_Union[_common_pb2.Target, _Mapping]] = ..., priority: _Optional[_Union[_common_pb2.Priority, str]] = ..., session_id: _Optional[str] = ..., submitter: _Optional[_Union[_common_pb2.Caller, _Mapping]] = ..., status: _Optional[_Union[TaskStatus, _Mapping]] = ..., history: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., messages: _Optional[_Iterable[_Union[TaskMessage, _Mapping]]] = ..., artifacts: _Optional[_Iterable[_Union[TaskArtifact, _Mapping]]] = ..., attempts: _Optional[_Iterable[_Union[TaskAttempt, _Mapping]]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., push: _Optional[_Union[TaskPush, _Mapping]] = ..., version: _Optional[int] = ..., created_at_ms: _Optional[int] = ..., updated_at_ms: _Optional[int] = ..., dispatcher: _Optional[str] = ..., claim_until_ms: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., run_once: _Optional[bool] = ..., verified_submitter: _Optional[_Union[_common_pb2.Caller, _Mapping]] = ...) -> None: ...
 
 class CreateTaskRequest(_message.Message):
     __slots__ = ("tenant", "task", "push_secret")
