@@ -82,11 +82,8 @@ impl IdentityFile {
             return Err(format!("it holds the certificate of {}, not of {}", saved.identity, id.uri()));
         }
         let key_pkcs8 = STANDARD.decode(&saved.private_key_pkcs8_base64).map_err(|e| format!("bad key: {e}"))?;
-        let issued = Issued {
-            certificate_pem: saved.certificate_pem,
-            key_pkcs8,
-            trust_bundle_pem: saved.trust_bundle_pem,
-        };
+        let issued =
+            Issued { certificate_pem: saved.certificate_pem, key_pkcs8, trust_bundle_pem: saved.trust_bundle_pem };
         let creds = issued.credentials().map_err(|e| e.to_string())?;
         if creds.info.peer.to_string() != id.uri() {
             return Err(format!("its certificate is for {}, not {}", creds.info.peer, id.uri()));

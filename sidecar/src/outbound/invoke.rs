@@ -167,7 +167,10 @@ impl InvokeEntry {
 
 /// The caller a local request's `ar-agent-credential` proves (`None`: no credential,
 /// anonymous); a credential that does not verify is refused, never made anonymous.
-pub(crate) fn verify_credential(registry: &Registry, headers: &http::HeaderMap) -> Result<Option<Caller>, SidecarError> {
+pub(crate) fn verify_credential(
+    registry: &Registry,
+    headers: &http::HeaderMap,
+) -> Result<Option<Caller>, SidecarError> {
     let Some(value) = headers.get(grpc::header::AGENT_CREDENTIAL) else { return Ok(None) };
     let invalid = |why: &str| SidecarError::CredentialInvalid(why.to_string());
     let token = value.to_str().map_err(|_| invalid("not text"))?;

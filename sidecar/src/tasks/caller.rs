@@ -75,10 +75,10 @@ impl TaskInvoker {
 
 /// The `InvokeReply` of a unary answer, or its status.
 async fn read_reply(resp: http::Response<grpc::Body>, limit: usize) -> Result<proto::InvokeReply, Status> {
-    let stored = StoredResponse::collect(resp, limit)
-        .await
-        .map_err(|e| Status::internal(format!("reading the answer: {e}")))?;
-    let status = stored.trailers.as_ref().and_then(Status::from_header_map).or_else(|| Status::from_header_map(&stored.headers));
+    let stored =
+        StoredResponse::collect(resp, limit).await.map_err(|e| Status::internal(format!("reading the answer: {e}")))?;
+    let status =
+        stored.trailers.as_ref().and_then(Status::from_header_map).or_else(|| Status::from_header_map(&stored.headers));
     match status {
         Some(s) if s.code() != tonic::Code::Ok => Err(s),
         _ if stored.data.len() < PREFIX_LEN => Err(Status::internal("the mesh answered no message")),

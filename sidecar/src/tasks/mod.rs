@@ -12,6 +12,7 @@
 
 mod caller;
 pub mod dispatch;
+mod push;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -25,9 +25,8 @@ async fn serve_http_agent(listener: tokio::net::TcpListener) {
             let service = hyper::service::service_fn(|req: Request<hyper::body::Incoming>| async move {
                 let path = req.uri().path().to_string();
                 let deadline = req.headers().get("x-agent-reach-deadline-ms").is_some();
-                let header = |name: &str| {
-                    req.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("-").to_string()
-                };
+                let header =
+                    |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("-").to_string();
                 let verified_header =
                     format!("{}/{}", header("x-agent-reach-caller-agent"), header("x-agent-reach-caller-instance"));
                 let body = req.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();

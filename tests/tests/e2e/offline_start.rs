@@ -55,12 +55,10 @@ async fn a_sidecar_with_identity_restarts_while_control_is_down_from_its_saved_c
     // Control is down. Without the file, a sidecar with identity cannot start...
     let mut without_file = config_a.clone();
     without_file.identity_file = None;
-    let refused = tokio::time::timeout(
-        Duration::from_secs(30),
-        Sidecar::start(without_file, listener().await, listener().await),
-    )
-    .await
-    .expect("the start gives up");
+    let refused =
+        tokio::time::timeout(Duration::from_secs(30), Sidecar::start(without_file, listener().await, listener().await))
+            .await
+            .expect("the start gives up");
     assert!(refused.is_err(), "no certificate without control and without the file");
 
     // ...with it, A starts from its saved certificate and table and calls B's agent over

@@ -150,7 +150,14 @@ async fn a_task_runs_as_its_verified_submitter_and_the_targets_policy_decides() 
     };
     let status = raw.submit_task(submit.clone()).await.expect_err("no token");
     assert_eq!(status.code(), Code::Unauthenticated);
-    let id = raw.submit_task(with_token(submit, api_token)).await.expect("submit with the token").into_inner().task.unwrap().id;
+    let id = raw
+        .submit_task(with_token(submit, api_token))
+        .await
+        .expect("submit with the token")
+        .into_inner()
+        .task
+        .unwrap()
+        .id;
     let deadline = Instant::now() + Duration::from_secs(30);
     let task = loop {
         let get = proto::GetTaskRequest { task_id: id.clone(), ..Default::default() };
