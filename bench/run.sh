@@ -3,7 +3,8 @@
 # missing (scripts/install-bench-tools.sh), builds the release binaries, and runs
 # `agent-reach-bench run`, which measures every path side by side and writes
 # bench/results/latest.json and latest.md. Extra arguments go to `agent-reach-bench run`
-# (e.g. --reps 5, --smoke, --pin none); `--help` lists them.
+# (e.g. --reps 5, --smoke, --pin none, --tls for TLS between the proxies of every path);
+# `--help` lists them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -22,6 +22,7 @@ use crate::procstat;
 use crate::proxies::{self, Tools};
 use crate::report::{self, Measurement, ProcUsage, Report, Settings, Verification};
 use crate::table_rss;
+use crate::tls::TlsFiles;
 use crate::verify;
 use crate::wire::Kind;
 
@@ -124,6 +125,11 @@ pub struct RunArgs {
     /// Keep the temporary directory (configs and logs of every process).
     #[arg(long)]
     pub keep_tmp: bool,
+    /// TLS 1.3 with client certificates between the two proxies of every path: the mesh
+    /// with its secure defaults (mutual TLS, certificates from control), nginx with
+    /// `grpc_pass grpcs://`, Envoy with TLS transport sockets (see `tls.rs`).
+    #[arg(long)]
+    pub tls: bool,
 }
 
 impl RunArgs {
@@ -132,7 +138,9 @@ impl RunArgs {
             self.reps = 1;
             self.warmup = Duration::from_millis(200);
             self.open_duration = Duration::from_millis(600);
-            self.rates = vec![200, 500];
+            // TLS: lower rates, so a loaded machine running debug builds keeps up (the smoke
+            // run checks that every path answers, not how fast).
+            self.rates = if self.tls { vec![100, 200] } else { vec![200, 500] };
             self.table_sizes = vec![100];
             self.verify_calls = 5;
         }
@@ -190,19 +198,32 @@ impl Topology {
         dir: &Path,
         nginx_version: (u32, u32, u32),
         agent_threads: usize,
+        tls: Option<&TlsFiles>,
     ) -> Result<Topology, String> {
         let mut procs: Vec<(String, Proc)> = Vec::new();
         let port = procs::free_port;
         let control_port = port()?;
         let mut cmd = binaries.control(pin.client());
-        cmd.args(procs::control_args(control_port, &[])?).env("RUST_LOG", "warn");
+        let mut control_args = procs::control_args(control_port, &[])?;
+        if let Some(tls) = tls {
+            control_args.retain(|a| a != "--insecure-open-admin-api");
+            let mtls = control_args.iter().position(|a| a == "--mtls").ok_or("no --mtls flag")?;
+            control_args.drain(mtls..mtls + 2);
+            control_args.extend(tls.control_args());
+        }
+        cmd.args(control_args).env("RUST_LOG", "warn");
         start(&mut procs, "control", cmd, dir, control_port).await?;
 
         let mut sidecar_ports = Vec::new();
         for (role, id) in [("sidecar A", "bench-sidecar-a"), ("sidecar B", "bench-sidecar-b")] {
             let (local, mesh) = (port()?, port()?);
             let mut cmd = binaries.sidecar(pin.proxies());
-            cmd.args(procs::sidecar_args(id, local, mesh, control_port)?).env("RUST_LOG", "warn");
+            let mut sidecar_args = procs::sidecar_args(id, local, mesh, control_port)?;
+            if let Some(tls) = tls {
+                sidecar_args.retain(|a| a != "--insecure-plaintext-control");
+                sidecar_args.extend(tls.sidecar_args(control_port, id).await?);
+            }
+            cmd.args(sidecar_args).env("RUST_LOG", "warn");
             start(&mut procs, role, cmd, dir, local).await?;
             sidecar_ports.push(local);
         }
@@ -226,7 +247,8 @@ impl Topology {
             [("nginx B", "nginx-b", nginx_b, agent_port), ("nginx A", "nginx-a", nginx_a, nginx_b)]
         {
             let conf = dir.join(format!("{name}.conf"));
-            std::fs::write(&conf, proxies::nginx_conf(dir, name, listen, upstream, nginx_version))
+            let hop = proxies::Hop { listen, upstream, tls: tls.map(|t| &t.proxy), serves_tls: name == "nginx-b" };
+            std::fs::write(&conf, proxies::nginx_conf(dir, name, &hop, nginx_version))
                 .map_err(|e| format!("{}: {e}", conf.display()))?;
             let mut cmd = procs::command(&tools.nginx, pin.proxies());
             cmd.arg("-p").arg(dir).arg("-c").arg(&conf).arg("-e").arg(dir.join(format!("{name}.startup.log")));
@@ -238,8 +260,8 @@ impl Topology {
             [("envoy B", "envoy-b", envoy_b, agent_port), ("envoy A", "envoy-a", envoy_a, envoy_b)]
         {
             let conf = dir.join(format!("{name}.yaml"));
-            std::fs::write(&conf, proxies::envoy_conf(name, listen, upstream))
-                .map_err(|e| format!("{}: {e}", conf.display()))?;
+            let hop = proxies::Hop { listen, upstream, tls: tls.map(|t| &t.proxy), serves_tls: name == "envoy-b" };
+            std::fs::write(&conf, proxies::envoy_conf(name, &hop)).map_err(|e| format!("{}: {e}", conf.display()))?;
             let mut cmd = procs::command(&tools.envoy, pin.proxies());
             cmd.arg("-c").arg(&conf).args(["--concurrency", "1", "--disable-hot-restart", "--log-level", "error"]);
             start(&mut procs, role, cmd, dir, listen).await?;
@@ -404,6 +426,14 @@ pub async fn run(mut args: RunArgs) -> Result<Report, String> {
             args.warmup.as_secs_f64()
         ),
         pinning: pin.description.clone(),
+        tls: if args.tls {
+            "TLS 1.3 with client certificates between the two proxies of every path (mesh: mutual TLS with \
+             certificates from control, its secure default; nginx: grpc_pass grpcs://; Envoy: TLS transport \
+             sockets); client → first proxy and last proxy → agent plaintext"
+                .into()
+        } else {
+            "none (plaintext on every hop)".into()
+        },
         cpu_budget: "each sidecar one runtime thread (--worker-threads 1); each nginx worker_processes 1; each \
                      Envoy --concurrency 1; echo agent "
             .to_string()
@@ -414,7 +444,9 @@ pub async fn run(mut args: RunArgs) -> Result<Report, String> {
         h2load: h2load::version(&tools.h2load),
     };
 
-    let mut topo = Topology::start(&binaries, &tools, &pin, &dir, nginx_version, args.agent_threads).await?;
+    let tls = if args.tls { Some(TlsFiles::create(&dir)?) } else { None };
+    let mut topo =
+        Topology::start(&binaries, &tools, &pin, &dir, nginx_version, args.agent_threads, tls.as_ref()).await?;
     for &path in &args.paths {
         verify::wait_ready(path.kind(), topo.port(path), Duration::from_secs(30))
             .await
@@ -699,7 +731,10 @@ pub fn up_blocking(args: RunArgs) -> Result<(), String> {
         let nginx_version = proxies::nginx_version(&tools.nginx).ok_or("cannot read nginx's version (nginx -v)")?;
         let tmp =
             tempfile::Builder::new().prefix("agent-reach-bench-").tempdir().map_err(|e| format!("temp dir: {e}"))?;
-        let mut topo = Topology::start(&binaries, &tools, &pin, tmp.path(), nginx_version, args.agent_threads).await?;
+        let tls = if args.tls { Some(TlsFiles::create(tmp.path())?) } else { None };
+        let mut topo =
+            Topology::start(&binaries, &tools, &pin, tmp.path(), nginx_version, args.agent_threads, tls.as_ref())
+                .await?;
         for &path in &args.paths {
             verify::wait_ready(path.kind(), topo.port(path), Duration::from_secs(30)).await?;
         }

@@ -1,8 +1,9 @@
 //! The comparison proxies and the tools that drive them: finding nginx, Envoy and h2load,
 //! and writing each proxy's configuration for one hop (listen on 127.0.0.1, forward every
-//! gRPC call to one upstream over HTTP/2 cleartext with kept-alive connections). Both are
-//! configured as an operator would for a pure pass-through: no access log, generous stream
-//! and keepalive limits, one worker. This module starts nothing.
+//! gRPC call to one upstream over HTTP/2 with kept-alive connections; cleartext, or in TLS
+//! mode TLS 1.3 with client certificates between the two proxies). Both are configured as
+//! an operator would for a pure pass-through: no access log, generous stream and keepalive
+//! limits, one worker. This module starts nothing.
 
 use std::path::{Path, PathBuf};
 
@@ -95,17 +96,54 @@ fn parse_envoy_version(text: &str) -> String {
     build.split('/').nth(1).unwrap_or(build).to_string()
 }
 
-/// An nginx configuration for one hop: `worker_processes 1`, an HTTP/2 cleartext listener on
-/// `listen`, `grpc_pass` to `upstream` with a keepalive pool, all files under `dir`.
+/// One proxy hop: where it listens, its upstream, and in TLS mode the certificate material
+/// of the proxies' TLS link: the hop that `serves_tls` (B) requires TLS with a client
+/// certificate on its listener; the other (A) speaks TLS with its certificate upstream.
+pub struct Hop<'a> {
+    pub listen: u16,
+    pub upstream: u16,
+    pub tls: Option<&'a crate::tls::HopTls>,
+    pub serves_tls: bool,
+}
+
+/// An nginx configuration for one hop: `worker_processes 1`, an HTTP/2 listener on
+/// `hop.listen`, `grpc_pass` to `hop.upstream` with a keepalive pool, all files under `dir`.
 /// `version` picks the listener syntax (`http2 on;` from 1.25.1, `listen ... http2` before).
-pub fn nginx_conf(dir: &Path, name: &str, listen: u16, upstream: u16, version: (u32, u32, u32)) -> String {
+pub fn nginx_conf(dir: &Path, name: &str, hop: &Hop<'_>, version: (u32, u32, u32)) -> String {
     let d = dir.display();
+    let (listen, upstream) = (hop.listen, hop.upstream);
     let new_syntax = version >= (1, 25, 1);
-    let listen_line = if new_syntax {
-        format!("listen 127.0.0.1:{listen};\n        http2 on;")
+    let ssl = if hop.tls.is_some() && hop.serves_tls { " ssl" } else { "" };
+    let mut listen_line = if new_syntax {
+        format!("listen 127.0.0.1:{listen}{ssl};\n        http2 on;")
     } else {
-        format!("listen 127.0.0.1:{listen} http2;")
+        format!("listen 127.0.0.1:{listen}{ssl} http2;")
     };
+    let mut scheme = "grpc";
+    match hop.tls {
+        Some(t) if hop.serves_tls => {
+            listen_line += &format!(
+                "\n        ssl_protocols TLSv1.3;\n        ssl_certificate {};\n        ssl_certificate_key {};\n        \
+                 ssl_client_certificate {};\n        ssl_verify_client on;\n        ssl_session_cache shared:tls:10m;",
+                t.cert.display(),
+                t.key.display(),
+                t.ca.display()
+            );
+        }
+        Some(t) => {
+            scheme = "grpcs";
+            listen_line += &format!(
+                "\n        grpc_ssl_protocols TLSv1.3;\n        grpc_ssl_certificate {};\n        \
+                 grpc_ssl_certificate_key {};\n        grpc_ssl_trusted_certificate {};\n        grpc_ssl_verify on;\n        \
+                 grpc_ssl_name {};\n        grpc_ssl_server_name on;\n        grpc_ssl_session_reuse on;",
+                t.cert.display(),
+                t.key.display(),
+                t.ca.display(),
+                crate::tls::PROXY_NAME
+            );
+        }
+        None => {}
+    }
     // nginx switches workers to an unprivileged user when started as root; stay the
     // current user so the files under `dir` remain readable and writable.
     let user = if rustix::process::getuid().is_root() { "user root;\n" } else { "" };
@@ -137,7 +175,7 @@ http {{
     server {{
         {listen_line}
         location / {{
-            grpc_pass grpc://next_hop;
+            grpc_pass {scheme}://next_hop;
         }}
     }}
 }}
@@ -145,11 +183,55 @@ http {{
     )
 }
 
-/// An Envoy (v3 API) configuration for one hop: an HTTP/2 cleartext listener on `listen`
-/// routing every request to `upstream` over HTTP/2, with request-id generation and the
+/// An Envoy (v3 API) configuration for one hop: an HTTP/2 listener on `hop.listen`
+/// routing every request to `hop.upstream` over HTTP/2, with request-id generation and the
 /// `x-envoy-*` response headers off and circuit-breaker limits out of the way. Run with
 /// `--concurrency 1`.
-pub fn envoy_conf(name: &str, listen: u16, upstream: u16) -> String {
+pub fn envoy_conf(name: &str, hop: &Hop<'_>) -> String {
+    let (listen, upstream) = (hop.listen, hop.upstream);
+    let (mut downstream_tls, mut upstream_tls) = (String::new(), String::new());
+    if let Some(t) = hop.tls {
+        let common = format!(
+            r#"common_tls_context:
+            alpn_protocols: ["h2"]
+            tls_params: {{ tls_minimum_protocol_version: TLSv1_3, tls_maximum_protocol_version: TLSv1_3 }}
+            tls_certificates:
+            - certificate_chain: {{ filename: "{}" }}
+              private_key: {{ filename: "{}" }}
+            validation_context:
+              trusted_ca: {{ filename: "{}" }}"#,
+            t.cert.display(),
+            t.key.display(),
+            t.ca.display()
+        );
+        if hop.serves_tls {
+            downstream_tls = format!(
+                r#"
+      transport_socket:
+        name: envoy.transport_sockets.tls
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext
+          require_client_certificate: true
+          {}"#,
+                common.replace("\n", "\n  ")
+            );
+        } else {
+            upstream_tls = format!(
+                r#"
+    transport_socket:
+      name: envoy.transport_sockets.tls
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+        sni: {name_}
+        {common}
+            match_typed_subject_alt_names:
+            - san_type: DNS
+              matcher: {{ exact: {name_} }}"#,
+                name_ = crate::tls::PROXY_NAME,
+                common = common.replace("\n          ", "\n        ")
+            );
+        }
+    }
     format!(
         r#"# {name}: one hop of the Envoy -> Envoy -> agent path (agent-reach-bench).
 static_resources:
@@ -158,7 +240,8 @@ static_resources:
     address:
       socket_address: {{ address: 127.0.0.1, port_value: {listen} }}
     filter_chains:
-    - filters:
+    - {downstream_tls}
+      filters:
       - name: envoy.filters.network.http_connection_manager
         typed_config:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
@@ -205,7 +288,7 @@ static_resources:
       - max_connections: 100000
         max_pending_requests: 100000
         max_requests: 100000
-        max_retries: 3
+        max_retries: 3{upstream_tls}
 "#
     )
 }
@@ -228,9 +311,29 @@ mod tests {
     }
 
     #[test]
+    fn tls_hops_name_their_certificates() {
+        let t = crate::tls::HopTls { ca: "/d/ca.pem".into(), cert: "/d/c.pem".into(), key: "/d/k.pem".into() };
+        let dir = Path::new("/d");
+        let server = Hop { listen: 1, upstream: 2, tls: Some(&t), serves_tls: true };
+        let client = Hop { listen: 3, upstream: 1, tls: Some(&t), serves_tls: false };
+        let b = nginx_conf(dir, "nginx-b", &server, (1, 22, 1));
+        assert!(b.contains("listen 127.0.0.1:1 ssl http2;") && b.contains("ssl_verify_client on;"), "{b}");
+        assert!(b.contains("grpc_pass grpc://next_hop;"), "{b}");
+        let a = nginx_conf(dir, "nginx-a", &client, (1, 22, 1));
+        assert!(a.contains("grpc_pass grpcs://next_hop;") && a.contains("grpc_ssl_certificate /d/c.pem;"), "{a}");
+        assert!(a.contains("grpc_ssl_verify on;") && a.contains("grpc_ssl_name localhost;"), "{a}");
+        let b = envoy_conf("envoy-b", &server);
+        assert!(b.contains("DownstreamTlsContext") && b.contains("require_client_certificate: true"), "{b}");
+        let a = envoy_conf("envoy-a", &client);
+        assert!(a.contains("UpstreamTlsContext") && a.contains("exact: localhost"), "{a}");
+        assert!(!envoy_conf("e", &Hop { listen: 1, upstream: 2, tls: None, serves_tls: false }).contains("tls."));
+    }
+
+    #[test]
     fn nginx_listener_syntax_follows_the_version() {
         let dir = Path::new("/tmp/x");
-        assert!(nginx_conf(dir, "a", 1, 2, (1, 22, 1)).contains("listen 127.0.0.1:1 http2;"));
-        assert!(nginx_conf(dir, "a", 1, 2, (1, 25, 1)).contains("http2 on;"));
+        let hop = Hop { listen: 1, upstream: 2, tls: None, serves_tls: false };
+        assert!(nginx_conf(dir, "a", &hop, (1, 22, 1)).contains("listen 127.0.0.1:1 http2;"));
+        assert!(nginx_conf(dir, "a", &hop, (1, 25, 1)).contains("http2 on;"));
     }
 }

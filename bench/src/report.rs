@@ -94,6 +94,9 @@ pub struct Settings {
     pub open_loop: String,
     pub pinning: String,
     pub cpu_budget: String,
+    /// What is encrypted (`run --tls`), or "none".
+    #[serde(default)]
+    pub tls: String,
     pub binaries: String,
     pub nginx: String,
     pub envoy: String,
@@ -437,6 +440,7 @@ pub fn markdown(r: &Report) -> String {
     }
     let _ = writeln!(o, "- Tools: nginx {}, Envoy {}, {}", s.nginx, s.envoy, s.h2load);
     let _ = writeln!(o, "- CPU budget: {}", s.cpu_budget);
+    let _ = writeln!(o, "- TLS: {}", if s.tls.is_empty() { "none" } else { &s.tls });
     let _ = writeln!(o, "- Pinning: {}", s.pinning);
     let _ = writeln!(o, "- Closed loop: {}", s.closed_loop);
     let _ = writeln!(o, "- Open loop: {}", s.open_loop);
