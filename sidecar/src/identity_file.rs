@@ -143,8 +143,9 @@ mod tests {
         assert_eq!(creds.info.peer.to_string(), id.uri());
         assert!(fresh(&creds.info, SystemTime::now()));
         let other = WorkloadId::new("d", "t", "other");
-        assert!(file.load(&other, SystemTime::now()).unwrap_err().contains("not of"));
+        let refused = |r: Result<Option<Credentials>, String>| r.err().unwrap_or_default();
+        assert!(refused(file.load(&other, SystemTime::now())).contains("not of"));
         let later = SystemTime::now() + Duration::from_secs(7200);
-        assert!(file.load(&id, later).unwrap_err().contains("expired"));
+        assert!(refused(file.load(&id, later)).contains("expired"));
     }
 }
