@@ -80,3 +80,35 @@ async fn a_sidecar_with_identity_restarts_while_control_is_down_from_its_saved_c
     a.stop().await;
     b.stop().await;
 }
+
+/// Every renewed certificate is kept too: with 3 s certificates (renewed at two thirds of
+/// their lifetime) the file soon holds a newer certificate of the same identity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_renewed_certificate_is_kept() {
+    use crate::identity::{anonymous_channel, create_token, identity_settings, mtls_control};
+    init_logging();
+    let store = TestStore::start(Backend::Embedded).await;
+    let control = mtls_control(&store, Duration::from_secs(3)).await;
+    let mut admin = agent_reach::proto::admin_client::AdminClient::new(anonymous_channel(&control));
+    let (_, token) = create_token(&mut admin, "default", 0, false).await;
+    let state = tempfile::tempdir().unwrap();
+    let identity_file = state.path().join("renewing.identity.json");
+    let mut config = sidecar_config(&control.endpoint(), "renewing");
+    config.identity = Some(identity_settings(&control, &token));
+    config.identity_file = Some(identity_file.clone());
+    let sidecar = start_sidecar(config).await;
+    let read = || -> serde_json::Value { serde_json::from_slice(&std::fs::read(&identity_file).unwrap()).unwrap() };
+    let first = read();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sidecar.identity_stats().unwrap().issued.load(Ordering::Relaxed) < 2 {
+        assert!(Instant::now() < deadline, "no renewal within 20 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let renewed = read();
+    assert_ne!(renewed["certificate_pem"], first["certificate_pem"], "the renewed certificate replaced the first");
+    assert_ne!(renewed["private_key_pkcs8_base64"], first["private_key_pkcs8_base64"], "with its new key");
+    assert_eq!(renewed["identity"], first["identity"]);
+    assert_eq!(std::fs::metadata(&identity_file).unwrap().permissions().mode() & 0o777, 0o600);
+    sidecar.stop().await;
+    control.shutdown().await;
+}
