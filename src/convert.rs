@@ -12,6 +12,7 @@ use crate::policy::{
     Admission, Authorization, CircuitBreaker, Fallback, Policy, PolicyKind, PolicySpec, RateLimit, RetryPolicy,
     SessionFieldRule, SessionWritePolicy, Strategy, VersionSplit,
 };
+use crate::policy_alerts::AlertThresholds;
 use crate::proto;
 
 impl From<proto::Priority> for Priority {
@@ -391,7 +392,30 @@ impl From<&PolicySpec> for proto::PolicySpec {
                     (name.clone(), rule)
                 })
                 .collect(),
+            alerts: (!s.alerts.is_empty()).then(|| alert_thresholds_to_proto(&s.alerts)),
         }
+    }
+}
+
+/// Alert thresholds on the wire.
+pub fn alert_thresholds_to_proto(a: &AlertThresholds) -> proto::AlertThresholds {
+    proto::AlertThresholds {
+        min_healthy: a.min_healthy,
+        lost_count: a.lost_count,
+        lost_window_ms: a.lost_window_ms,
+        fallback_calls: a.fallback_calls,
+        breakers_open_percent: a.breakers_open_percent,
+    }
+}
+
+/// Alert thresholds from the wire (not validated; see [`Policy::validate`]).
+pub fn alert_thresholds_from_proto(a: &proto::AlertThresholds) -> AlertThresholds {
+    AlertThresholds {
+        min_healthy: a.min_healthy,
+        lost_count: a.lost_count,
+        lost_window_ms: a.lost_window_ms,
+        fallback_calls: a.fallback_calls,
+        breakers_open_percent: a.breakers_open_percent,
     }
 }
 
@@ -473,6 +497,7 @@ pub fn policy_spec_from_proto(s: proto::PolicySpec) -> Result<PolicySpec, FieldE
                 Ok((name, SessionFieldRule { policy: policy.unwrap_or_default(), allow_override: rule.allow_override }))
             })
             .collect::<Result<_, FieldError>>()?,
+        alerts: s.alerts.as_ref().map(alert_thresholds_from_proto).unwrap_or_default(),
     })
 }
 
@@ -580,6 +605,7 @@ mod tests {
                     SessionFieldRule { policy: SessionWritePolicy::FirstWriter, allow_override: true },
                 )]
                 .into(),
+                alerts: AlertThresholds { fallback_calls: Some(0), ..Default::default() },
             },
             description: "d".into(),
         };

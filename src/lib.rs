@@ -81,6 +81,7 @@ pub mod convert;
 pub mod headers;
 pub mod model;
 pub mod policy;
+pub mod policy_alerts;
 pub mod reason;
 pub mod reflection;
 mod sdk;

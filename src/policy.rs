@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::model::{FieldError, validate_name, validate_tenant};
+use crate::policy_alerts::AlertThresholds;
 
 /// What a policy applies to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -286,6 +287,9 @@ pub struct PolicySpec {
     /// policies).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub session: BTreeMap<String, SessionFieldRule>,
+    /// Thresholds of control's alert rules (see [`crate::policy_alerts`]).
+    #[serde(skip_serializing_if = "AlertThresholds::is_empty")]
+    pub alerts: AlertThresholds,
 }
 
 /// A policy: kind, name and rules, within a tenant.
@@ -449,6 +453,7 @@ impl Policy {
         }
         validate_ranges(s)?;
         validate_session_rules(&s.session)?;
+        s.alerts.validate(self.kind)?;
         let strategy = s.strategy.unwrap_or_default();
         if !s.hash_key.is_empty() {
             if strategy != Strategy::ConsistentHash {
@@ -987,6 +992,7 @@ mod tests {
                             admission,
                             authorization,
                             session: std::collections::BTreeMap::new(),
+                            alerts: crate::policy_alerts::AlertThresholds::default(),
                         }
                     },
                 )

@@ -17,6 +17,12 @@
 //!   (or half-open) in at least one caller's sidecar, as the sidecars' reports say.
 //!   Resolved once half or fewer do.
 //!
+//! Each threshold may be set per agent, per capability (the fallback rule) or per tenant by
+//! policy (`spec.alerts`, [`agent_reach::policy_alerts`]): an agent's policy overrides the
+//! tenant policy, which overrides control's flags ([`Thresholds`]). The rules read the
+//! policies from the same tenant feed as the instances, so a changed threshold applies at
+//! the next evaluation on every replica.
+//!
 //! The last two rules read what callers' sidecars report, which every replica follows, so
 //! they hold across replicas like the first two; they lag by up to a report interval.
 //!
@@ -32,6 +38,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use agent_reach::model::{HealthState, InstanceStatus};
+use agent_reach::policy::PolicyKind;
+use agent_reach::policy_alerts::AlertThresholds;
+use agent_reach::proto;
 use agent_reach_store::{Compare, Op, Store, Txn};
 use bytes::Bytes;
 use http_body_util::Full;
@@ -87,6 +96,9 @@ pub struct AlertConfig {
     /// Calls of one target served by its fallback within the reports' last minute that
     /// fire "served by its fallback"; 0 disables it.
     pub fallback_calls: u64,
+    /// "Breakers open" fires when more than this percentage of an agent's instances have an
+    /// open breaker (policy only; 50 by default).
+    pub breakers_open_percent: u32,
     /// Alerts kept in memory for the dashboard.
     pub history: usize,
     pub webhook: Option<WebhookConfig>,
@@ -99,6 +111,7 @@ impl Default for AlertConfig {
             lost_count: 2,
             min_healthy: 1,
             fallback_calls: 5,
+            breakers_open_percent: 50,
             history: 200,
             webhook: None,
         }
@@ -152,6 +165,114 @@ pub enum Finding {
     Resolved { rule: Rule, agent: String },
 }
 
+/// The thresholds set by a tenant's policies (`spec.alerts`): the tenant policy's, and each
+/// agent's and capability's.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Thresholds {
+    pub tenant: AlertThresholds,
+    pub agents: HashMap<String, AlertThresholds>,
+    pub capabilities: HashMap<String, AlertThresholds>,
+}
+
+/// Where a threshold in force comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// Control's flag (or built-in default).
+    Default,
+    /// The tenant policy.
+    Tenant,
+    /// The agent's or capability's own policy.
+    Own,
+}
+
+/// One threshold in force and where it comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Setting {
+    pub value: u32,
+    pub source: Source,
+}
+
+/// The thresholds in force for one agent (or, for `fallback_calls` only, one capability).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Effective {
+    pub min_healthy: Setting,
+    pub lost_count: Setting,
+    pub lost_window_ms: Setting,
+    pub fallback_calls: Setting,
+    pub breakers_open_percent: Setting,
+}
+
+impl Thresholds {
+    /// The thresholds of a tenant's policies as its feed holds them.
+    pub fn from_proto(policies: &[proto::Policy]) -> Thresholds {
+        let mut out = Thresholds::default();
+        for p in policies {
+            let Some(alerts) = p.spec.as_ref().and_then(|s| s.alerts.as_ref()) else { continue };
+            let alerts = agent_reach::convert::alert_thresholds_from_proto(alerts);
+            match agent_reach::convert::policy_kind_from_i32("kind", p.kind).ok() {
+                Some(PolicyKind::Tenant) => out.tenant = alerts,
+                Some(PolicyKind::Agent) => {
+                    out.agents.insert(p.name.clone(), alerts);
+                }
+                Some(PolicyKind::Capability) => {
+                    out.capabilities.insert(p.name.clone(), alerts);
+                }
+                None => {}
+            }
+        }
+        out
+    }
+
+    /// The thresholds in force with `own` over the tenant policy's over `config`.
+    fn resolve(&self, own: Option<&AlertThresholds>, config: &AlertConfig) -> Effective {
+        let pick = |own: Option<u32>, tenant: Option<u32>, default: u32| match (own, tenant) {
+            (Some(value), _) => Setting { value, source: Source::Own },
+            (None, Some(value)) => Setting { value, source: Source::Tenant },
+            (None, None) => Setting { value: default, source: Source::Default },
+        };
+        let own = own.copied().unwrap_or_default();
+        let t = &self.tenant;
+        let clamp = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+        Effective {
+            min_healthy: pick(own.min_healthy, t.min_healthy, config.min_healthy),
+            lost_count: pick(own.lost_count, t.lost_count, clamp(config.lost_count as u64)),
+            lost_window_ms: pick(own.lost_window_ms, t.lost_window_ms, clamp(config.lost_window.as_millis() as u64)),
+            fallback_calls: pick(own.fallback_calls, t.fallback_calls, clamp(config.fallback_calls)),
+            breakers_open_percent: pick(own.breakers_open_percent, t.breakers_open_percent, config.breakers_open_percent),
+        }
+    }
+
+    /// The thresholds in force for `agent`.
+    pub fn for_agent(&self, agent: &str, config: &AlertConfig) -> Effective {
+        self.resolve(self.agents.get(agent), config)
+    }
+
+    /// The thresholds in force for the tenant as a whole (what agents without a policy get).
+    pub fn for_tenant(&self, config: &AlertConfig) -> Effective {
+        self.resolve(None, config)
+    }
+
+    /// The thresholds in force for `capability` (only `fallback_calls` is about capabilities).
+    pub fn for_capability(&self, capability: &str, config: &AlertConfig) -> Effective {
+        self.resolve(self.capabilities.get(capability), config)
+    }
+
+    /// The fallback threshold of a call target as traffic reports name it
+    /// (`capability x`, `agent x`, maybe followed by ` [tags]`).
+    fn fallback_calls(&self, target: &str, config: &AlertConfig) -> u64 {
+        let name = |rest: &str| rest.split([' ', '[']).next().unwrap_or_default().to_string();
+        let effective = if let Some(rest) = target.strip_prefix("capability ") {
+            self.for_capability(&name(rest), config)
+        } else if let Some(rest) = target.strip_prefix("agent ") {
+            self.for_agent(&name(rest), config)
+        } else {
+            self.for_tenant(config)
+        };
+        u64::from(effective.fallback_calls.value)
+    }
+}
+
 /// What the rules remember of one instance.
 #[derive(Clone, Debug)]
 struct Seen {
@@ -172,6 +293,8 @@ pub struct Rules {
     orphaned: BTreeSet<String>,
     /// Alerts in force, by (rule, agent).
     active: BTreeMap<(Rule, String), ()>,
+    /// The thresholds the tenant's policies set.
+    thresholds: Thresholds,
 }
 
 fn healthy(status: &InstanceStatus) -> bool {
@@ -188,7 +311,13 @@ impl Rules {
             losses: HashMap::new(),
             orphaned: BTreeSet::new(),
             active: BTreeMap::new(),
+            thresholds: Thresholds::default(),
         }
+    }
+
+    /// Sets the thresholds of the tenant's policies, for the next evaluations.
+    pub fn set_thresholds(&mut self, thresholds: Thresholds) {
+        self.thresholds = thresholds;
     }
 
     /// Evaluates the rules on the tenant's instances at `revision` (`now` drives the
@@ -234,21 +363,21 @@ impl Rules {
 
         let mut findings = Vec::new();
         // Instances lost together.
-        let window = self.config.lost_window;
         let mut agents: Vec<String> = self.losses.keys().cloned().collect();
         agents.sort();
         for agent in agents {
+            let effective = self.thresholds.for_agent(&agent, &self.config);
+            let window = Duration::from_millis(u64::from(effective.lost_window_ms.value));
             let Some(list) = self.losses.get_mut(&agent) else { continue };
             while list.front().is_some_and(|(at, _)| now.saturating_duration_since(*at) > window) {
                 list.pop_front();
             }
             let key = (Rule::InstancesLost, agent.clone());
             let active = self.active.contains_key(&key);
-            if list.len() >= self.config.lost_count.max(1) && !active {
+            if list.len() >= (effective.lost_count.value as usize).max(1) && !active {
                 let mut ids: Vec<String> = list.iter().map(|(_, id)| id.clone()).collect();
                 ids.dedup();
-                let message =
-                    format!("{} instances of {agent} lost within {}s", ids.len(), self.config.lost_window.as_secs());
+                let message = format!("{} instances of {agent} lost within {}s", ids.len(), window.as_secs());
                 findings.push(Finding::Fired(self.alert(Rule::InstancesLost, &agent, message, ids, revision, now_ms)));
                 self.active.insert(key, ());
             } else if list.is_empty() {
@@ -259,8 +388,8 @@ impl Rules {
                 }
             }
         }
-        // Below the minimum of healthy instances.
-        if self.config.min_healthy > 0 {
+        // Below the minimum of healthy instances (0 disables it for an agent).
+        {
             let mut by_agent: BTreeMap<&str, Vec<&InstanceStatus>> = BTreeMap::new();
             for s in instances {
                 by_agent.entry(s.record.registration.agent.as_str()).or_default().push(s);
@@ -269,15 +398,15 @@ impl Rules {
                 by_agent.entry(orphan.as_str()).or_default();
             }
             for (agent, list) in &by_agent {
+                let min_healthy = self.thresholds.for_agent(agent, &self.config).min_healthy.value;
                 let healthy_count = list.iter().filter(|s| healthy(s)).count() as u32;
                 let key = (Rule::BelowMinHealthy, agent.to_string());
                 let active = self.active.contains_key(&key);
-                if healthy_count < self.config.min_healthy && !active {
+                if healthy_count < min_healthy && !active {
                     let unhealthy: Vec<String> =
                         list.iter().filter(|s| !healthy(s)).map(|s| s.record.instance_id.clone()).collect();
                     let message = format!(
-                        "{agent} has {healthy_count} healthy instance(s), fewer than the minimum {}",
-                        self.config.min_healthy
+                        "{agent} has {healthy_count} healthy instance(s), fewer than the minimum {min_healthy}"
                     );
                     findings.push(Finding::Fired(self.alert(
                         Rule::BelowMinHealthy,
@@ -288,7 +417,7 @@ impl Rules {
                         now_ms,
                     )));
                     self.active.insert(key, ());
-                } else if healthy_count >= self.config.min_healthy && active {
+                } else if healthy_count >= min_healthy && active {
                     self.active.remove(&key);
                     findings.push(Finding::Resolved { rule: Rule::BelowMinHealthy, agent: agent.to_string() });
                 }
@@ -318,9 +447,6 @@ impl Rules {
         traffic: &[Arc<SidecarTraffic>],
         findings: &mut Vec<Finding>,
     ) {
-        if self.config.fallback_calls == 0 {
-            return;
-        }
         // By target: (calls, served by the fallback, the agents that served them).
         let mut by_target: BTreeMap<&str, (u64, u64, BTreeSet<&str>)> = BTreeMap::new();
         for report in traffic {
@@ -336,7 +462,8 @@ impl Rules {
         for (target, (calls, fallback, agents)) in &by_target {
             let key = (Rule::FallbackServing, target.to_string());
             let active = self.active.contains_key(&key);
-            if *fallback >= self.config.fallback_calls && !active {
+            let threshold = self.thresholds.fallback_calls(target, &self.config);
+            if threshold > 0 && *fallback >= threshold && !active {
                 let message =
                     format!("{target}: {fallback} of {calls} calls in the last minute served by its fallback");
                 let served_by = agents.iter().map(|a| a.to_string()).collect();
@@ -349,7 +476,7 @@ impl Rules {
                     now_ms,
                 )));
                 self.active.insert(key, ());
-            } else if *fallback == 0 && active {
+            } else if (*fallback == 0 || threshold == 0) && active {
                 self.active.remove(&key);
                 findings.push(Finding::Resolved { rule: Rule::FallbackServing, agent: target.to_string() });
             }
@@ -387,7 +514,8 @@ impl Rules {
         for (agent, (total, open_ids)) in &by_agent {
             let key = (Rule::BreakersOpen, agent.to_string());
             let active = self.active.contains_key(&key);
-            let tripped = open_ids.len() * 2 > *total;
+            let percent = self.thresholds.for_agent(agent, &self.config).breakers_open_percent.value as usize;
+            let tripped = open_ids.len() * 100 > *total * percent;
             if tripped && !active {
                 let message = format!(
                     "{} of {total} instances of {agent} have an open circuit breaker in a caller's sidecar",
@@ -489,6 +617,11 @@ impl Alerts {
         alerts
     }
 
+    /// The rules' settings from control's flags (policies override them per agent).
+    pub fn config(&self) -> &AlertConfig {
+        &self.config
+    }
+
     /// Recent alerts of `tenant`, newest first.
     pub fn recent(&self, tenant: &str) -> Vec<Alert> {
         lock(&self.recent).iter().rev().filter(|a| a.tenant == tenant).cloned().collect()
@@ -586,7 +719,9 @@ impl Alerts {
             let mut tick = tokio::time::interval(TICK);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                let (revision, instances, _) = feed.view();
+                let (revision, instances, policies) = feed.view();
+                rules.set_thresholds(Thresholds::from_proto(&policies));
+                drop(policies);
                 reported.borrow_and_update();
                 let traffic = self.reports.tenant(&tenant);
                 let findings = rules.evaluate(Instant::now(), now_ms(), revision, &instances, &traffic);
@@ -889,6 +1024,79 @@ mod tests {
         assert!(rules.evaluate(t0, 0, 3, &all, &three).is_empty());
         let findings = rules.evaluate(t0, 0, 4, &all, &half);
         assert_eq!(findings, [Finding::Resolved { rule: Rule::BreakersOpen, agent: "tr".into() }]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn policies_set_thresholds_per_agent_over_the_tenants_over_the_flags() {
+        let mut rules = Rules::new("t", AlertConfig::default());
+        let t0 = Instant::now();
+        let up = |agent: &str, id: &str| instance(agent, id, HealthState::Up);
+        let all = [up("tr", "a"), up("tr", "b"), up("sum", "c"), up("sum", "d")];
+        assert!(rules.evaluate(t0, 0, 1, &all, &[]).is_empty());
+        // The translator's policy wants 3 healthy instances: only it fires, with its minimum.
+        let mut thresholds = Thresholds::default();
+        thresholds.agents.insert("tr".into(), AlertThresholds { min_healthy: Some(3), ..Default::default() });
+        rules.set_thresholds(thresholds.clone());
+        let findings = rules.evaluate(t0, 0, 2, &all, &[]);
+        assert_eq!(fired(&findings), [(Rule::BelowMinHealthy, "tr".to_string(), vec![])]);
+        let Finding::Fired(alert) = &findings[0] else { unreachable!() };
+        assert_eq!(alert.message, "tr has 2 healthy instance(s), fewer than the minimum 3");
+        // The tenant policy raises everyone's minimum to 3; the translator's own 0 disables it.
+        thresholds.tenant.min_healthy = Some(3);
+        thresholds.agents.insert("tr".into(), AlertThresholds { min_healthy: Some(0), ..Default::default() });
+        rules.set_thresholds(thresholds.clone());
+        let findings = rules.evaluate(t0, 0, 3, &all, &[]);
+        assert_eq!(fired(&findings), [(Rule::BelowMinHealthy, "sum".to_string(), vec![])]);
+        assert!(findings.contains(&Finding::Resolved { rule: Rule::BelowMinHealthy, agent: "tr".into() }));
+        // Losses: the summarizer counts one loss as an alert within its 60 s window.
+        thresholds.agents.insert(
+            "sum".into(),
+            AlertThresholds { min_healthy: Some(0), lost_count: Some(1), lost_window_ms: Some(60_000), ..Default::default() },
+        );
+        rules.set_thresholds(thresholds.clone());
+        let findings = rules.evaluate(t0, 0, 4, &all, &[]);
+        assert_eq!(findings, [Finding::Resolved { rule: Rule::BelowMinHealthy, agent: "sum".into() }]);
+        let one_lost = [up("tr", "a"), instance("tr", "b", HealthState::Down), instance("sum", "c", HealthState::Down), up("sum", "d")];
+        let findings = rules.evaluate(t0 + Duration::from_secs(1), 0, 5, &one_lost, &[]);
+        assert_eq!(fired(&findings), [(Rule::InstancesLost, "sum".to_string(), vec!["c".to_string()])]);
+        let Finding::Fired(alert) = &findings[0] else { unreachable!() };
+        assert_eq!(alert.message, "1 instances of sum lost within 60s");
+        // Still in force 30 s later (the flag's 15 s window would have let it go).
+        assert!(rules.evaluate(t0 + Duration::from_secs(31), 0, 5, &one_lost, &[]).is_empty());
+        let findings = rules.evaluate(t0 + Duration::from_secs(62), 0, 5, &one_lost, &[]);
+        assert_eq!(findings, [Finding::Resolved { rule: Rule::InstancesLost, agent: "sum".into() }]);
+        // Where each threshold in force comes from.
+        let config = AlertConfig::default();
+        let tr = thresholds.for_agent("tr", &config);
+        assert_eq!(tr.min_healthy, Setting { value: 0, source: Source::Own });
+        assert_eq!(tr.lost_count, Setting { value: 2, source: Source::Default });
+        assert_eq!(thresholds.for_agent("other", &config).min_healthy, Setting { value: 3, source: Source::Tenant });
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn fallback_and_breaker_thresholds_come_from_the_targets_policy() {
+        let mut rules = Rules::new("t", AlertConfig { min_healthy: 0, ..AlertConfig::default() });
+        let mut thresholds = Thresholds::default();
+        thresholds.capabilities.insert("quiet".into(), AlertThresholds { fallback_calls: Some(0), ..Default::default() });
+        thresholds.capabilities.insert("touchy".into(), AlertThresholds { fallback_calls: Some(1), ..Default::default() });
+        thresholds
+            .agents
+            .insert("tr".into(), AlertThresholds { breakers_open_percent: Some(20), ..Default::default() });
+        rules.set_thresholds(thresholds);
+        let t0 = Instant::now();
+        // 9 fallback calls of "quiet" (disabled), 1 of "touchy [eu]" (threshold 1).
+        let reports = [traffic("a", vec![("capability quiet", "backup", 9, 9), ("capability touchy [eu]", "backup", 3, 1)], &["a"])];
+        let up = |id: &str| instance("tr", id, HealthState::Up);
+        let instances = [up("a"), up("b"), up("c"), up("d")];
+        let findings = rules.evaluate(t0, 0, 1, &instances, &reports);
+        // One of four open is 25 %, more than the translator's 20 %.
+        assert_eq!(
+            fired(&findings),
+            [
+                (Rule::FallbackServing, "capability touchy [eu]".to_string(), vec!["backup".to_string()]),
+                (Rule::BreakersOpen, "tr".to_string(), vec!["a".to_string()]),
+            ]
+        );
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub mod load;
 pub mod metrics;
 pub mod record;
 pub mod registry;
+pub mod report_leases;
 pub mod reports;
 pub mod service;
 pub mod session_stats;

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use agent_reach::convert::{health_state_from_i32, registration_from_proto};
-use agent_reach::model::{FieldError, HealthState, Load, validate_tenant};
+use agent_reach::model::{FieldError, HealthState, Load, validate_name, validate_tenant};
 use agent_reach::proto;
 use agent_reach::proto::control_server::Control;
 use agent_reach_store::Store;
@@ -32,6 +32,8 @@ pub struct ControlService {
     shutdown: watch::Receiver<bool>,
     authz: Arc<Authorizer>,
     leases: authz::LeaseOwners,
+    /// Leases for the reports of sidecars without local agents.
+    report_leases: crate::report_leases::ReportLeases,
 }
 
 impl ControlService {
@@ -44,7 +46,8 @@ impl ControlService {
         authz: Arc<Authorizer>,
     ) -> ControlService {
         let leases = authz::LeaseOwners::new(store.clone());
-        ControlService { registry, feeds, store, stats, shutdown, authz, leases }
+        let report_leases = crate::report_leases::ReportLeases::default();
+        ControlService { registry, feeds, store, stats, shutdown, authz, leases, report_leases }
     }
 }
 
@@ -111,7 +114,7 @@ impl Control for ControlService {
                 self.leases.check(lease, caller).await?;
             }
         }
-        let beats = r
+        let beats: Vec<Beat> = r
             .instances
             .into_iter()
             .map(|i| Beat {
@@ -122,22 +125,33 @@ impl Control for ControlService {
                 load: i.load.map(Load::from),
             })
             .collect();
+        let alone = r.lease_id == 0 && beats.is_empty();
         let outcome = self.registry.heartbeat(&r.tenant, r.lease_id, beats).await?;
-        // The traffic report, on the lease just renewed (never one that expired). Losing a
-        // report costs the dashboard one interval; the heartbeat still counts.
+        // The traffic report, on the lease just renewed (never one that expired), or, from a
+        // sidecar without agents, on a lease control keeps for it. Losing a report costs
+        // the dashboard one interval; the heartbeat still counts.
         if let (Some(report), Some(sidecar)) = (r.report, &r.sidecar)
             && !outcome.lease_expired
-            && let Err(e) = crate::reports::store_report(
-                self.store.as_ref(),
-                &r.tenant,
-                &sidecar.sidecar_id,
-                r.lease_id,
-                report,
-                crate::registry::now_ms(),
-            )
-            .await
         {
-            tracing::warn!(sidecar = %sidecar.sidecar_id, "cannot store the sidecar's report: {e}");
+            let lease = if alone {
+                validate_name("sidecar.sidecar_id", &sidecar.sidecar_id).map_err(ControlError::from)?;
+                self.report_leases
+                    .lease_for(self.store.as_ref(), &r.tenant, &sidecar.sidecar_id, report.interval_ms)
+                    .await
+            } else {
+                Ok(r.lease_id)
+            };
+            let stored = match lease {
+                Ok(lease) => {
+                    let now = crate::registry::now_ms();
+                    let store = self.store.as_ref();
+                    crate::reports::store_report(store, &r.tenant, &sidecar.sidecar_id, lease, report, now).await
+                }
+                Err(e) => Err(e),
+            };
+            if let Err(e) = stored {
+                tracing::warn!(sidecar = %sidecar.sidecar_id, "cannot store the sidecar's report: {e}");
+            }
         }
         Ok(Response::new(proto::ControlHeartbeatReply {
             expired_instance_ids: outcome.expired,

@@ -49,6 +49,8 @@ impl From<ControlError> for Denied {
         let status = match &e {
             ControlError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             ControlError::RoleNotAllowed { .. } | ControlError::TenantNotAllowed { .. } => StatusCode::FORBIDDEN,
+            ControlError::PolicyNotFound { .. } => StatusCode::NOT_FOUND,
+            ControlError::Invalid(_) => StatusCode::BAD_REQUEST,
             _ => StatusCode::SERVICE_UNAVAILABLE,
         };
         Denied::new(status, e.to_string())

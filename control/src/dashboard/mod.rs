@@ -345,8 +345,33 @@ impl Dashboard {
                     Err(e) => error(Denied::from(e).status, "the policy could not be stored"),
                 }
             }
+            (true, "/api/policies/delete") => self.delete_policy(body, &tenant, &caller).await,
             (true, _) => error(StatusCode::NOT_FOUND, &format!("nothing to change at {path}")),
             (false, _) => error(StatusCode::NOT_FOUND, &format!("no such page: {path}")),
+        }
+    }
+
+    /// `POST /api/policies/delete` with `{"kind", "name"}`: removes the policy (operators).
+    async fn delete_policy(&self, body: Incoming, tenant: &str, caller: &Caller) -> Response<Body> {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Delete {
+            kind: agent_reach::policy::PolicyKind,
+            name: String,
+        }
+        let delete: Delete = match read_json(body).await {
+            Ok(delete) => delete,
+            Err(refusal) => return refusal.into(),
+        };
+        let what = format!("DeletePolicy {}/{} (dashboard)", delete.kind.as_str(), delete.name);
+        let result = self.registry.delete_policy(tenant, delete.kind, &delete.name).await;
+        operators::audit(&caller.principal(), &what, tenant, &result);
+        match result {
+            Ok(revision) => json(&serde_json::json!({ "revision": revision, "kind": delete.kind, "name": delete.name })),
+            Err(e) => {
+                let denied = Denied::from(e);
+                error(denied.status, &denied.reason)
+            }
         }
     }
 

@@ -10,7 +10,7 @@ use agent_reach::model::{AgentSummary, HoldScope, InstanceStatus};
 use agent_reach::policy::Policy;
 use serde::Serialize;
 
-use crate::alerts::{Alert, Alerts};
+use crate::alerts::{Alert, Alerts, Effective, Thresholds};
 use crate::feed::Feed;
 use crate::reports::{EdgeView, Reports, SidecarTraffic, TraceView};
 
@@ -36,6 +36,67 @@ pub struct State {
     pub open_breakers: BTreeMap<String, Vec<String>>,
     /// The sidecars that reported, and when.
     pub sidecars: Vec<SidecarSeen>,
+    /// The alert thresholds in force: the tenant's, each agent's, and each capability whose
+    /// policy sets one.
+    pub alert_thresholds: Vec<ThresholdRow>,
+}
+
+/// The alert thresholds in force for the tenant, an agent or a capability.
+#[derive(Debug, Serialize)]
+pub struct ThresholdRow {
+    /// `tenant`, `agent` or `capability` (the kind of policy that would set them).
+    pub kind: &'static str,
+    /// The agent or capability (`default` for the tenant).
+    pub name: String,
+    /// Whether that policy exists (editing changes it rather than creating one).
+    pub has_policy: bool,
+    #[serde(flatten)]
+    pub effective: Effective,
+}
+
+/// The threshold rows of a tenant: the tenant's defaults, every agent with instances or a
+/// policy, every capability whose policy sets alert thresholds.
+fn threshold_rows(alerts: &Alerts, policies: &[Policy], agents: &BTreeSet<&str>) -> Vec<ThresholdRow> {
+    use agent_reach::policy::PolicyKind;
+    let mut thresholds = Thresholds::default();
+    for p in policies {
+        match p.kind {
+            PolicyKind::Tenant => thresholds.tenant = p.spec.alerts,
+            PolicyKind::Agent => {
+                thresholds.agents.insert(p.name.clone(), p.spec.alerts);
+            }
+            PolicyKind::Capability => {
+                thresholds.capabilities.insert(p.name.clone(), p.spec.alerts);
+            }
+        }
+    }
+    let exists = |kind: PolicyKind, name: &str| policies.iter().any(|p| p.kind == kind && p.name == name);
+    let config = alerts.config();
+    let mut rows = vec![ThresholdRow {
+        kind: "tenant",
+        name: "default".into(),
+        has_policy: exists(PolicyKind::Tenant, "default"),
+        effective: thresholds.for_tenant(config),
+    }];
+    let mut agent_names: BTreeSet<&str> = agents.clone();
+    agent_names.extend(policies.iter().filter(|p| p.kind == PolicyKind::Agent).map(|p| p.name.as_str()));
+    for agent in agent_names {
+        rows.push(ThresholdRow {
+            kind: "agent",
+            name: agent.to_string(),
+            has_policy: exists(PolicyKind::Agent, agent),
+            effective: thresholds.for_agent(agent, config),
+        });
+    }
+    for p in policies.iter().filter(|p| p.kind == PolicyKind::Capability && !p.spec.alerts.is_empty()) {
+        rows.push(ThresholdRow {
+            kind: "capability",
+            name: p.name.clone(),
+            has_policy: true,
+            effective: thresholds.for_capability(&p.name, config),
+        });
+    }
+    rows
 }
 
 #[derive(Debug, Serialize)]
@@ -59,6 +120,7 @@ pub fn state(tenant: &str, feed: &Feed, alerts: &Alerts, reports: &Reports) -> S
     for status in &instances {
         by_agent.entry(status.record.registration.agent.as_str()).or_default().push(status);
     }
+    let agent_names: BTreeSet<&str> = by_agent.keys().copied().collect();
     let agents = by_agent
         .into_iter()
         .map(|(agent, list)| {
@@ -68,13 +130,15 @@ pub fn state(tenant: &str, feed: &Feed, alerts: &Alerts, reports: &Reports) -> S
             summary
         })
         .collect();
-    let policies = policies
+    let policies: Vec<PolicyView> = policies
         .into_iter()
         .filter_map(|p| {
             let revision = p.revision;
             policy_from_proto(p).ok().map(|policy| PolicyView { policy, revision })
         })
         .collect();
+    let domain: Vec<Policy> = policies.iter().map(|p| p.policy.clone()).collect();
+    let alert_thresholds = threshold_rows(alerts, &domain, &agent_names);
     State {
         tenant: tenant.to_string(),
         revision,
@@ -94,6 +158,7 @@ pub fn state(tenant: &str, feed: &Feed, alerts: &Alerts, reports: &Reports) -> S
                 window_ms: r.window_ms,
             })
             .collect(),
+        alert_thresholds,
     }
 }
 

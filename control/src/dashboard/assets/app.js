@@ -10,6 +10,9 @@ let searchResult = null;
 let traceQuery = '';
 let session = null;
 let editing = null;
+// The policy whose deletion awaits confirmation (`kind/name`), and the last deletion's outcome.
+let confirming = null;
+let deleted = null;
 
 function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -101,9 +104,37 @@ const mayEdit = () => Boolean(session && session.may_edit);
 // A spec as JSON without the fields left at their defaults (null).
 const specJson = (spec) => JSON.stringify(spec, (k, v) => (v === null ? undefined : v), 2);
 
+// The view shown, and its argument: `#/instance/x` → ['instance', 'x'].
+const currentView = () => location.hash.replace(/^#\//, '').split('/');
+
 function startEditing(p) {
   editing = JSON.stringify({ kind: p.kind, name: p.name, description: p.description || '', spec: JSON.parse(specJson(p.spec)) }, null, 2);
-  $('#view').replaceChildren(...viewPolicies().filter((x) => x));
+  $('#view').replaceChildren(...(currentView()[0] === 'alerts' ? viewAlerts() : viewPolicies()).filter((x) => x));
+}
+
+// Deletes a policy once its row's confirmation is clicked.
+async function deletePolicy(p) {
+  const response = await fetch(`/api/policies/delete?tenant=${encodeURIComponent(tenant())}`, {
+    method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ kind: p.kind, name: p.name }),
+  });
+  const answer = await response.json();
+  confirming = null;
+  deleted = response.ok
+    ? { good: true, text: `Deleted ${p.kind} policy ${p.name} at revision ${answer.revision}.` }
+    : { good: false, text: answer.error };
+  render();
+}
+
+function policyActions(p) {
+  const key = `${p.kind}/${p.name}`;
+  if (confirming === key) {
+    return el('td', { class: 'confirm' }, `Delete the ${p.kind} policy ${p.name}? `,
+      el('button', { type: 'button', class: 'confirm-delete danger', onclick: () => deletePolicy(p) }, 'Yes, delete'),
+      el('button', { type: 'button', class: 'cancel-delete', onclick: () => { confirming = null; render(); } }, 'Cancel'));
+  }
+  return el('td', {},
+    el('button', { type: 'button', class: 'edit-policy', onclick: () => startEditing(p) }, 'Edit'), ' ',
+    el('button', { type: 'button', class: 'delete-policy', onclick: () => { confirming = key; deleted = null; render(); } }, 'Delete'));
 }
 
 // Sends the editor's policy to `path` (validate or save); shows what came back.
@@ -139,11 +170,12 @@ function viewPolicies() {
   const rows = state.policies.map((p) =>
     el('tr', { 'data-policy': `${p.kind}/${p.name}` }, el('td', {}, p.kind), el('td', {}, p.name), el('td', {}, p.description || ''),
       el('td', { class: 'spec' }, el('pre', {}, specJson(p.spec))), el('td', {}, p.revision),
-      edit ? el('td', {}, el('button', { type: 'button', class: 'edit-policy', onclick: () => startEditing(p) }, 'Edit')) : null));
+      edit ? policyActions(p) : null));
   const headers = ['Kind', 'Name', 'Description', 'Spec', 'Revision'].concat(edit ? [''] : []);
   const create = edit ? el('button', { type: 'button', id: 'policy-new',
     onclick: () => startEditing({ kind: 'capability', name: '', description: '', spec: {} }) }, 'New policy') : null;
-  return [el('h2', {}, `Policies (${rows.length})`, ' ', create), editing !== null ? policyEditor() : null,
+  const outcome = deleted ? el('p', { id: 'policy-deleted', class: deleted.good ? 'good' : 'bad' }, deleted.text) : null;
+  return [el('h2', {}, `Policies (${rows.length})`, ' ', create), editing !== null ? policyEditor() : null, outcome,
     table(headers, rows), edit ? null : el('p', { class: 'muted' }, 'Viewing only: an operator token edits policies.')];
 }
 
@@ -204,11 +236,44 @@ function viewAlerts() {
     el('tr', { 'data-alert': a.rule, class: a.resolved_at_ms ? '' : 'alert-firing' },
       el('td', {}, a.resolved_at_ms ? 'resolved' : 'firing'), el('td', {}, a.rule), el('td', {}, a.agent),
       el('td', { class: 'message' }, a.message), el('td', {}, a.instances.join(', ')), el('td', {}, time(a.fired_at_ms))));
-  return [el('h2', {}, `Alerts (${rows.length})`), table(['Status', 'Rule', 'Agent', 'Message', 'Instances', 'Fired'], rows)];
+  return [el('h2', {}, `Alerts (${rows.length})`), table(['Status', 'Rule', 'Agent', 'Message', 'Instances', 'Fired'], rows),
+    ...viewThresholds()];
+}
+
+// A threshold in force, and where it comes from.
+const setting = (s, unit = '') => el('span', { class: `source-${s.source}` }, `${s.value}${unit}`,
+  el('span', { class: 'muted' }, s.source === 'own' ? ' (policy)' : s.source === 'tenant' ? ' (tenant policy)' : ' (default)'));
+
+// Opens the editor on the policy that sets a row's thresholds (a new one if it has none).
+function editThresholds(row) {
+  const existing = state.policies.find((p) => p.kind === row.kind && p.name === row.name);
+  const policy = existing || { kind: row.kind, name: row.name, description: '', spec: {} };
+  const spec = JSON.parse(specJson(policy.spec));
+  if (!spec.alerts) {
+    spec.alerts = row.kind === 'capability' ? { fallback_calls: row.fallback_calls.value }
+      : { min_healthy: row.min_healthy.value, lost_count: row.lost_count.value, lost_window_ms: row.lost_window_ms.value,
+        fallback_calls: row.fallback_calls.value, breakers_open_percent: row.breakers_open_percent.value };
+  }
+  startEditing({ ...policy, spec });
+}
+
+function viewThresholds() {
+  const edit = mayEdit();
+  const rows = state.alert_thresholds.map((t) =>
+    el('tr', { 'data-thresholds': `${t.kind}/${t.name}` }, el('td', {}, t.kind), el('td', {}, t.name),
+      el('td', { class: 'min-healthy' }, t.kind === 'capability' ? '' : setting(t.min_healthy)),
+      el('td', { class: 'lost' }, t.kind === 'capability' ? '' : [setting(t.lost_count), ' within ', setting(t.lost_window_ms, ' ms')]),
+      el('td', { class: 'fallback-calls' }, setting(t.fallback_calls)),
+      el('td', { class: 'breakers' }, t.kind === 'capability' ? '' : setting(t.breakers_open_percent, '%')),
+      edit ? el('td', {}, el('button', { type: 'button', class: 'edit-thresholds', onclick: () => editThresholds(t) }, 'Edit')) : null));
+  const headers = ['Policy kind', 'Name', 'Min healthy', 'Lost together', 'Fallback calls/min', 'Breakers open over'].concat(edit ? [''] : []);
+  return [el('h2', {}, 'Alert thresholds'),
+    el('p', { class: 'muted' }, "Set by each policy's spec.alerts; an agent's own policy over the tenant policy over control's flags."),
+    editing !== null ? policyEditor() : null, table(headers, rows)];
 }
 
 function render() {
-  const [view, arg] = location.hash.replace(/^#\//, '').split('/');
+  const [view, arg] = currentView();
   const name = view || 'agents';
   for (const a of document.querySelectorAll('nav a')) a.classList.toggle('active', a.dataset.view === name);
   const firing = state ? state.alerts.filter((a) => !a.resolved_at_ms).length : 0;
@@ -216,7 +281,7 @@ function render() {
   if (!state) return;
   const views = { agents: viewAgents, instances: viewInstances, topology: viewTopology, traces: viewTraces, policies: viewPolicies, tenants: viewTenants, alerts: viewAlerts };
   // The traces view keeps its form, and the policy editor its text, across live updates.
-  if (!(name === 'traces' && $('#trace-form')) && !(name === 'policies' && $('#policy-editor'))) {
+  if (!(name === 'traces' && $('#trace-form')) && !((name === 'policies' || name === 'alerts') && $('#policy-editor'))) {
     const content = name === 'instance' ? viewInstance(decodeURIComponent(arg || '')) : (views[name] || viewAgents)();
     $('#view').replaceChildren(...content.filter((x) => x));
   }
@@ -298,7 +363,7 @@ async function start() {
     $('#tenant').addEventListener('change', connect);
     $('#state-filter').addEventListener('change', render);
     $('#search').addEventListener('input', () => { clearTimeout(searchTimer); searchTimer = setTimeout(search, 200); });
-    window.addEventListener('hashchange', () => { editing = null; render(); });
+    window.addEventListener('hashchange', () => { editing = null; confirming = null; deleted = null; render(); });
   }
   connect();
 }

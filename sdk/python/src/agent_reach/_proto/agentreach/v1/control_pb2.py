@@ -26,7 +26,7 @@ from agent_reach._proto.agentreach.v1 import common_pb2 as agentreach_dot_v1_dot
 from agent_reach._proto.agentreach.v1 import policy_pb2 as agentreach_dot_v1_dot_policy__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x61gentreach/v1/control.proto\x12\ragentreach.v1\x1a\x1a\x61gentreach/v1/common.proto\x1a\x1a\x61gentreach/v1/policy.proto\";\n\x0fSidecarIdentity\x12\x12\n\nsidecar_id\x18\x01 \x01(\t\x12\x14\n\x0cmesh_address\x18\x02 \x01(\t\"\xe3\x01\n\x16\x43ontrolRegisterRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12/\n\x07sidecar\x18\x02 \x01(\x0b\x32\x1e.agentreach.v1.SidecarIdentity\x12\x13\n\x0binstance_id\x18\x03 \x01(\t\x12\x36\n\x0cregistration\x18\x04 \x01(\x0b\x32 .agentreach.v1.AgentRegistration\x12)\n\x05state\x18\x05 \x01(\x0e\x32\x1a.agentreach.v1.HealthState\x12\x10\n\x08lease_id\x18\x06 \x01(\x03\"d\n\x14\x43ontrolRegisterReply\x12\x10\n\x08lease_id\x18\x01 \x01(\x03\x12\x14\n\x0clease_ttl_ms\x18\x02 \x01(\r\x12\x10\n\x08revision\x18\x03 \x01(\x03\x12\x12\n\ngeneration\x18\x04 \x01(\x04\"\x97\x01\n\x11InstanceHeartbeat\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\x10\n\x08lease_id\x18\x03 \x01(\x03\x12)\n\x05state\x18\x04 \x01(\x0e\x32\x1a.agentreach.v1.HealthState\x12!\n\x04load\x18\x05 \x01(\x0b\x32\x13.agentreach.v1.Load\"\xcf\x01\n\x17\x43ontrolHeartbeatRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12/\n\x07sidecar\x18\x02 \x01(\x0b\x32\x1e.agentreach.v1.SidecarIdentity\x12\x33\n\tinstances\x18\x03 \x03(\x0b\x32 .agentreach.v1.InstanceHeartbeat\x12\x10\n\x08lease_id\x18\x04 \x01(\x03\x12,\n\x06report\x18\x05 \x01(\x0b\x32\x1c.agentreach.v1.SidecarReport\"\x93\x02\n\rSidecarReport\x12\x11\n\twindow_ms\x18\x01 \x01(\r\x12(\n\x05\x65\x64ges\x18\x02 \x03(\x0b\x32\x19.agentreach.v1.EdgeReport\x12\x15\n\ropen_breakers\x18\x03 \x03(\t\x12\x35\n\tinstances\x18\x04 \x03(\x0b\x32\".agentreach.v1.LocalInstanceReport\x12)\n\x05spans\x18\x05 \x03(\x0b\x32\x1a.agentreach.v1.SpanSummary\x12\x16\n\x0ereceived_at_ms\x18\x06 \x01(\x03\x12\x12\n\nsidecar_id\x18\x07 \x01(\t\x12 \n\x18latency_bucket_bounds_ms\x18\x08 \x03(\x01\"\x8b\x01\n\nEdgeReport\x12\x0e\n\x06\x63\x61ller\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\x12\r\n\x05\x61gent\x18\x03 \x01(\t\x12\r\n\x05\x63\x61lls\x18\x04 \x01(\x04\x12\x0e\n\x06\x65rrors\x18\x05 \x01(\x04\x12\x16\n\x0e\x66\x61llback_calls\x18\x06 \x01(\x04\x12\x17\n\x0flatency_buckets\x18\x07 \x03(\x04\"X\n\x13LocalInstanceReport\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\x1d\n\x15last_heartbeat_age_ms\x18\x03 \x01(\x04\"\x93\x02\n\x0bSpanSummary\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\x0f\n\x07span_id\x18\x02 \x01(\t\x12\x16\n\x0eparent_span_id\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x0c\n\x04kind\x18\x05 \x01(\t\x12\x15\n\rstart_unix_us\x18\x06 \x01(\x04\x12\x13\n\x0b\x64uration_us\x18\x07 \x01(\x04\x12\x0e\n\x06status\x18\x08 \x01(\t\x12>\n\nattributes\x18\t \x03(\x0b\x32*.agentreach.v1.SpanSummary.AttributesEntry\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"k\n\x15\x43ontrolHeartbeatReply\x12\x1c\n\x14\x65xpired_instance_ids\x18\x01 \x03(\t\x12\x1d\n\x15replaced_instance_ids\x18\x02 \x03(\t\x12\x15\n\rlease_expired\x18\x03 \x01(\x08\"{\n\x18\x43ontrolDeregisterRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\r\n\x05\x61gent\x18\x03 \x01(\t\x12\x10\n\x08lease_id\x18\x04 \x01(\x03\x12\x19\n\x11\x65xpected_lease_id\x18\x05 \x01(\x03\"*\n\x16\x43ontrolDeregisterReply\x12\x10\n\x08revision\x18\x01 \x01(\x03\"f\n\x0cWatchRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12/\n\x07sidecar\x18\x02 \x01(\x0b\x32\x1e.agentreach.v1.SidecarIdentity\x12\x15\n\rfrom_revision\x18\x03 \x01(\x03\"\x8f\x01\n\x08Snapshot\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12*\n\tinstances\x18\x02 \x03(\x0b\x32\x17.agentreach.v1.Instance\x12\x0e\n\x06resync\x18\x03 \x01(\x08\x12\'\n\x08policies\x18\x04 \x03(\x0b\x32\x15.agentreach.v1.Policy\x12\x0c\n\x04more\x18\x05 \x01(\x08\"B\n\tPolicyRef\x12\'\n\x04kind\x18\x01 \x01(\x0e\x32\x19.agentreach.v1.PolicyKind\x12\x0c\n\x04name\x18\x02 \x01(\t\"\xdf\x01\n\x05\x44\x65lta\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12)\n\x08upserted\x18\x02 \x03(\x0b\x32\x17.agentreach.v1.Instance\x12\x1c\n\x14removed_instance_ids\x18\x03 \x03(\t\x12\x30\n\x11upserted_policies\x18\x04 \x03(\x0b\x32\x15.agentreach.v1.Policy\x12\x32\n\x10removed_policies\x18\x05 \x03(\x0b\x32\x18.agentreach.v1.PolicyRef\x12\x15\n\rprev_revision\x18\x06 \x01(\x03\"i\n\nWatchEvent\x12+\n\x08snapshot\x18\x01 \x01(\x0b\x32\x17.agentreach.v1.SnapshotH\x00\x12%\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x14.agentreach.v1.DeltaH\x00\x42\x07\n\x05\x65vent2\xdd\x02\n\x07\x43ontrol\x12V\n\x08Register\x12%.agentreach.v1.ControlRegisterRequest\x1a#.agentreach.v1.ControlRegisterReply\x12Y\n\tHeartbeat\x12&.agentreach.v1.ControlHeartbeatRequest\x1a$.agentreach.v1.ControlHeartbeatReply\x12\\\n\nDeregister\x12\'.agentreach.v1.ControlDeregisterRequest\x1a%.agentreach.v1.ControlDeregisterReply\x12\x41\n\x05Watch\x12\x1b.agentreach.v1.WatchRequest\x1a\x19.agentreach.v1.WatchEvent0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x61gentreach/v1/control.proto\x12\ragentreach.v1\x1a\x1a\x61gentreach/v1/common.proto\x1a\x1a\x61gentreach/v1/policy.proto\";\n\x0fSidecarIdentity\x12\x12\n\nsidecar_id\x18\x01 \x01(\t\x12\x14\n\x0cmesh_address\x18\x02 \x01(\t\"\xe3\x01\n\x16\x43ontrolRegisterRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12/\n\x07sidecar\x18\x02 \x01(\x0b\x32\x1e.agentreach.v1.SidecarIdentity\x12\x13\n\x0binstance_id\x18\x03 \x01(\t\x12\x36\n\x0cregistration\x18\x04 \x01(\x0b\x32 .agentreach.v1.AgentRegistration\x12)\n\x05state\x18\x05 \x01(\x0e\x32\x1a.agentreach.v1.HealthState\x12\x10\n\x08lease_id\x18\x06 \x01(\x03\"d\n\x14\x43ontrolRegisterReply\x12\x10\n\x08lease_id\x18\x01 \x01(\x03\x12\x14\n\x0clease_ttl_ms\x18\x02 \x01(\r\x12\x10\n\x08revision\x18\x03 \x01(\x03\x12\x12\n\ngeneration\x18\x04 \x01(\x04\"\x97\x01\n\x11InstanceHeartbeat\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\x10\n\x08lease_id\x18\x03 \x01(\x03\x12)\n\x05state\x18\x04 \x01(\x0e\x32\x1a.agentreach.v1.HealthState\x12!\n\x04load\x18\x05 \x01(\x0b\x32\x13.agentreach.v1.Load\"\xcf\x01\n\x17\x43ontrolHeartbeatRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12/\n\x07sidecar\x18\x02 \x01(\x0b\x32\x1e.agentreach.v1.SidecarIdentity\x12\x33\n\tinstances\x18\x03 \x03(\x0b\x32 .agentreach.v1.InstanceHeartbeat\x12\x10\n\x08lease_id\x18\x04 \x01(\x03\x12,\n\x06report\x18\x05 \x01(\x0b\x32\x1c.agentreach.v1.SidecarReport\"\xa8\x02\n\rSidecarReport\x12\x11\n\twindow_ms\x18\x01 \x01(\r\x12(\n\x05\x65\x64ges\x18\x02 \x03(\x0b\x32\x19.agentreach.v1.EdgeReport\x12\x15\n\ropen_breakers\x18\x03 \x03(\t\x12\x35\n\tinstances\x18\x04 \x03(\x0b\x32\".agentreach.v1.LocalInstanceReport\x12)\n\x05spans\x18\x05 \x03(\x0b\x32\x1a.agentreach.v1.SpanSummary\x12\x16\n\x0ereceived_at_ms\x18\x06 \x01(\x03\x12\x12\n\nsidecar_id\x18\x07 \x01(\t\x12 \n\x18latency_bucket_bounds_ms\x18\x08 \x03(\x01\x12\x13\n\x0binterval_ms\x18\t \x01(\r\"\x8b\x01\n\nEdgeReport\x12\x0e\n\x06\x63\x61ller\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\x12\r\n\x05\x61gent\x18\x03 \x01(\t\x12\r\n\x05\x63\x61lls\x18\x04 \x01(\x04\x12\x0e\n\x06\x65rrors\x18\x05 \x01(\x04\x12\x16\n\x0e\x66\x61llback_calls\x18\x06 \x01(\x04\x12\x17\n\x0flatency_buckets\x18\x07 \x03(\x04\"X\n\x13LocalInstanceReport\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\x1d\n\x15last_heartbeat_age_ms\x18\x03 \x01(\x04\"\x93\x02\n\x0bSpanSummary\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\x0f\n\x07span_id\x18\x02 \x01(\t\x12\x16\n\x0eparent_span_id\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x0c\n\x04kind\x18\x05 \x01(\t\x12\x15\n\rstart_unix_us\x18\x06 \x01(\x04\x12\x13\n\x0b\x64uration_us\x18\x07 \x01(\x04\x12\x0e\n\x06status\x18\x08 \x01(\t\x12>\n\nattributes\x18\t \x03(\x0b\x32*.agentreach.v1.SpanSummary.AttributesEntry\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"k\n\x15\x43ontrolHeartbeatReply\x12\x1c\n\x14\x65xpired_instance_ids\x18\x01 \x03(\t\x12\x1d\n\x15replaced_instance_ids\x18\x02 \x03(\t\x12\x15\n\rlease_expired\x18\x03 \x01(\x08\"{\n\x18\x43ontrolDeregisterRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\r\n\x05\x61gent\x18\x03 \x01(\t\x12\x10\n\x08lease_id\x18\x04 \x01(\x03\x12\x19\n\x11\x65xpected_lease_id\x18\x05 \x01(\x03\"*\n\x16\x43ontrolDeregisterReply\x12\x10\n\x08revision\x18\x01 \x01(\x03\"f\n\x0cWatchRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12/\n\x07sidecar\x18\x02 \x01(\x0b\x32\x1e.agentreach.v1.SidecarIdentity\x12\x15\n\rfrom_revision\x18\x03 \x01(\x03\"\x8f\x01\n\x08Snapshot\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12*\n\tinstances\x18\x02 \x03(\x0b\x32\x17.agentreach.v1.Instance\x12\x0e\n\x06resync\x18\x03 \x01(\x08\x12\'\n\x08policies\x18\x04 \x03(\x0b\x32\x15.agentreach.v1.Policy\x12\x0c\n\x04more\x18\x05 \x01(\x08\"B\n\tPolicyRef\x12\'\n\x04kind\x18\x01 \x01(\x0e\x32\x19.agentreach.v1.PolicyKind\x12\x0c\n\x04name\x18\x02 \x01(\t\"\xdf\x01\n\x05\x44\x65lta\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12)\n\x08upserted\x18\x02 \x03(\x0b\x32\x17.agentreach.v1.Instance\x12\x1c\n\x14removed_instance_ids\x18\x03 \x03(\t\x12\x30\n\x11upserted_policies\x18\x04 \x03(\x0b\x32\x15.agentreach.v1.Policy\x12\x32\n\x10removed_policies\x18\x05 \x03(\x0b\x32\x18.agentreach.v1.PolicyRef\x12\x15\n\rprev_revision\x18\x06 \x01(\x03\"i\n\nWatchEvent\x12+\n\x08snapshot\x18\x01 \x01(\x0b\x32\x17.agentreach.v1.SnapshotH\x00\x12%\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x14.agentreach.v1.DeltaH\x00\x42\x07\n\x05\x65vent2\xdd\x02\n\x07\x43ontrol\x12V\n\x08Register\x12%.agentreach.v1.ControlRegisterRequest\x1a#.agentreach.v1.ControlRegisterReply\x12Y\n\tHeartbeat\x12&.agentreach.v1.ControlHeartbeatRequest\x1a$.agentreach.v1.ControlHeartbeatReply\x12\\\n\nDeregister\x12\'.agentreach.v1.ControlDeregisterRequest\x1a%.agentreach.v1.ControlDeregisterReply\x12\x41\n\x05Watch\x12\x1b.agentreach.v1.WatchRequest\x1a\x19.agentreach.v1.WatchEvent0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,31 +46,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CONTROLHEARTBEATREQUEST']._serialized_start=650
   _globals['_CONTROLHEARTBEATREQUEST']._serialized_end=857
   _globals['_SIDECARREPORT']._serialized_start=860
-  _globals['_SIDECARREPORT']._serialized_end=1135
-  _globals['_EDGEREPORT']._serialized_start=1138
-  _globals['_EDGEREPORT']._serialized_end=1277
-  _globals['_LOCALINSTANCEREPORT']._serialized_start=1279
-  _globals['_LOCALINSTANCEREPORT']._serialized_end=1367
-  _globals['_SPANSUMMARY']._serialized_start=1370
-  _globals['_SPANSUMMARY']._serialized_end=1645
-  _globals['_SPANSUMMARY_ATTRIBUTESENTRY']._serialized_start=1596
-  _globals['_SPANSUMMARY_ATTRIBUTESENTRY']._serialized_end=1645
-  _globals['_CONTROLHEARTBEATREPLY']._serialized_start=1647
-  _globals['_CONTROLHEARTBEATREPLY']._serialized_end=1754
-  _globals['_CONTROLDEREGISTERREQUEST']._serialized_start=1756
-  _globals['_CONTROLDEREGISTERREQUEST']._serialized_end=1879
-  _globals['_CONTROLDEREGISTERREPLY']._serialized_start=1881
-  _globals['_CONTROLDEREGISTERREPLY']._serialized_end=1923
-  _globals['_WATCHREQUEST']._serialized_start=1925
-  _globals['_WATCHREQUEST']._serialized_end=2027
-  _globals['_SNAPSHOT']._serialized_start=2030
-  _globals['_SNAPSHOT']._serialized_end=2173
-  _globals['_POLICYREF']._serialized_start=2175
-  _globals['_POLICYREF']._serialized_end=2241
-  _globals['_DELTA']._serialized_start=2244
-  _globals['_DELTA']._serialized_end=2467
-  _globals['_WATCHEVENT']._serialized_start=2469
-  _globals['_WATCHEVENT']._serialized_end=2574
-  _globals['_CONTROL']._serialized_start=2577
-  _globals['_CONTROL']._serialized_end=2926
+  _globals['_SIDECARREPORT']._serialized_end=1156
+  _globals['_EDGEREPORT']._serialized_start=1159
+  _globals['_EDGEREPORT']._serialized_end=1298
+  _globals['_LOCALINSTANCEREPORT']._serialized_start=1300
+  _globals['_LOCALINSTANCEREPORT']._serialized_end=1388
+  _globals['_SPANSUMMARY']._serialized_start=1391
+  _globals['_SPANSUMMARY']._serialized_end=1666
+  _globals['_SPANSUMMARY_ATTRIBUTESENTRY']._serialized_start=1617
+  _globals['_SPANSUMMARY_ATTRIBUTESENTRY']._serialized_end=1666
+  _globals['_CONTROLHEARTBEATREPLY']._serialized_start=1668
+  _globals['_CONTROLHEARTBEATREPLY']._serialized_end=1775
+  _globals['_CONTROLDEREGISTERREQUEST']._serialized_start=1777
+  _globals['_CONTROLDEREGISTERREQUEST']._serialized_end=1900
+  _globals['_CONTROLDEREGISTERREPLY']._serialized_start=1902
+  _globals['_CONTROLDEREGISTERREPLY']._serialized_end=1944
+  _globals['_WATCHREQUEST']._serialized_start=1946
+  _globals['_WATCHREQUEST']._serialized_end=2048
+  _globals['_SNAPSHOT']._serialized_start=2051
+  _globals['_SNAPSHOT']._serialized_end=2194
+  _globals['_POLICYREF']._serialized_start=2196
+  _globals['_POLICYREF']._serialized_end=2262
+  _globals['_DELTA']._serialized_start=2265
+  _globals['_DELTA']._serialized_end=2488
+  _globals['_WATCHEVENT']._serialized_start=2490
+  _globals['_WATCHEVENT']._serialized_end=2595
+  _globals['_CONTROL']._serialized_start=2598
+  _globals['_CONTROL']._serialized_end=2947
 # @@protoc_insertion_point(module_scope)

@@ -73,7 +73,7 @@ class ControlHeartbeatRequest(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., sidecar: _Optional[_Union[SidecarIdentity, _Mapping]] = ..., instances: _Optional[_Iterable[_Union[InstanceHeartbeat, _Mapping]]] = ..., lease_id: _Optional[int] = ..., report: _Optional[_Union[SidecarReport, _Mapping]] = ...) -> None: ...
 
 class SidecarReport(_message.Message):
-    __slots__ = ("window_ms", "edges", "open_breakers", "instances", "spans", "received_at_ms", "sidecar_id", "latency_bucket_bounds_ms")
+    __slots__ = ("window_ms", "edges", "open_breakers", "instances", "spans", "received_at_ms", "sidecar_id", "latency_bucket_bounds_ms", "interval_ms")
     WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
     EDGES_FIELD_NUMBER: _ClassVar[int]
     OPEN_BREAKERS_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +82,7 @@ class SidecarReport(_message.Message):
     RECEIVED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     SIDECAR_ID_FIELD_NUMBER: _ClassVar[int]
     LATENCY_BUCKET_BOUNDS_MS_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     window_ms: int
     edges: _containers.RepeatedCompositeFieldContainer[EdgeReport]
     open_breakers: _containers.RepeatedScalarFieldContainer[str]
@@ -90,7 +91,8 @@ class SidecarReport(_message.Message):
     received_at_ms: int
     sidecar_id: str
     latency_bucket_bounds_ms: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, window_ms: _Optional[int] = ..., edges: _Optional[_Iterable[_Union[EdgeReport, _Mapping]]] = ..., open_breakers: _Optional[_Iterable[str]] = ..., instances: _Optional[_Iterable[_Union[LocalInstanceReport, _Mapping]]] = ..., spans: _Optional[_Iterable[_Union[SpanSummary, _Mapping]]] = ..., received_at_ms: _Optional[int] = ..., sidecar_id: _Optional[str] = ..., latency_bucket_bounds_ms: _Optional[_Iterable[float]] = ...) -> None: ...
+    interval_ms: int
+    def __init__(self, window_ms: _Optional[int] = ..., edges: _Optional[_Iterable[_Union[EdgeReport, _Mapping]]] = ..., open_breakers: _Optional[_Iterable[str]] = ..., instances: _Optional[_Iterable[_Union[LocalInstanceReport, _Mapping]]] = ..., spans: _Optional[_Iterable[_Union[SpanSummary, _Mapping]]] = ..., received_at_ms: _Optional[int] = ..., sidecar_id: _Optional[str] = ..., latency_bucket_bounds_ms: _Optional[_Iterable[float]] = ..., interval_ms: _Optional[int] = ...) -> None: ...
 
 class EdgeReport(_message.Message):
     __slots__ = ("caller", "target", "agent", "calls", "errors", "fallback_calls", "latency_buckets")

@@ -121,7 +121,7 @@ class Authorization(_message.Message):
     def __init__(self, allowed_agents: _Optional[_Iterable[str]] = ..., allow_anonymous: _Optional[bool] = ...) -> None: ...
 
 class PolicySpec(_message.Message):
-    __slots__ = ("strategy", "hash_key", "weights", "default_timeout_ms", "retry", "fallback", "rate_limit", "breaker", "split", "read_only", "cache_ttl_ms", "admission", "authorization", "session")
+    __slots__ = ("strategy", "hash_key", "weights", "default_timeout_ms", "retry", "fallback", "rate_limit", "breaker", "split", "read_only", "cache_ttl_ms", "admission", "authorization", "session", "alerts")
     class WeightsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -150,6 +150,7 @@ class PolicySpec(_message.Message):
     ADMISSION_FIELD_NUMBER: _ClassVar[int]
     AUTHORIZATION_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
+    ALERTS_FIELD_NUMBER: _ClassVar[int]
     strategy: Strategy
     hash_key: str
     weights: _containers.ScalarMap[str, int]
@@ -164,7 +165,22 @@ class PolicySpec(_message.Message):
     admission: Admission
     authorization: Authorization
     session: _containers.MessageMap[str, _session_pb2.SessionFieldRule]
-    def __init__(self, strategy: _Optional[_Union[Strategy, str]] = ..., hash_key: _Optional[str] = ..., weights: _Optional[_Mapping[str, int]] = ..., default_timeout_ms: _Optional[int] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., fallback: _Optional[_Union[Fallback, _Mapping]] = ..., rate_limit: _Optional[_Union[RateLimit, _Mapping]] = ..., breaker: _Optional[_Union[CircuitBreaker, _Mapping]] = ..., split: _Optional[_Union[VersionSplit, _Mapping]] = ..., read_only: _Optional[bool] = ..., cache_ttl_ms: _Optional[int] = ..., admission: _Optional[_Union[Admission, _Mapping]] = ..., authorization: _Optional[_Union[Authorization, _Mapping]] = ..., session: _Optional[_Mapping[str, _session_pb2.SessionFieldRule]] = ...) -> None: ...
+    alerts: AlertThresholds
+    def __init__(self, strategy: _Optional[_Union[Strategy, str]] = ..., hash_key: _Optional[str] = ..., weights: _Optional[_Mapping[str, int]] = ..., default_timeout_ms: _Optional[int] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., fallback: _Optional[_Union[Fallback, _Mapping]] = ..., rate_limit: _Optional[_Union[RateLimit, _Mapping]] = ..., breaker: _Optional[_Union[CircuitBreaker, _Mapping]] = ..., split: _Optional[_Union[VersionSplit, _Mapping]] = ..., read_only: _Optional[bool] = ..., cache_ttl_ms: _Optional[int] = ..., admission: _Optional[_Union[Admission, _Mapping]] = ..., authorization: _Optional[_Union[Authorization, _Mapping]] = ..., session: _Optional[_Mapping[str, _session_pb2.SessionFieldRule]] = ..., alerts: _Optional[_Union[AlertThresholds, _Mapping]] = ...) -> None: ...
+
+class AlertThresholds(_message.Message):
+    __slots__ = ("min_healthy", "lost_count", "lost_window_ms", "fallback_calls", "breakers_open_percent")
+    MIN_HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    LOST_COUNT_FIELD_NUMBER: _ClassVar[int]
+    LOST_WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_CALLS_FIELD_NUMBER: _ClassVar[int]
+    BREAKERS_OPEN_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    min_healthy: int
+    lost_count: int
+    lost_window_ms: int
+    fallback_calls: int
+    breakers_open_percent: int
+    def __init__(self, min_healthy: _Optional[int] = ..., lost_count: _Optional[int] = ..., lost_window_ms: _Optional[int] = ..., fallback_calls: _Optional[int] = ..., breakers_open_percent: _Optional[int] = ...) -> None: ...
 
 class Policy(_message.Message):
     __slots__ = ("tenant", "kind", "name", "spec", "revision", "description")
