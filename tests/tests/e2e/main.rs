@@ -4,10 +4,12 @@
 mod a2a;
 mod abuse;
 mod admin;
+mod agentless_reports;
 mod authz;
 mod bad_input;
 mod dashboard;
 mod dashboard_auth;
+mod dashboard_thresholds;
 mod faults;
 mod governance;
 mod health;

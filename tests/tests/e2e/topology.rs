@@ -36,7 +36,7 @@ async fn failing_agent(sidecar: &Sidecar, capability: &str) -> RunningAgent {
 }
 
 /// GET `path` from a dashboard: the JSON body.
-async fn get_json(addr: std::net::SocketAddr, path: &str) -> Value {
+pub(crate) async fn get_json(addr: std::net::SocketAddr, path: &str) -> Value {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let request = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
