@@ -173,6 +173,7 @@ impl Traffic {
             received_at_ms: 0,
             sidecar_id: sidecar_id.to_string(),
             latency_bucket_bounds_ms: bounds_ms(),
+            interval_ms: 0,
         }
     }
 }

@@ -52,7 +52,35 @@ impl Registry {
             })
             .collect();
         instances.sort_by(|a, b| a.instance_id.cmp(&b.instance_id));
-        Some(reporter.traffic.report(&self.identity.sidecar_id, &reporter.table, instances, &reporter.spans))
+        let mut report = reporter.traffic.report(&self.identity.sidecar_id, &reporter.table, instances, &reporter.spans);
+        report.interval_ms = u32::try_from(reporter.interval.as_millis()).unwrap_or(u32::MAX);
+        Some(report)
+    }
+
+    /// Without local agents there is no lease to renew, but calls made through this sidecar
+    /// by clients that are not agents still belong in the topology: when a report is due, it
+    /// goes alone on a heartbeat with no instances and no lease (control keeps it on a lease
+    /// of its own).
+    async fn report_alone(&self) {
+        let Some(report) = self.due_report() else { return };
+        let request = proto::ControlHeartbeatRequest {
+            tenant: self.tenant.clone(),
+            sidecar: Some(self.identity.clone()),
+            instances: vec![],
+            lease_id: 0,
+            report: Some(report),
+        };
+        self.stats.reports.fetch_add(1, Ordering::Relaxed);
+        let result = self
+            .control
+            .call(|mut c| {
+                let request = request.clone();
+                async move { c.heartbeat(request).await }
+            })
+            .await;
+        if let Err(status) = result {
+            tracing::warn!("cannot send the traffic report to control: {}", status.message());
+        }
     }
 
     /// Stores a record with control on the sidecar's lease, obtaining a lease first when
@@ -284,6 +312,8 @@ impl Registry {
                 control_answered = self.report(&all).await;
             } else if !changed.is_empty() {
                 self.report(&changed).await;
+            } else if self.is_empty() {
+                self.report_alone().await;
             }
         }
     }
