@@ -45,7 +45,7 @@ struct Args {
     #[arg(long, default_value_t = 16)]
     spans: usize,
     /// Page loads measured (each: one `/api/state` and one first event).
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 10)]
     loads: usize,
 }
 
@@ -215,18 +215,25 @@ async fn first_event(addr: SocketAddr) -> Result<(Duration, usize), String> {
     tcp.write_all(request.as_bytes()).await.map_err(|e| e.to_string())?;
     let mut seen = Vec::new();
     let mut buf = vec![0u8; 1 << 16];
+    let (mut start, mut scanned): (Option<usize>, usize) = (None, 0);
     loop {
         let n = tcp.read(&mut buf).await.map_err(|e| e.to_string())?;
         if n == 0 {
             return Err("the event stream ended before its first event".into());
         }
         seen.extend_from_slice(&buf[..n]);
-        if let Some(at) = seen.windows(6).position(|w| w == b"event:")
-            && seen[at..].windows(2).any(|w| w == b"\n\n")
-        {
-            // Chunked framing adds a few bytes; the event's own size is what matters.
-            let end = at + seen[at..].windows(2).position(|w| w == b"\n\n").unwrap_or(0);
-            return Ok((t0.elapsed(), end - at));
+        // Only the bytes not scanned yet (and the last few, for a marker cut by a read).
+        let from = scanned.saturating_sub(6);
+        scanned = seen.len();
+        if start.is_none() {
+            start = seen[from..].windows(6).position(|w| w == b"event:").map(|p| from + p);
+        }
+        if let Some(at) = start {
+            let from = from.max(at);
+            if let Some(p) = seen[from..].windows(2).position(|w| w == b"\n\n") {
+                // Chunked framing adds a few bytes; the event's own size is what matters.
+                return Ok((t0.elapsed(), from + p - at));
+            }
         }
     }
 }
