@@ -102,7 +102,10 @@ fn stored(n: usize, s: usize) -> (String, StoredInstance) {
         .max_concurrency(16)
         .sidecar(&format!("sidecar-{s}"), &format!("10.0.{}.{}:7701", s / 250, s % 250))
         .record();
-    (keys::instance_key(TENANT, &agent, &id), StoredInstance { record, instance_hold: None, agent_hold: None, generation: 1 })
+    (
+        keys::instance_key(TENANT, &agent, &id),
+        StoredInstance { record, instance_hold: None, agent_hold: None, generation: 1 },
+    )
 }
 
 /// Sidecar `s`'s report: `edges` edges, its instances' heartbeats, `spans` span summaries.
@@ -358,9 +361,12 @@ async fn measure(args: &Args, addr: SocketAddr) -> Result<String, String> {
         percentile(&event_ms, 50.0),
         percentile(&event_ms, 95.0)
     ));
-    for (what, (ms, status, bytes)) in
-        [("search cap-7", search), ("search cpa-77 (suggestions)", typo), ("trace by id", trace), ("trace by session", session)]
-    {
+    for (what, (ms, status, bytes)) in [
+        ("search cap-7", search),
+        ("search cpa-77 (suggestions)", typo),
+        ("trace by id", trace),
+        ("trace by session", session),
+    ] {
         out.push_str(&format!("{what}: {status}, {bytes} bytes in {ms:.1} ms\n"));
     }
     out.push_str(&format!("process RSS (control + etcd clients + this client): {:.0} MiB\n", rss_mib()));

@@ -239,7 +239,11 @@ impl Thresholds {
             lost_count: pick(own.lost_count, t.lost_count, clamp(config.lost_count as u64)),
             lost_window_ms: pick(own.lost_window_ms, t.lost_window_ms, clamp(config.lost_window.as_millis() as u64)),
             fallback_calls: pick(own.fallback_calls, t.fallback_calls, clamp(config.fallback_calls)),
-            breakers_open_percent: pick(own.breakers_open_percent, t.breakers_open_percent, config.breakers_open_percent),
+            breakers_open_percent: pick(
+                own.breakers_open_percent,
+                t.breakers_open_percent,
+                config.breakers_open_percent,
+            ),
         }
     }
 
@@ -1051,12 +1055,22 @@ mod tests {
         // Losses: the summarizer counts one loss as an alert within its 60 s window.
         thresholds.agents.insert(
             "sum".into(),
-            AlertThresholds { min_healthy: Some(0), lost_count: Some(1), lost_window_ms: Some(60_000), ..Default::default() },
+            AlertThresholds {
+                min_healthy: Some(0),
+                lost_count: Some(1),
+                lost_window_ms: Some(60_000),
+                ..Default::default()
+            },
         );
         rules.set_thresholds(thresholds.clone());
         let findings = rules.evaluate(t0, 0, 4, &all, &[]);
         assert_eq!(findings, [Finding::Resolved { rule: Rule::BelowMinHealthy, agent: "sum".into() }]);
-        let one_lost = [up("tr", "a"), instance("tr", "b", HealthState::Down), instance("sum", "c", HealthState::Down), up("sum", "d")];
+        let one_lost = [
+            up("tr", "a"),
+            instance("tr", "b", HealthState::Down),
+            instance("sum", "c", HealthState::Down),
+            up("sum", "d"),
+        ];
         let findings = rules.evaluate(t0 + Duration::from_secs(1), 0, 5, &one_lost, &[]);
         assert_eq!(fired(&findings), [(Rule::InstancesLost, "sum".to_string(), vec!["c".to_string()])]);
         let Finding::Fired(alert) = &findings[0] else { unreachable!() };
@@ -1077,15 +1091,23 @@ mod tests {
     async fn fallback_and_breaker_thresholds_come_from_the_targets_policy() {
         let mut rules = Rules::new("t", AlertConfig { min_healthy: 0, ..AlertConfig::default() });
         let mut thresholds = Thresholds::default();
-        thresholds.capabilities.insert("quiet".into(), AlertThresholds { fallback_calls: Some(0), ..Default::default() });
-        thresholds.capabilities.insert("touchy".into(), AlertThresholds { fallback_calls: Some(1), ..Default::default() });
+        thresholds
+            .capabilities
+            .insert("quiet".into(), AlertThresholds { fallback_calls: Some(0), ..Default::default() });
+        thresholds
+            .capabilities
+            .insert("touchy".into(), AlertThresholds { fallback_calls: Some(1), ..Default::default() });
         thresholds
             .agents
             .insert("tr".into(), AlertThresholds { breakers_open_percent: Some(20), ..Default::default() });
         rules.set_thresholds(thresholds);
         let t0 = Instant::now();
         // 9 fallback calls of "quiet" (disabled), 1 of "touchy [eu]" (threshold 1).
-        let reports = [traffic("a", vec![("capability quiet", "backup", 9, 9), ("capability touchy [eu]", "backup", 3, 1)], &["a"])];
+        let reports = [traffic(
+            "a",
+            vec![("capability quiet", "backup", 9, 9), ("capability touchy [eu]", "backup", 3, 1)],
+            &["a"],
+        )];
         let up = |id: &str| instance("tr", id, HealthState::Up);
         let instances = [up("a"), up("b"), up("c"), up("d")];
         let findings = rules.evaluate(t0, 0, 1, &instances, &reports);

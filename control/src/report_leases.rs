@@ -24,11 +24,14 @@ pub const MAX_TTL: Duration = Duration::from_secs(3600);
 /// Agentless sidecars one replica keeps reports for, at most.
 pub const MAX_LEASES: usize = 10_000;
 
+/// The leases held, by (tenant, sidecar id): the lease, its TTL, and when it was last
+/// renewed.
+type Held = HashMap<(String, String), (LeaseId, Duration, Instant)>;
+
 /// See the module documentation.
 #[derive(Default)]
 pub struct ReportLeases {
-    /// By (tenant, sidecar id): the lease, its TTL, and when it was last renewed.
-    held: Mutex<HashMap<(String, String), (LeaseId, Duration, Instant)>>,
+    held: Mutex<Held>,
 }
 
 /// The lease TTL for reports sent every `interval_ms` (0: unknown, the shortest).
@@ -91,7 +94,7 @@ impl ReportLeases {
         self.lock().is_empty()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), (LeaseId, Duration, Instant)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
         // Poisoning only means a panic elsewhere; the map stays valid.
         self.held.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -367,7 +367,9 @@ impl Dashboard {
         let result = self.registry.delete_policy(tenant, delete.kind, &delete.name).await;
         operators::audit(&caller.principal(), &what, tenant, &result);
         match result {
-            Ok(revision) => json(&serde_json::json!({ "revision": revision, "kind": delete.kind, "name": delete.name })),
+            Ok(revision) => {
+                json(&serde_json::json!({ "revision": revision, "kind": delete.kind, "name": delete.name }))
+            }
             Err(e) => {
                 let denied = Denied::from(e);
                 error(denied.status, &denied.reason)

@@ -52,7 +52,8 @@ impl Registry {
             })
             .collect();
         instances.sort_by(|a, b| a.instance_id.cmp(&b.instance_id));
-        let mut report = reporter.traffic.report(&self.identity.sidecar_id, &reporter.table, instances, &reporter.spans);
+        let mut report =
+            reporter.traffic.report(&self.identity.sidecar_id, &reporter.table, instances, &reporter.spans);
         report.interval_ms = u32::try_from(reporter.interval.as_millis()).unwrap_or(u32::MAX);
         Some(report)
     }

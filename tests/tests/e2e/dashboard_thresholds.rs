@@ -231,7 +231,11 @@ async fn operators_set_alert_thresholds_per_agent_and_delete_policies_from_the_p
     // The default minimum again: the alert resolves.
     b.client.goto(&format!("{page}/#/alerts")).await.unwrap();
     b.wait_until("the alert resolved", Duration::from_secs(15), ALERTS, |v| {
-        *v == json!([["below_min_healthy", "resolved", "translator has 2 healthy instance(s), fewer than the minimum 3"]])
+        *v == json!([[
+            "below_min_healthy",
+            "resolved",
+            "translator has 2 healthy instance(s), fewer than the minimum 3"
+        ]])
     })
     .await;
     b.wait_until("the default minimum again", Duration::from_secs(10), THRESHOLDS, |v| *v == defaults).await;
