@@ -102,6 +102,7 @@ impl From<Registration> for proto::AgentRegistration {
             transport: match r.transport {
                 Transport::Grpc => proto::Transport::Grpc,
                 Transport::Http => proto::Transport::Http,
+                Transport::A2a => proto::Transport::A2a,
             } as i32,
             max_concurrency: r.max_concurrency,
             metadata: r.metadata.into_iter().collect(),
@@ -115,6 +116,7 @@ pub fn registration_from_proto(field: &str, r: Option<proto::AgentRegistration>)
     let transport = match proto::Transport::try_from(r.transport) {
         Ok(proto::Transport::Grpc | proto::Transport::Unspecified) => Transport::Grpc,
         Ok(proto::Transport::Http) => Transport::Http,
+        Ok(proto::Transport::A2a) => Transport::A2a,
         Err(_) => {
             return Err(FieldError::new(format!("{field}.transport"), format!("unknown transport {}", r.transport)));
         }

@@ -39,6 +39,8 @@ pub enum Transport {
     #[default]
     Grpc,
     Http,
+    /// An A2A server (`lf.a2a.v1.A2AService`, gRPC binding).
+    A2a,
 }
 
 /// Health of one instance (DESIGN §4).
@@ -468,7 +470,7 @@ impl Registration {
             return Err(FieldError::new("registration.endpoint", format!("longer than {MAX_ENDPOINT_LEN} bytes")));
         }
         endpoint_authority(&self.endpoint).map_err(|reason| FieldError::new("registration.endpoint", reason))?;
-        if self.transport == Transport::Grpc && endpoint_path(&self.endpoint) != "/" {
+        if self.transport != Transport::Http && endpoint_path(&self.endpoint) != "/" {
             return Err(FieldError::new(
                 "registration.endpoint",
                 "a gRPC endpoint is http://host:port without a path (paths are for HTTP agents)",

@@ -271,9 +271,16 @@ impl Sidecar {
         let [local_stats, mesh_stats] = inner.limit_stats.clone();
         let local_port = Arc::new(limits::Port::new(config.limits.clone(), local_stats));
         let mesh_port = Arc::new(limits::Port::new(config.limits.clone(), mesh_stats));
-        let (a2a, a2a_addr) =
-            a2a::start(&config, inner.table.clone(), invoke.clone(), local_addr, shutdown_rx.clone(), &mut tasks)
-                .await?;
+        let (a2a, a2a_addr) = a2a::start(
+            &config,
+            inner.table.clone(),
+            invoke.clone(),
+            inner.tasks.clone(),
+            local_addr,
+            shutdown_rx.clone(),
+            &mut tasks,
+        )
+        .await?;
         let local_inner = inner.clone();
         let local_handler = move |req| local_api(local_inner.clone(), invoke.clone(), a2a.clone(), req);
         if let Some((path, mode)) = &config.local_uds {

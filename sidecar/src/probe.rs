@@ -1,4 +1,5 @@
-//! Health probes of local agents: `grpc.health.v1` Check for gRPC agents, and an HTTP GET
+//! Health probes of local agents: `grpc.health.v1` Check for gRPC agents (for A2A agents,
+//! any gRPC answer, as an A2A server need not serve the health service), and an HTTP GET
 //! of the agent's health path (registration metadata `health_path`, default `/healthz`;
 //! any 2xx is healthy) for HTTP/JSON agents. Decides nothing about state; the registry
 //! counts failures.
@@ -30,6 +31,16 @@ pub(crate) async fn healthy(
                 tokio::time::timeout(timeout, health.check(request)).await,
                 Ok(Ok(r)) if r.get_ref().status == ServingStatus::Serving as i32
             )
+        }
+        Transport::A2a => {
+            let mut health = health.clone();
+            let request = tonic_health::pb::HealthCheckRequest { service: String::new() };
+            match tokio::time::timeout(timeout, health.check(request)).await {
+                Ok(Ok(r)) => r.get_ref().status == ServingStatus::Serving as i32,
+                // The server answered in gRPC (an a2a-sdk server: UNIMPLEMENTED).
+                Ok(Err(s)) => matches!(s.code(), tonic::Code::Unimplemented | tonic::Code::NotFound),
+                Err(_) => false,
+            }
         }
         Transport::Http => {
             let path = registration.metadata.get("health_path").map(String::as_str).unwrap_or("/healthz");

@@ -4,6 +4,10 @@
 //! cards are at `GET /agents/{agent}/.well-known/agent-card.json`. Messages are the protobuf
 //! JSON mapping of `lf.a2a.v1`. The W3C trace context headers travel with the mesh call.
 //!
+//! With a local API token configured (`--local-token-file`), every request must carry it in
+//! the `ar-api-token` header, as on the local gRPC port; without it the answer is HTTP 401
+//! with the mesh's UNAUTHENTICATED error (a JSON-RPC error object).
+//!
 //! Limits: a request body is at most the sidecar's payload limit plus room for the JSON
 //! envelope and base64, and its headers must arrive within 10 s.
 
@@ -38,6 +42,7 @@ pub(crate) async fn serve(
     listener: TcpListener,
     a2a: Arc<A2a>,
     body_limit: usize,
+    token: Option<crate::local_access::ApiToken>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
@@ -57,10 +62,18 @@ pub(crate) async fn serve(
             }
         };
         let _ = stream.set_nodelay(true);
-        let a2a = a2a.clone();
-        let service = hyper::service::service_fn(move |req| {
+        let (a2a, token) = (a2a.clone(), token.clone());
+        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
             let a2a = a2a.clone();
-            async move { Ok::<_, Infallible>(handle(a2a, req, body_limit).await) }
+            let refused = token.as_ref().and_then(|t| t.check(req.uri().path(), req.headers()).err());
+            async move {
+                Ok::<_, Infallible>(match refused {
+                    Some(status) => {
+                        json_response(StatusCode::UNAUTHORIZED, error_body(Value::Null, &A2aError::Mesh(status)))
+                    }
+                    None => handle(a2a, req, body_limit).await,
+                })
+            }
         });
         let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
@@ -159,20 +172,37 @@ async fn rpc(a2a: Arc<A2a>, agent: Option<String>, req: Request<Incoming>, body_
             Err(e) => Err(e),
         },
         "SendStreamingMessage" => {
-            return match parse(params).and_then(|r| a2a.send_streaming(r, headers)) {
+            let events = match parse(params) {
+                Ok(r) => a2a.send_streaming(r, headers).await,
+                Err(e) => Err(e),
+            };
+            return match events {
                 Ok(events) => sse(id, events),
                 Err(e) => rpc_error(id, &e),
             };
         }
         "SubscribeToTask" => {
-            return match parse(params).and_then(|r| a2a.subscribe(r)) {
+            let events = match parse(params) {
+                Ok(r) => a2a.subscribe(r).await,
+                Err(e) => Err(e),
+            };
+            return match events {
                 Ok(events) => sse(id, events),
                 Err(e) => rpc_error(id, &e),
             };
         }
-        "GetTask" => parse(params).and_then(|r| a2a.get_task(r)).and_then(to_json),
-        "ListTasks" => parse(params).and_then(|r| a2a.list_tasks(r)).and_then(to_json),
-        "CancelTask" => parse(params).and_then(|r| a2a.cancel_task(r)).and_then(to_json),
+        "GetTask" => match parse(params) {
+            Ok(r) => a2a.get_task(r).await.and_then(to_json),
+            Err(e) => Err(e),
+        },
+        "ListTasks" => match parse(params) {
+            Ok(r) => a2a.list_tasks(r).await.and_then(to_json),
+            Err(e) => Err(e),
+        },
+        "CancelTask" => match parse(params) {
+            Ok(r) => a2a.cancel_task(r).await.and_then(to_json),
+            Err(e) => Err(e),
+        },
         "GetExtendedAgentCard" => parse::<super::proto::GetExtendedAgentCardRequest>(params)
             .and_then(|r| a2a.card(&r.tenant))
             .and_then(to_json),

@@ -8,11 +8,16 @@
 //! priorities, breakers, retries and trace context apply as to any call): its single part is
 //! the payload (text, bytes or JSON; a message of several parts travels as its A2A JSON),
 //! the A2A `context_id` is the mesh session id, and the reply becomes the artifact of the
-//! task, which completes, or fails with the mesh's reason. The tasks are kept in memory on
-//! this sidecar ([`tasks`]) for `GetTask`, `ListTasks`, `CancelTask` and `SubscribeToTask`.
+//! task, which completes, or fails with the mesh's reason. A blocking or streaming send's
+//! task is kept in memory on this sidecar ([`tasks`]); a message sent with
+//! `return_immediately` is a durable mesh task ([`durable`]), readable from any sidecar of
+//! the tenant and across restarts. `GetTask`, `ListTasks`, `CancelTask` and
+//! `SubscribeToTask` answer both kinds.
 
 pub(crate) mod card;
+mod durable;
 mod error;
+pub(crate) use durable::parts_of_payload;
 pub(crate) mod grpc;
 pub(crate) mod jsonrpc;
 mod tasks;
@@ -60,6 +65,8 @@ pub(crate) struct A2a {
     table: TableHandle,
     invoke: InvokeEntry,
     tasks: Tasks,
+    /// The mesh's durable tasks.
+    durable: Arc<crate::tasks::Tasks>,
     /// Largest answer read back from the mesh (the payload limit plus the envelope).
     reply_limit: usize,
     /// The interfaces an agent card lists: the local gRPC address, the JSON-RPC base URL.
@@ -79,17 +86,19 @@ impl A2a {
         tenant: String,
         table: TableHandle,
         invoke: InvokeEntry,
+        durable: Arc<crate::tasks::Tasks>,
         max_tasks: usize,
         reply_limit: usize,
         grpc_address: String,
         jsonrpc_url: Option<String>,
     ) -> A2a {
-        A2a { tenant, table, invoke, tasks: Tasks::new(max_tasks), reply_limit, grpc_address, jsonrpc_url }
+        let tasks = Tasks::new(max_tasks);
+        A2a { tenant, table, invoke, tasks, durable, reply_limit, grpc_address, jsonrpc_url }
     }
 
     /// `SendMessage`: the call's answer as a completed task, or (with `return_immediately`)
-    /// the task at once, still working. A call the mesh refuses or that fails answers the
-    /// mesh's error.
+    /// the durable task at once. A call the mesh refuses or that fails answers the mesh's
+    /// error. A message naming a task answers that task.
     pub(crate) async fn send(
         self: &Arc<Self>,
         req: SendMessageRequest,
@@ -97,40 +106,44 @@ impl A2a {
     ) -> Result<proto::SendMessageResponse, A2aError> {
         let immediately = req.configuration.as_ref().is_some_and(|c| c.return_immediately);
         let history_length = req.configuration.as_ref().and_then(|c| c.history_length);
+        let respond = |task| proto::SendMessageResponse {
+            payload: Some(proto::send_message_response::Payload::Task(trim_history(task, history_length))),
+        };
+        if let Some(message) = req.message.as_ref().filter(|m| !m.task_id.is_empty()) {
+            return Ok(respond(self.continue_task(&req.tenant, message.clone(), immediately).await?));
+        }
         let prepared = self.prepare(req)?;
+        if immediately {
+            return Ok(respond(self.submit_durable(prepared).await?));
+        }
         let id = prepared.task.id.clone();
         let (_, _, call) = self.start(prepared, headers)?;
-        if !immediately {
-            // Until the call ends; a cancel ends it too (the task then says canceled).
-            if let Ok(Some(failure)) = call.await {
-                return Err(A2aError::Mesh(failure));
-            }
+        // Until the call ends; a cancel ends it too (the task then says canceled).
+        if let Ok(Some(failure)) = call.await {
+            return Err(A2aError::Mesh(failure));
         }
-        let task = self.tasks.get(&id, "")?;
-        Ok(proto::SendMessageResponse {
-            payload: Some(proto::send_message_response::Payload::Task(trim_history(task, history_length))),
-        })
+        Ok(respond(self.tasks.get(&id, "")?))
     }
 
     /// `SendStreamingMessage`: the task, then its status and artifact updates until it ends.
-    pub(crate) fn send_streaming(
+    /// A message answering a durable task follows that task.
+    pub(crate) async fn send_streaming(
         self: &Arc<Self>,
         req: SendMessageRequest,
         headers: HeaderMap,
-    ) -> Result<impl Stream<Item = StreamResponse> + Send + 'static, A2aError> {
+    ) -> Result<std::pin::Pin<Box<dyn Stream<Item = StreamResponse> + Send>>, A2aError> {
+        if let Some(message) = req.message.as_ref().filter(|m| !m.task_id.is_empty()) {
+            let answered = self.answer_named(&req.tenant, message).await?;
+            return self.follow_durable(answered).await;
+        }
         let prepared = self.prepare(req)?;
         let (task, events, _) = self.start(prepared, headers)?;
-        Ok(follow(task, events))
+        Ok(Box::pin(follow(task, events)))
     }
 
-    /// `GetTask`.
-    pub(crate) fn get_task(&self, req: proto::GetTaskRequest) -> Result<Task, A2aError> {
-        Ok(trim_history(self.tasks.get(&req.id, &req.tenant)?, req.history_length))
-    }
-
-    /// `ListTasks`: newest first, `page_size` (default 50, at most 100) per page; the page
-    /// token is the offset of the page.
-    pub(crate) fn list_tasks(&self, req: proto::ListTasksRequest) -> Result<proto::ListTasksResponse, A2aError> {
+    /// `ListTasks` (this sidecar's direct calls and the durable tasks): newest first,
+    /// `page_size` (default 50, at most 100) per page; the page token is the offset of the page.
+    pub(crate) async fn list_tasks(&self, req: proto::ListTasksRequest) -> Result<proto::ListTasksResponse, A2aError> {
         let page_size = match req.page_size {
             None => 50,
             Some(n) if (1..=100).contains(&n) => n as usize,
@@ -145,10 +158,12 @@ impl A2a {
             s => Some(s),
         };
         let after = req.status_timestamp_after.map(|t| (t.seconds, t.nanos));
-        let all: Vec<Task> = self
-            .tasks
-            .list(&req.tenant, &req.context_id, state)
+        let mut all = self.tasks.list(&req.tenant, &req.context_id, state);
+        all.extend(self.list_durable(&req.tenant, &req.context_id, state).await?);
+        all.sort_by(|a, b| b.0.cmp(&a.0));
+        let all: Vec<Task> = all
             .into_iter()
+            .map(|(_, t)| t)
             .filter(|t| match (after, t.status.as_ref().and_then(|s| s.timestamp.as_ref())) {
                 (Some(after), Some(ts)) => (ts.seconds, ts.nanos) >= after,
                 (Some(_), None) => false,
@@ -177,8 +192,8 @@ impl A2a {
         })
     }
 
-    /// `CancelTask`: cancels the task's call (the agent's handler sees the call canceled).
-    pub(crate) fn cancel_task(&self, req: proto::CancelTaskRequest) -> Result<Task, A2aError> {
+    /// Cancels a direct call's task (the agent's handler sees the call canceled).
+    fn cancel_direct(&self, req: &proto::CancelTaskRequest) -> Result<Task, A2aError> {
         let call = self.tasks.take_call(&req.id, &req.tenant)?;
         if let Some(call) = call {
             call.abort();
@@ -189,10 +204,10 @@ impl A2a {
         self.tasks.get(&req.id, &req.tenant)
     }
 
-    /// `SubscribeToTask`: the task, then its updates until it ends.
-    pub(crate) fn subscribe(
+    /// Follows a direct call's task: the task, then its updates until it ends.
+    fn subscribe_direct(
         &self,
-        req: proto::SubscribeToTaskRequest,
+        req: &proto::SubscribeToTaskRequest,
     ) -> Result<impl Stream<Item = StreamResponse> + Send + 'static, A2aError> {
         let (task, events) = self.tasks.subscribe(&req.id, &req.tenant)?;
         let state = state_of(&task);
@@ -219,14 +234,6 @@ impl A2a {
         };
         if message.message_id.is_empty() {
             return Err(A2aError::InvalidParams("message.message_id is required".into()));
-        }
-        if !message.task_id.is_empty() {
-            let task = self.tasks.get(&message.task_id, &agent)?;
-            return Err(A2aError::UnsupportedOperation(format!(
-                "task {:?} is {}: messages continuing a task are not supported by this sidecar; send a new message",
-                task.id,
-                state_of(&task).as_str_name()
-            )));
         }
         if message.context_id.is_empty() {
             message.context_id = new_id();
@@ -440,7 +447,7 @@ fn trim_history(mut task: Task, history_length: Option<i32>) -> Task {
 
 /// The mesh payload of a message: its single part as text, bytes or JSON; a message of
 /// several parts (or of a URL part) as its whole A2A JSON.
-fn payload_of(message: &Message) -> Result<(Bytes, String), A2aError> {
+pub(crate) fn payload_of(message: &Message) -> Result<(Bytes, String), A2aError> {
     let media =
         |p: &Part, default: &str| if p.media_type.is_empty() { default.to_string() } else { p.media_type.clone() };
     match message.parts.as_slice() {
@@ -506,6 +513,7 @@ pub(crate) async fn start(
     config: &crate::SidecarConfig,
     table: TableHandle,
     invoke: InvokeEntry,
+    durable: Arc<crate::tasks::Tasks>,
     local_addr: std::net::SocketAddr,
     shutdown: tokio::sync::watch::Receiver<bool>,
     tasks: &mut tokio::task::JoinSet<()>,
@@ -523,6 +531,7 @@ pub(crate) async fn start(
         config.tenant.clone(),
         table,
         invoke,
+        durable,
         config.a2a_max_tasks,
         limit,
         loopback(local_addr).to_string(),
@@ -531,7 +540,7 @@ pub(crate) async fn start(
     if let Some(listener) = listener {
         // JSON and base64 make a payload up to 4/3 larger, plus the envelope.
         let body_limit = config.max_payload_bytes / 3 * 4 + crate::grpc::ENVELOPE_ALLOWANCE;
-        tasks.spawn(jsonrpc::serve(listener, a2a.clone(), body_limit, shutdown));
+        tasks.spawn(jsonrpc::serve(listener, a2a.clone(), body_limit, config.local_token.clone(), shutdown));
     }
     Ok((grpc::server(a2a), jsonrpc_addr))
 }

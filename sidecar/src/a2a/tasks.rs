@@ -29,6 +29,8 @@ struct Entry {
     agent: String,
     events: broadcast::Sender<StreamResponse>,
     call: Option<AbortHandle>,
+    /// When the task was made (ms since the Unix epoch).
+    created_ms: u64,
 }
 
 /// The tasks of this sidecar's A2A endpoints.
@@ -71,7 +73,10 @@ impl Tasks {
         }
         let (events, _) = broadcast::channel(EVENTS_BUFFER);
         inner.order.push_back(task.id.clone());
-        inner.by_id.insert(task.id.clone(), Entry { task, agent: agent.to_string(), events, call: None });
+        inner.by_id.insert(
+            task.id.clone(),
+            Entry { task, agent: agent.to_string(), events, call: None, created_ms: now_ms() },
+        );
         Ok(())
     }
 
@@ -142,8 +147,9 @@ impl Tasks {
         }
     }
 
-    /// Tasks of `agent` (all when empty) matching the filter, newest first.
-    pub(crate) fn list(&self, agent: &str, context_id: &str, state: Option<TaskState>) -> Vec<Task> {
+    /// Tasks of `agent` (all when empty) matching the filter, with their creation times,
+    /// newest first.
+    pub(crate) fn list(&self, agent: &str, context_id: &str, state: Option<TaskState>) -> Vec<(u64, Task)> {
         let inner = self.inner.lock().expect("tasks lock");
         inner
             .order
@@ -153,9 +159,13 @@ impl Tasks {
             .filter(|e| agent.is_empty() || e.agent == agent)
             .filter(|e| context_id.is_empty() || e.task.context_id == context_id)
             .filter(|e| state.is_none_or(|s| state_of(&e.task) == s))
-            .map(|e| e.task.clone())
+            .map(|e| (e.created_ms, e.task.clone()))
             .collect()
     }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis() as u64
 }
 
 /// The state of a task (unspecified when it has no status).
@@ -199,7 +209,7 @@ mod tests {
         tasks.insert("a", task("t3", TaskState::Working)).unwrap();
         assert!(matches!(tasks.get("t2", ""), Err(A2aError::TaskNotFound(_))));
         assert_eq!(state_of(&tasks.get("t1", "a").unwrap()), TaskState::Working);
-        assert_eq!(tasks.list("a", "", None).iter().map(|t| t.id.as_str()).collect::<Vec<_>>(), ["t3", "t1"]);
+        assert_eq!(tasks.list("a", "", None).iter().map(|(_, t)| t.id.as_str()).collect::<Vec<_>>(), ["t3", "t1"]);
     }
 
     #[test]

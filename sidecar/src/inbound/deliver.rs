@@ -262,6 +262,9 @@ impl Deliver {
                 Err(e) => return Attempt::Failed(DeliveryError::Internal(e)),
             },
         };
+        if call.local.registration.transport == Transport::A2a {
+            return super::a2a_agent::deliver(conn, instance_id, data, headers, call.shape, self.limit).await;
+        }
         // No timer here: the caller's sidecar enforces the deadline (its cancellation
         // reaches the agent), and the agent sees the remaining time in grpc-timeout.
         match send_h2(conn, path, headers, data).await {

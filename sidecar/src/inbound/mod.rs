@@ -16,6 +16,7 @@
 //! Calls from other sidecars (`Mesh/Deliver`) and calls whose chosen instance is local go
 //! through the same stack. Each layer holds only its own state.
 
+pub(crate) mod a2a_agent;
 pub(crate) mod admission;
 pub(crate) mod authz;
 pub(crate) mod deliver;

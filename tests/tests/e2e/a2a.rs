@@ -340,7 +340,7 @@ async fn a2a_cancel_reaches_the_running_agent() {
 }
 
 /// The Python with a2a-sdk printed by scripts/install-a2a-sdk.sh (run once per process).
-fn a2a_python() -> &'static str {
+pub(super) fn a2a_python() -> &'static str {
     static PYTHON: OnceLock<String> = OnceLock::new();
     PYTHON.get_or_init(|| {
         let script = repo().join("scripts/install-a2a-sdk.sh");
@@ -350,7 +350,7 @@ fn a2a_python() -> &'static str {
     })
 }
 
-fn repo() -> std::path::PathBuf {
+pub(super) fn repo() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 

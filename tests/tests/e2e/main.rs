@@ -2,6 +2,8 @@
 //! process and on the embedded store.
 
 mod a2a;
+mod a2a_durable;
+mod a2a_transport;
 mod abuse;
 mod admin;
 mod agentless_reports;

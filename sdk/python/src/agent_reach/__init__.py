@@ -60,6 +60,7 @@ from agent_reach.errors import (
 )
 from agent_reach.session import FieldWrite, Session, SessionChange, SessionField, SessionSnapshot, WritePolicy
 from agent_reach.sync import SyncClient
+from agent_reach.tasks import Submitted, TaskHandle, TaskState, TaskView
 
 __version__ = "0.1.0"
 
@@ -112,7 +113,11 @@ __all__ = [
     "SidecarUnreachable",
     "Skipped",
     "StoreUnavailable",
+    "Submitted",
     "SyncClient",
+    "TaskHandle",
+    "TaskState",
+    "TaskView",
     "WritePolicy",
     "__version__",
 ]

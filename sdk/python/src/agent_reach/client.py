@@ -31,6 +31,7 @@ from agent_reach._proto.agentreach.v1 import agent_pb2, common_pb2, sidecar_pb2
 from agent_reach._types import JSON, TEXT, Priority
 from agent_reach.errors import MeshError, SidecarUnreachable, from_rpc_error
 from agent_reach.session import Session
+from agent_reach.tasks import Submitted, TaskHandle, Tasks
 
 DEFAULT_SIDECAR = "127.0.0.1:7700"
 """Where the local sidecar listens unless ``AGENT_REACH_SIDECAR`` says otherwise."""
@@ -267,6 +268,15 @@ class Client:
         See :mod:`agent_reach.session`."""
         writer = instance_id if instance_id is not None else (self._caller.instance_id if self._caller else "")
         return Session(self._channel, session_id, writer)
+
+    async def submit(self, capability: str | None = None, **options: Any) -> Submitted:
+        """Submits a durable task as this client's caller; returns at once. The options are
+        those of :meth:`agent_reach.tasks.Tasks.submit` (``agent=``, ``text=``, ``task_id=``...)."""
+        return await Tasks(self._channel, self._caller).submit(capability, **options)
+
+    def task(self, task_id: str) -> TaskHandle:
+        """The durable task ``task_id`` of the tenant. See :mod:`agent_reach.tasks`."""
+        return Tasks(self._channel, self._caller).task(task_id)
 
     def _request(
         self,

@@ -19,6 +19,7 @@ class Transport(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRANSPORT_UNSPECIFIED: _ClassVar[Transport]
     TRANSPORT_GRPC: _ClassVar[Transport]
     TRANSPORT_HTTP: _ClassVar[Transport]
+    TRANSPORT_A2A: _ClassVar[Transport]
 
 class HealthState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -42,6 +43,7 @@ PRIORITY_LOW: Priority
 TRANSPORT_UNSPECIFIED: Transport
 TRANSPORT_GRPC: Transport
 TRANSPORT_HTTP: Transport
+TRANSPORT_A2A: Transport
 HEALTH_STATE_UNSPECIFIED: HealthState
 HEALTH_STATE_STARTING: HealthState
 HEALTH_STATE_UP: HealthState
