@@ -82,20 +82,6 @@ struct Prepared {
 }
 
 impl A2a {
-    pub(crate) fn new(
-        tenant: String,
-        table: TableHandle,
-        invoke: InvokeEntry,
-        durable: Arc<crate::tasks::Tasks>,
-        max_tasks: usize,
-        reply_limit: usize,
-        grpc_address: String,
-        jsonrpc_url: Option<String>,
-    ) -> A2a {
-        let tasks = Tasks::new(max_tasks);
-        A2a { tenant, table, invoke, tasks, durable, reply_limit, grpc_address, jsonrpc_url }
-    }
-
     /// `SendMessage`: the call's answer as a completed task, or (with `return_immediately`)
     /// the durable task at once. A call the mesh refuses or that fails answers the mesh's
     /// error. A message naming a task answers that task.
@@ -160,7 +146,7 @@ impl A2a {
         let after = req.status_timestamp_after.map(|t| (t.seconds, t.nanos));
         let mut all = self.tasks.list(&req.tenant, &req.context_id, state);
         all.extend(self.list_durable(&req.tenant, &req.context_id, state).await?);
-        all.sort_by(|a, b| b.0.cmp(&a.0));
+        all.sort_by_key(|t| std::cmp::Reverse(t.0));
         let all: Vec<Task> = all
             .into_iter()
             .map(|(_, t)| t)
@@ -527,16 +513,16 @@ pub(crate) async fn start(
         if a.ip().is_unspecified() { std::net::SocketAddr::from(([127, 0, 0, 1], a.port())) } else { a }
     };
     let limit = config.max_payload_bytes + crate::grpc::ENVELOPE_ALLOWANCE;
-    let a2a = Arc::new(A2a::new(
-        config.tenant.clone(),
+    let a2a = Arc::new(A2a {
+        tenant: config.tenant.clone(),
         table,
         invoke,
+        tasks: Tasks::new(config.a2a_max_tasks),
         durable,
-        config.a2a_max_tasks,
-        limit,
-        loopback(local_addr).to_string(),
-        jsonrpc_addr.map(|a| format!("http://{}", loopback(a))),
-    ));
+        reply_limit: limit,
+        grpc_address: loopback(local_addr).to_string(),
+        jsonrpc_url: jsonrpc_addr.map(|a| format!("http://{}", loopback(a))),
+    });
     if let Some(listener) = listener {
         // JSON and base64 make a payload up to 4/3 larger, plus the envelope.
         let body_limit = config.max_payload_bytes / 3 * 4 + crate::grpc::ENVELOPE_ALLOWANCE;

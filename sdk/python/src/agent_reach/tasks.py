@@ -191,7 +191,7 @@ class Tasks:
             target=target,
             message=task_pb2.TaskMessage(parts=[_part(payload, text, content_type)]),
             session_id=session,
-            priority=int(priority),
+            priority=int(priority),  # type: ignore[arg-type]
             metadata=dict(metadata or {}),
             task_id=task_id,
             run_once=run_once,
