@@ -51,7 +51,9 @@ impl A2a {
             context_id: task.context_id,
             ..Default::default()
         };
-        let reply = self.durable.submit(request).await.map_err(from_mesh)?;
+        // Anonymous submitter: an agent credential on the A2A request is not carried into the
+        // task yet (the direct path verifies it in `InvokeEntry::call`).
+        let reply = self.durable.submit(request, None).await.map_err(from_mesh)?;
         Ok(to_a2a(&reply.task.unwrap_or_default()))
     }
 

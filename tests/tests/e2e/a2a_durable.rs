@@ -269,7 +269,18 @@ async fn the_jsonrpc_port_checks_the_local_token() {
     // The unmodified a2a-sdk with the token in its HTTP client's headers.
     let url = format!("http://{addr}/agents/upper");
     let out = sdk(&url, &["submit", "token"], Some(token)).await;
-    assert!(out["id"].as_str().is_some_and(|id| !id.is_empty()), "{out}");
+    let id = out["id"].as_str().unwrap().to_string();
+    // The task is dispatched (in process, so the token does not stand in its way) and done.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = sdk(&url, &["get", &id], Some(token)).await;
+        if got["state"] == "TASK_STATE_COMPLETED" {
+            assert_eq!(got["artifact_text"], "TOKEN");
+            break;
+        }
+        assert!(Instant::now() < deadline, "not completed within 30s: {got}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     upper.abort();
     s.stop().await;
     b.stop().await;
