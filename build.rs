@@ -16,6 +16,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/agentreach/v1/control.proto",
         "proto/agentreach/v1/admin.proto",
         "proto/agentreach/v1/identity.proto",
+        "proto/agentreach/v1/idempotency.proto",
     ];
     // The descriptor set of the whole API, for gRPC server reflection (src/reflection.rs).
     let descriptors = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("agentreach_v1_descriptor.bin");

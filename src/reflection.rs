@@ -22,6 +22,7 @@ pub const CONTROL_SERVICES: &[&str] = &[
     "agentreach.v1.Identity",
     "agentreach.v1.Sessions",
     "agentreach.v1.Tasks",
+    "agentreach.v1.Idempotency",
     HEALTH,
     REFLECTION_V1,
     REFLECTION_V1ALPHA,

@@ -4,7 +4,9 @@
 //! - `/agent-reach/v1/tenants/{tenant}/policies/{kind}/{name}` → policy (JSON);
 //! - `/agent-reach/v1/tenants/{tenant}/holds/{agent}` → an operator's agent-level hold
 //!   (JSON), read when an instance of the agent registers;
-//! - `/agent-reach/v1/tenant-registry/{tenant}` → the tenant's record (JSON).
+//! - `/agent-reach/v1/tenant-registry/{tenant}` → the tenant's record (JSON);
+//! - `/agent-reach/v1/idempotency/{tenant}/{agent}/{sha256 of the key}` → the claim of an
+//!   idempotency key (JSON, see `crate::idempotency`), outside the tenant's prefix.
 //!
 //! Everything a tenant's sidecars route by lives under that tenant's prefix
 //! (`/agent-reach/v1/tenants/{tenant}/`, with the trailing `/`, so tenant `a` never sees
@@ -22,6 +24,8 @@ use agent_reach::policy::PolicyKind;
 pub const ROOT: &str = "/agent-reach/v1/tenants/";
 /// Root of the tenant registry.
 pub const TENANT_REGISTRY: &str = "/agent-reach/v1/tenant-registry/";
+/// Root of the claims of idempotency keys.
+pub const IDEMPOTENCY_ROOT: &str = "/agent-reach/v1/idempotency/";
 
 /// Prefix of everything of `tenant` (ends with `/`).
 pub fn tenant_prefix(tenant: &str) -> String {

@@ -9,7 +9,8 @@
 //! - [`service`] (`agentreach.v1.Control`, for sidecars), [`identity`]
 //!   (`agentreach.v1.Identity`: the CA signing sidecars' certificates, join tokens),
 //!   [`sessions`] (`agentreach.v1.Sessions`, the session context, for sidecars), [`tasks`]
-//!   (`agentreach.v1.Tasks`, durable tasks, for sidecars) and
+//!   (`agentreach.v1.Tasks`, durable tasks, for sidecars), [`idempotency`]
+//!   (`agentreach.v1.Idempotency`, claims of idempotency keys, for sidecars) and
 //!   [`admin`] (`agentreach.v1.Admin`, for operators) on one gRPC port; [`error`] turns
 //!   every failure into a status.
 //!
@@ -39,6 +40,7 @@ pub mod report_leases;
 pub mod reports;
 pub mod service;
 pub mod session_stats;
+pub mod idempotency;
 pub mod sessions;
 pub mod stats;
 pub mod tasks;
@@ -277,6 +279,7 @@ pub async fn serve_parts(
         feeds.clone(),
         stats.clone(),
     );
+    let idempotency = idempotency::IdempotencyService::new(store.clone(), authz.clone());
     let tasks = tasks::TaskService::new(store.clone(), config.task_limits.clone(), stop_rx.clone(), authz.clone());
     let control = ControlService::new(registry.clone(), feeds, store.clone(), stats, stop_rx, authz);
     let admin = AdminService::new(registry, tokens, operator_auth).with_sessions(session_store);
@@ -294,6 +297,7 @@ pub async fn serve_parts(
         .add_service(IdentityServer::new(identity))
         .add_service(agent_reach::proto::sessions_server::SessionsServer::new(sessions))
         .add_service(agent_reach::proto::tasks_server::TasksServer::new(tasks))
+        .add_service(agent_reach::proto::idempotency_server::IdempotencyServer::new(idempotency))
         .add_service(agent_reach::reflection::v1(agent_reach::reflection::CONTROL_SERVICES))
         .add_service(agent_reach::reflection::v1alpha(agent_reach::reflection::CONTROL_SERVICES));
     let shutdown = async move {

@@ -27,6 +27,7 @@ def test_control_and_sidecar_list_and_describe_their_services(mesh: Mesh) -> Non
     assert list_services(mesh.control_addr) == [
         "agentreach.v1.Admin",
         "agentreach.v1.Control",
+        "agentreach.v1.Idempotency",
         "agentreach.v1.Identity",
         "agentreach.v1.Sessions",
         "agentreach.v1.Tasks",
