@@ -120,10 +120,9 @@ pub struct IdempotencyService {
 fn window(ms: u64) -> Result<Duration, Status> {
     match ms {
         0 => Ok(DEFAULT_WINDOW),
-        ms if Duration::from_millis(ms) > MAX_WINDOW => Err(reason::invalid_argument(
-            "window_ms",
-            &format!("at most {} ms", MAX_WINDOW.as_millis()),
-        )),
+        ms if Duration::from_millis(ms) > MAX_WINDOW => {
+            Err(reason::invalid_argument("window_ms", &format!("at most {} ms", MAX_WINDOW.as_millis())))
+        }
         ms => Ok(Duration::from_millis(ms).max(Duration::from_secs(1))),
     }
 }
@@ -160,7 +159,13 @@ impl IdempotencyService {
     }
 
     /// Claims `key` (see the module documentation).
-    pub async fn claim(&self, key: &str, lease: LeaseId, window: Duration, owner: &str) -> Result<proto::ClaimKeyReply, Status> {
+    pub async fn claim(
+        &self,
+        key: &str,
+        lease: LeaseId,
+        window: Duration,
+        owner: &str,
+    ) -> Result<proto::ClaimKeyReply, Status> {
         let running = Record { state: RecordState::Running, owner: owner.to_string(), reply: String::new() };
         let value = Bytes::from(serde_json::to_vec(&running).map_err(|e| Status::internal(e.to_string()))?);
         // A key deleted between the failed create and the read is tried once more.
@@ -250,7 +255,8 @@ impl IdempotencyService {
                 Op::Put { key: key.to_string(), value, lease: Some(lease) }
             }
         };
-        let txn = Txn { compares: vec![Compare::ModRevision(key.to_string(), revision)], success: vec![op], failure: vec![] };
+        let txn =
+            Txn { compares: vec![Compare::ModRevision(key.to_string(), revision)], success: vec![op], failure: vec![] };
         match self.store.txn(txn).await {
             Ok(r) => Ok(r.succeeded),
             Err(StoreError::LeaseNotFound(l)) => {
@@ -265,7 +271,10 @@ impl IdempotencyService {
 
 #[tonic::async_trait]
 impl Idempotency for IdempotencyService {
-    async fn claim_key(&self, request: Request<proto::ClaimKeyRequest>) -> Result<Response<proto::ClaimKeyReply>, Status> {
+    async fn claim_key(
+        &self,
+        request: Request<proto::ClaimKeyRequest>,
+    ) -> Result<Response<proto::ClaimKeyReply>, Status> {
         let r = request.get_ref();
         let key = self.check(&request, &r.tenant, &r.agent, &r.key, r.lease_id).await?;
         let window = window(r.window_ms)?;
@@ -291,8 +300,8 @@ impl Idempotency for IdempotencyService {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stats::ControlStats;
     use crate::identity::Mtls;
+    use crate::stats::ControlStats;
     use agent_reach_store::{EmbeddedOptions, EmbeddedStore};
 
     fn service() -> IdempotencyService {
@@ -302,7 +311,10 @@ mod tests {
 
     fn reply(text: &str) -> proto::StoredReply {
         proto::StoredReply {
-            headers: vec![proto::ReplyHeader { name: "content-type".into(), value: Bytes::from_static(b"application/grpc") }],
+            headers: vec![proto::ReplyHeader {
+                name: "content-type".into(),
+                value: Bytes::from_static(b"application/grpc"),
+            }],
             data: Bytes::from(text.to_string()),
             trailers: vec![proto::ReplyHeader { name: "grpc-status".into(), value: Bytes::from_static(b"0") }],
         }
@@ -323,7 +335,9 @@ mod tests {
         assert_eq!((state(&second), second.owner_instance.as_str()), (proto::ClaimState::Running, "i-1"));
         // Settling with a stale revision changes nothing.
         assert!(!s.settle(&key, first.claim_revision + 100, proto::SettleOutcome::Failed, None, w).await.unwrap());
-        assert!(s.settle(&key, first.claim_revision, proto::SettleOutcome::Answered, Some(reply("42")), w).await.unwrap());
+        assert!(
+            s.settle(&key, first.claim_revision, proto::SettleOutcome::Answered, Some(reply("42")), w).await.unwrap()
+        );
         let third = s.claim(&key, 0, w, "i-2").await.unwrap();
         assert_eq!(state(&third), proto::ClaimState::Done);
         assert_eq!(third.reply, Some(reply("42")));

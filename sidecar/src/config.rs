@@ -90,7 +90,8 @@ pub struct SidecarArgs {
     #[arg(long, env = "AGENT_REACH_DRAIN_TIMEOUT", default_value = "30s", value_parser = agent_reach_support::duration::parse)]
     pub drain_timeout: Duration,
 
-    /// How long an idempotency key's answer is kept and replayed to duplicates.
+    /// How long an idempotency key's answer is kept and replayed to duplicates (here and in
+    /// the key's claim with control; 1s to 24h).
     #[arg(long, env = "AGENT_REACH_IDEMPOTENCY_WINDOW", default_value = "10m", value_parser = agent_reach_support::duration::parse)]
     pub idempotency_window: Duration,
 
@@ -367,6 +368,10 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
         };
         if a.a2a_max_tasks == 0 {
             return Err("--a2a-max-tasks must be greater than 0".into());
+        }
+        // Control keeps a key's claim for the window and refuses windows over 24 hours.
+        if a.idempotency_window < Duration::from_secs(1) || a.idempotency_window > Duration::from_secs(24 * 3600) {
+            return Err("--idempotency-window must be between 1s and 24h".into());
         }
         let settle = a.heartbeat_interval * 2 + crate::probe::PROBE_TIMEOUT;
         if a.dead_after <= settle {

@@ -150,6 +150,12 @@ pub(crate) enum DeliveryError {
     /// A duplicate of a call whose reply was too large to keep.
     #[error("a call with this idempotency key already ran; its reply was too large to keep, so it is not run again")]
     ReplyNotStored,
+    /// A duplicate of a call that was cancelled after it may have reached its agent.
+    #[error(
+        "a call with this idempotency key was cancelled after it may have run; it is not run again within the \
+         idempotency window"
+    )]
+    ClaimAbandoned,
     /// The call is malformed for its agent.
     #[error("{0}")]
     InvalidArgument(String),
@@ -184,7 +190,7 @@ impl DeliveryError {
                 message,
                 &[("mechanism", "circuit_breaker".into()), ("instance", instance)],
             ),
-            DeliveryError::ReplyNotStored => {
+            DeliveryError::ReplyNotStored | DeliveryError::ClaimAbandoned => {
                 reason::status(Reason::IdempotentReplyNotStored, message, &[("mechanism", "idempotency".into())])
             }
             DeliveryError::InvalidArgument(_) => reason::bounded(Status::invalid_argument(message)),
@@ -201,7 +207,7 @@ impl DeliveryError {
             DeliveryError::Unavailable(_) => Code::Unavailable,
             DeliveryError::Overloaded { .. } => Code::ResourceExhausted,
             DeliveryError::CircuitOpen { .. } => Reason::CircuitOpen.code(),
-            DeliveryError::ReplyNotStored => Reason::IdempotentReplyNotStored.code(),
+            DeliveryError::ReplyNotStored | DeliveryError::ClaimAbandoned => Reason::IdempotentReplyNotStored.code(),
             DeliveryError::InvalidArgument(_) => Code::InvalidArgument,
             DeliveryError::DeadlineExceeded(_) => Code::DeadlineExceeded,
             DeliveryError::Internal(_) => Code::Internal,
@@ -215,7 +221,7 @@ impl DeliveryError {
         match self {
             DeliveryError::Overloaded { .. } => Some(Reason::AgentOverloaded),
             DeliveryError::CircuitOpen { .. } => Some(Reason::CircuitOpen),
-            DeliveryError::ReplyNotStored => Some(Reason::IdempotentReplyNotStored),
+            DeliveryError::ReplyNotStored | DeliveryError::ClaimAbandoned => Some(Reason::IdempotentReplyNotStored),
             DeliveryError::Sidecar(e) => Some(e.reason()),
             DeliveryError::Remote(status) => reason::error_info(status).and_then(|i| Reason::parse(&i.reason)),
             _ => None,

@@ -91,6 +91,8 @@ struct Inner {
     sessions: Arc<session::SessionCache>,
     /// Durable tasks: the local API's task methods and the dispatcher.
     tasks: Arc<tasks::Tasks>,
+    /// Claims of idempotency keys with control (exactly once across instances).
+    claims: Arc<inbound::claims::Claims>,
     watch_stats: Arc<WatchStats>,
     /// Span export and the recent-span buffer.
     tracing: agent_reach_telemetry::Tracing,
@@ -211,9 +213,17 @@ impl Sidecar {
         );
         let durable =
             Arc::new(tasks::Tasks::new(&config, control.channels(), shutdown_rx.clone()).map_err(StartError::Config)?);
+        let claims = inbound::claims::Claims::new(
+            config.tenant.clone(),
+            control.channels(),
+            config.control_timeout,
+            config.idempotency_window,
+            config.idempotency_max_reply_bytes,
+        );
         let inner = Arc::new(Inner {
             sessions,
             tasks: durable.clone(),
+            claims,
             tracing,
             config: config.clone(),
             table: table.clone(),
@@ -335,6 +345,11 @@ impl Sidecar {
     }
 
     /// Durable tasks: the API the local task methods (and other front ends) call.
+    /// Counters of this sidecar's claims of idempotency keys with control.
+    pub fn claim_stats(&self) -> &inbound::claims::ClaimStats {
+        self.inner.claims.stats()
+    }
+
     pub fn tasks(&self) -> &Arc<tasks::Tasks> {
         &self.inner.tasks
     }
@@ -492,6 +507,7 @@ fn entries(
             config.idempotency_max_keys,
             config.idempotency_max_bytes,
         ),
+        claims: Some(inner.claims.clone()),
         rejections: rejections.clone(),
         metrics: metrics.clone(),
         tracing: inner.tracing.clone(),

@@ -10,10 +10,13 @@
 //! status hands that answer to its waiting duplicates but is not stored, so a later retry
 //! runs. Unary calls only (streams are not replayed).
 //!
-//! The caller's sidecar routes calls with a key by consistent hashing on the key, so the
-//! duplicates of one key meet at the same instance (and this store) while the set of
-//! instances is stable. A brief `std::sync::Mutex` guards the map; never held across an
-//! await (waiters park on a `watch` channel).
+//! This store is the first level. With claims ([`super::claims`], the sidecar's default), a
+//! call that finds neither an answer nor a call of its key in flight here claims the key
+//! with the control service (scoped by tenant and target agent) before it is delivered, so
+//! duplicates that reach other instances and sidecars replay the same answer instead of
+//! running again; answers replayed from control are kept here too. Without claims (unit
+//! tests) the store is per sidecar only. A brief `std::sync::Mutex` guards the map; never
+//! held across an await (waiters park on a `watch` channel).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -28,6 +31,7 @@ use std::task::{Context, Poll};
 
 use tower::{Service, ServiceExt};
 
+use super::claims::{self, Claims, Settled};
 use crate::call::{Attempt, InboundCall, Shape};
 use crate::error::DeliveryError;
 use crate::grpc::StoredResponse;
@@ -200,6 +204,18 @@ impl Completion {
     }
 }
 
+impl Completion {
+    /// Records that the key's answer was too large to keep (learnt from control).
+    fn too_large(mut self) {
+        if let Some(id) = self.id.take() {
+            let expires = Instant::now() + self.store.window;
+            self.store.entries().insert(id.clone(), Entry::Done { outcome: Outcome::TooLarge, expires });
+            self.store.order.lock().unwrap_or_else(|e| e.into_inner()).push_back((expires, id));
+        }
+        let _ = self.tx.send(Some(Outcome::TooLarge));
+    }
+}
+
 impl Drop for Completion {
     fn drop(&mut self) {
         if let Some(id) = self.id.take() {
@@ -224,21 +240,25 @@ type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send
 #[derive(Clone)]
 pub(crate) struct Idempotent<S> {
     store: Arc<Store>,
+    /// Claims with control (`None`: this sidecar's memory only).
+    claims: Option<Arc<Claims>>,
     rejections: Arc<Rejections>,
     /// The largest answer read.
     limit: usize,
     inner: S,
 }
 
-/// The layer of [`Idempotent`]: the store of keys seen, where replays and refusals are
-/// counted, and the largest answer read.
+/// The layer of [`Idempotent`]: the store of keys seen, the claims with control, where
+/// replays and refusals are counted, and the largest answer read.
 pub(crate) fn layer<S>(
     store: Arc<Store>,
+    claims: Option<Arc<Claims>>,
     rejections: Arc<Rejections>,
     limit: usize,
 ) -> impl tower::Layer<S, Service = Idempotent<S>> + Clone {
     tower::layer::layer_fn(move |inner| Idempotent {
         store: store.clone(),
+        claims: claims.clone(),
         rejections: rejections.clone(),
         limit,
         inner,
@@ -263,8 +283,8 @@ where
             (Some(k), Shape::Unary) if !k.is_empty() => k.clone(),
             _ => return Box::pin(self.inner.clone().oneshot(call)),
         };
-        let (store, rejections, limit, service) =
-            (self.store.clone(), self.rejections.clone(), self.limit, self.inner.clone());
+        let (store, claims, rejections, limit, service) =
+            (self.store.clone(), self.claims.clone(), self.rejections.clone(), self.limit, self.inner.clone());
         Box::pin(async move {
             let replay = |outcome: Outcome| match outcome {
                 Outcome::Answer(a) => {
@@ -292,27 +312,109 @@ where
                     }
                     Claim::First(done) => {
                         let Some(call) = call.take() else { continue };
-                        return match service.oneshot(call).await {
-                            Ok(Attempt::Answered(resp, permit)) => {
-                                let stored = StoredResponse::collect(resp, limit).await;
-                                drop(permit);
-                                match stored {
-                                    Ok(stored) => {
-                                        let resp = stored.to_response();
-                                        done.finish(stored);
-                                        Ok(Attempt::Answered(resp, None))
-                                    }
-                                    Err(e) => Ok(Attempt::Failed(DeliveryError::Unavailable(format!(
-                                        "reading the agent's answer failed: {e}"
-                                    )))),
-                                }
-                            }
-                            other => other,
+                        return match claims {
+                            Some(claims) => run_claimed(&claims, service, call, done, &key, limit, &rejections).await,
+                            None => run_first(service, call, done, limit).await,
                         };
                     }
                 }
             }
         })
+    }
+}
+
+/// Runs the first call of a key seen by this sidecar (no claim with control).
+async fn run_first<S>(service: S, call: InboundCall, done: Completion, limit: usize) -> Result<Attempt, Infallible>
+where
+    S: Service<InboundCall, Response = Attempt, Error = Infallible> + Send,
+    S::Future: Send,
+{
+    match service.oneshot(call).await {
+        Ok(Attempt::Answered(resp, permit)) => {
+            let stored = StoredResponse::collect(resp, limit).await;
+            drop(permit);
+            match stored {
+                Ok(stored) => {
+                    let resp = stored.to_response();
+                    done.finish(stored);
+                    Ok(Attempt::Answered(resp, None))
+                }
+                Err(e) => {
+                    Ok(Attempt::Failed(DeliveryError::Unavailable(format!("reading the agent's answer failed: {e}"))))
+                }
+            }
+        }
+        other => other,
+    }
+}
+
+/// Runs the first call of a key on this sidecar under a claim with control, or answers it
+/// as the key's claim says (see [`super::claims`]).
+async fn run_claimed<S>(
+    claims: &Arc<Claims>,
+    service: S,
+    call: InboundCall,
+    done: Completion,
+    key: &str,
+    limit: usize,
+    rejections: &Rejections,
+) -> Result<Attempt, Infallible>
+where
+    S: Service<InboundCall, Response = Attempt, Error = Infallible> + Send,
+    S::Future: Send,
+{
+    let deadline = call.remaining.map(|r| Instant::now() + r);
+    let (agent, instance) = (call.local.registration.agent.clone(), call.local.instance_id.clone());
+    let held = match claims::claim_or_wait(claims, &agent, key, call.local.lease_id(), &instance, deadline).await {
+        Ok(held) => held,
+        Err(Settled::Replay(stored)) => {
+            Rejections::count(&rejections.idempotency_replays);
+            let resp = stored.to_response();
+            done.finish(stored);
+            return Ok(Attempt::Answered(resp, None));
+        }
+        Err(Settled::TooLarge) => {
+            Rejections::count(&rejections.idempotency_refused);
+            done.too_large();
+            return Ok(Attempt::Failed(DeliveryError::ReplyNotStored));
+        }
+        Err(Settled::Abandoned) => {
+            Rejections::count(&rejections.idempotency_refused);
+            return Ok(Attempt::Failed(DeliveryError::ClaimAbandoned));
+        }
+        Err(Settled::Deadline(why)) => return Ok(Attempt::NotDelivered(DeliveryError::DeadlineExceeded(why))),
+        Err(Settled::Refused(status)) => return Ok(Attempt::NotDelivered(DeliveryError::Remote(status))),
+    };
+    match service.oneshot(call).await {
+        Ok(Attempt::Answered(resp, permit)) => {
+            let stored = StoredResponse::collect(resp, limit).await;
+            drop(permit);
+            match stored {
+                Ok(stored) => {
+                    held.answered(Some(&stored)).await;
+                    let resp = stored.to_response();
+                    done.finish(stored);
+                    Ok(Attempt::Answered(resp, None))
+                }
+                Err(e) => {
+                    // It may have run and its answer is lost: never run again.
+                    held.answered(None).await;
+                    Ok(Attempt::Failed(DeliveryError::Unavailable(format!("reading the agent's answer failed: {e}"))))
+                }
+            }
+        }
+        Ok(Attempt::Failed(e)) if matches!(e.code(), tonic::Code::DeadlineExceeded | tonic::Code::Cancelled) => {
+            // Cut off by its deadline after it may have run: like a cancelled call, never
+            // run again within the window.
+            held.answered(None).await;
+            Ok(Attempt::Failed(e))
+        }
+        other => {
+            // Never delivered, or its instance failed under it (an error status is settled
+            // above): the key is freed and a retry runs.
+            held.failed().await;
+            other
+        }
     }
 }
 

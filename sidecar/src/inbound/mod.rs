@@ -6,7 +6,8 @@
 //! - [`deliver::MeshEntry`]: `Mesh/Deliver` from other sidecars: reads the call's headers;
 //! - [`crate::telemetry`]: the server span and the inbound hop metric;
 //! - [`authz`]: whether the verified caller may call the instance (authorization policies);
-//! - [`idempotency`]: at-most-once execution of calls with an idempotency key;
+//! - [`idempotency`]: at-most-once execution of calls with an idempotency key, across
+//!   instances through [`claims`] with control;
 //! - [`admission`]: per-instance slots with priority shares and short queues, and the
 //!   instance's load in every reply's `ar-load` trailer (so callers see load changes on the
 //!   next call, not the next heartbeat);
@@ -19,6 +20,7 @@
 pub(crate) mod a2a_agent;
 pub(crate) mod admission;
 pub(crate) mod authz;
+pub(crate) mod claims;
 pub(crate) mod deliver;
 pub(crate) mod http_agent;
 pub(crate) mod idempotency;
@@ -42,6 +44,8 @@ pub(crate) struct Parts {
     pub pool: Arc<Pool>,
     pub gates: Arc<admission::Gates>,
     pub idempotency: Arc<idempotency::Store>,
+    /// Claims of idempotency keys with control (`None`: per sidecar only).
+    pub claims: Option<Arc<claims::Claims>>,
     pub rejections: Arc<Rejections>,
     pub metrics: Arc<SidecarMetrics>,
     pub tracing: Tracing,
@@ -57,7 +61,7 @@ pub(crate) fn stack(p: Parts) -> InboundService {
         // Who may call comes first: a refused caller gets no replay, no slot, no agent.
         .layer(authz::layer(p.table.clone(), p.rejections.clone()))
         // Duplicates are answered first: a replay needs no slot and never reaches the agent.
-        .layer(idempotency::layer(p.idempotency, p.rejections.clone(), p.limit))
+        .layer(idempotency::layer(p.idempotency, p.claims, p.rejections.clone(), p.limit))
         // Then slots by priority: over its share a call waits briefly, then is refused
         // before the agent sees it.
         .layer(admission::layer(p.gates, p.table.clone(), p.rejections, p.metrics, p.tracing))

@@ -48,6 +48,11 @@ impl LocalInstance {
         if self.draining.load(Ordering::Relaxed) { HealthState::Paused } else { health.state(now, &self.timers) }
     }
 
+    /// The lease its record is on (0: none yet, or lost).
+    pub(crate) fn lease_id(&self) -> i64 {
+        self.lease.load(Ordering::Relaxed)
+    }
+
     pub(super) fn heartbeat_message(&self) -> (proto::InstanceHeartbeat, HealthState) {
         let (state, load) = {
             let health = lock(&self.judged);

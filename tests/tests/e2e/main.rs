@@ -12,6 +12,7 @@ mod bad_input;
 mod dashboard;
 mod dashboard_auth;
 mod dashboard_thresholds;
+mod exactly_once;
 mod faults;
 mod governance;
 mod health;
