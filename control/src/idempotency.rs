@@ -214,21 +214,18 @@ impl IdempotencyService {
         Err(reason::status(Reason::Conflict, format!("idempotency key {key} keeps changing"), &[]))
     }
 
-    /// Settles the claim at `revision` of `key`; false when it is no longer that claim.
+    /// Settles the claim at `revision` of `key`, run by `owner`, in one store transaction;
+    /// false when it is no longer that claim.
     pub async fn settle(
         &self,
         key: &str,
         revision: i64,
+        owner: &str,
         outcome: proto::SettleOutcome,
         reply: Option<proto::StoredReply>,
         window: Duration,
     ) -> Result<bool, Status> {
-        let Some(kv) = self.store.get(key).await.map_err(store_status)? else { return Ok(false) };
-        if kv.mod_revision != revision {
-            return Ok(false);
-        }
-        let owner = serde_json::from_slice::<Record>(&kv.value).map(|r| r.owner).unwrap_or_default();
-        let record = |state| Record { state, owner: owner.clone(), reply: String::new() };
+        let record = |state| Record { state, owner: owner.to_string(), reply: String::new() };
         let put = match outcome {
             proto::SettleOutcome::Failed => None,
             proto::SettleOutcome::Answered => {
@@ -292,7 +289,7 @@ impl Idempotency for IdempotencyService {
         let r = request.into_inner();
         let window = window(r.window_ms)?;
         let outcome = proto::SettleOutcome::try_from(r.outcome).unwrap_or(proto::SettleOutcome::Unspecified);
-        let settled = self.settle(&key, r.claim_revision, outcome, r.reply, window).await?;
+        let settled = self.settle(&key, r.claim_revision, &r.instance_id, outcome, r.reply, window).await?;
         Ok(Response::new(proto::SettleKeyReply { settled }))
     }
 }
@@ -334,9 +331,13 @@ mod tests {
         let second = s.claim(&key, 0, w, "i-2").await.unwrap();
         assert_eq!((state(&second), second.owner_instance.as_str()), (proto::ClaimState::Running, "i-1"));
         // Settling with a stale revision changes nothing.
-        assert!(!s.settle(&key, first.claim_revision + 100, proto::SettleOutcome::Failed, None, w).await.unwrap());
         assert!(
-            s.settle(&key, first.claim_revision, proto::SettleOutcome::Answered, Some(reply("42")), w).await.unwrap()
+            !s.settle(&key, first.claim_revision + 100, "i-1", proto::SettleOutcome::Failed, None, w).await.unwrap()
+        );
+        assert!(
+            s.settle(&key, first.claim_revision, "i-1", proto::SettleOutcome::Answered, Some(reply("42")), w)
+                .await
+                .unwrap()
         );
         let third = s.claim(&key, 0, w, "i-2").await.unwrap();
         assert_eq!(state(&third), proto::ClaimState::Done);
@@ -353,16 +354,16 @@ mod tests {
         let w = Duration::from_secs(60);
         let (failed, abandoned, large) = (claim_key("t", "a", "f"), claim_key("t", "a", "c"), claim_key("t", "a", "l"));
         let c = s.claim(&failed, 0, w, "i").await.unwrap();
-        assert!(s.settle(&failed, c.claim_revision, proto::SettleOutcome::Failed, None, w).await.unwrap());
+        assert!(s.settle(&failed, c.claim_revision, "i-1", proto::SettleOutcome::Failed, None, w).await.unwrap());
         assert_eq!(state(&s.claim(&failed, 0, w, "i").await.unwrap()), proto::ClaimState::Claimed);
 
         let c = s.claim(&abandoned, 0, w, "i").await.unwrap();
-        assert!(s.settle(&abandoned, c.claim_revision, proto::SettleOutcome::Abandoned, None, w).await.unwrap());
+        assert!(s.settle(&abandoned, c.claim_revision, "i-1", proto::SettleOutcome::Abandoned, None, w).await.unwrap());
         assert_eq!(state(&s.claim(&abandoned, 0, w, "i").await.unwrap()), proto::ClaimState::Abandoned);
 
         let c = s.claim(&large, 0, w, "i").await.unwrap();
         let big = proto::StoredReply { data: Bytes::from(vec![7u8; MAX_STORED_REPLY_BYTES + 1]), ..reply("") };
-        assert!(s.settle(&large, c.claim_revision, proto::SettleOutcome::Answered, Some(big), w).await.unwrap());
+        assert!(s.settle(&large, c.claim_revision, "i-1", proto::SettleOutcome::Answered, Some(big), w).await.unwrap());
         assert_eq!(state(&s.claim(&large, 0, w, "i").await.unwrap()), proto::ClaimState::TooLarge);
     }
 
@@ -377,7 +378,9 @@ mod tests {
         s.store.revoke_lease(sidecar_lease).await.unwrap();
         let c = s.claim(&key, 0, w, "j").await.unwrap();
         assert_eq!(state(&c), proto::ClaimState::Claimed);
-        assert!(s.settle(&key, c.claim_revision, proto::SettleOutcome::Answered, Some(reply("x")), w).await.unwrap());
+        assert!(
+            s.settle(&key, c.claim_revision, "i-1", proto::SettleOutcome::Answered, Some(reply("x")), w).await.unwrap()
+        );
         let kv = s.store.get(&key).await.unwrap().unwrap();
         assert_ne!(kv.lease, 0, "answered keys are on the window's lease");
         assert!(!key.starts_with(keys::ROOT), "claims stay out of the tenant's routing prefix");

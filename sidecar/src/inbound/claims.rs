@@ -165,23 +165,22 @@ impl Claims {
         })
     }
 
-    /// Settles the claim at `revision`.
-    pub(crate) async fn settle(
+    /// Settles the claim `id`.
+    async fn settle(
         &self,
-        agent: &str,
-        key: &str,
-        revision: i64,
+        id: &ClaimId,
         outcome: proto::SettleOutcome,
         reply: Option<proto::StoredReply>,
     ) -> Result<bool, Status> {
         let request = proto::SettleKeyRequest {
             tenant: self.tenant.clone(),
-            agent: agent.to_string(),
-            key: key.to_string(),
-            claim_revision: revision,
+            agent: id.agent.clone(),
+            key: id.key.clone(),
+            claim_revision: id.revision,
             outcome: outcome as i32,
             reply,
             window_ms: self.window_ms,
+            instance_id: id.instance.clone(),
         };
         let reply = self.call(|mut c| {
             let r = request.clone();
@@ -191,20 +190,28 @@ impl Claims {
     }
 }
 
+/// Which claim: the key of an agent, the instance running its call, and the claim's
+/// revision.
+#[derive(Clone)]
+struct ClaimId {
+    agent: String,
+    key: String,
+    instance: String,
+    revision: i64,
+}
+
 /// A held claim: settled explicitly, or marked abandoned when dropped (the call was
 /// cancelled after it may have reached its agent).
 pub(crate) struct Held {
     claims: Arc<Claims>,
-    agent: String,
-    key: String,
-    revision: i64,
+    id: ClaimId,
     armed: bool,
 }
 
 impl Held {
-    pub(crate) fn new(claims: Arc<Claims>, agent: String, key: String, revision: i64) -> Held {
+    fn new(claims: Arc<Claims>, id: ClaimId) -> Held {
         claims.stats.claimed.fetch_add(1, Ordering::Relaxed);
-        Held { claims, agent, key, revision, armed: true }
+        Held { claims, id, armed: true }
     }
 
     /// Settles with the outcome of the answer read (`None`: the answer could not be read).
@@ -224,16 +231,15 @@ impl Held {
     }
 
     async fn settle(mut self, outcome: proto::SettleOutcome, reply: Option<proto::StoredReply>) {
-        let r = self.claims.settle(&self.agent, &self.key, self.revision, outcome, reply.clone()).await;
+        let r = self.claims.settle(&self.id, outcome, reply.clone()).await;
         // Disarmed once control has it; if the caller goes away meanwhile, the drop marks
         // the claim abandoned (a no-op when this settle landed first).
         self.armed = false;
         if let Err(status) = r {
             // Control or its store is away: the claim stays RUNNING (duplicates wait) until
             // a later try lands, or this sidecar's lease ends.
-            tracing::warn!(key = %self.key, agent = %self.agent, "settling an idempotency claim failed: {status}");
-            let (claims, agent, key) = (self.claims.clone(), self.agent.clone(), self.key.clone());
-            tokio::spawn(keep_settling(claims, agent, key, self.revision, outcome, reply));
+            tracing::warn!(key = %self.id.key, agent = %self.id.agent, "settling an idempotency claim failed: {status}");
+            tokio::spawn(keep_settling(self.claims.clone(), self.id.clone(), outcome, reply));
         }
     }
 }
@@ -241,15 +247,14 @@ impl Held {
 /// Settles a claim, trying again every [`SETTLE_RETRY`] while control does not take it.
 async fn keep_settling(
     claims: Arc<Claims>,
-    agent: String,
-    key: String,
-    revision: i64,
+    id: ClaimId,
     outcome: proto::SettleOutcome,
     reply: Option<proto::StoredReply>,
 ) {
+    let (key, agent) = (&id.key, &id.agent);
     let give_up = Instant::now() + SETTLE_RETRIES_FOR;
     while Instant::now() < give_up {
-        match claims.settle(&agent, &key, revision, outcome, reply.clone()).await {
+        match claims.settle(&id, outcome, reply.clone()).await {
             Ok(_) => return,
             Err(status) if matches!(status.code(), Code::Unavailable | Code::NotFound | Code::DeadlineExceeded) => {
                 tracing::debug!(%key, %agent, "settling an idempotency claim: {status}")
@@ -269,9 +274,8 @@ impl Drop for Held {
         if !self.armed {
             return;
         }
-        let (claims, agent, key, revision) = (self.claims.clone(), self.agent.clone(), self.key.clone(), self.revision);
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(keep_settling(claims, agent, key, revision, proto::SettleOutcome::Abandoned, None));
+            handle.spawn(keep_settling(self.claims.clone(), self.id.clone(), proto::SettleOutcome::Abandoned, None));
         }
     }
 }
@@ -301,7 +305,8 @@ pub(crate) async fn claim_or_wait(
     loop {
         match claims.claim(agent, key, lease, instance).await {
             Ok(Remote::Claimed(revision)) => {
-                return Ok(Held::new(claims.clone(), agent.to_string(), key.to_string(), revision));
+                let id = ClaimId { agent: agent.into(), key: key.into(), instance: instance.into(), revision };
+                return Ok(Held::new(claims.clone(), id));
             }
             Ok(Remote::Done(stored)) => {
                 claims.stats.replayed.fetch_add(1, Ordering::Relaxed);

@@ -82,7 +82,7 @@ class ReplyHeader(_message.Message):
     def __init__(self, name: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
 
 class SettleKeyRequest(_message.Message):
-    __slots__ = ("tenant", "agent", "key", "claim_revision", "outcome", "reply", "window_ms")
+    __slots__ = ("tenant", "agent", "key", "claim_revision", "outcome", "reply", "window_ms", "instance_id")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     AGENT_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +90,7 @@ class SettleKeyRequest(_message.Message):
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     REPLY_FIELD_NUMBER: _ClassVar[int]
     WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     agent: str
     key: str
@@ -97,7 +98,8 @@ class SettleKeyRequest(_message.Message):
     outcome: SettleOutcome
     reply: StoredReply
     window_ms: int
-    def __init__(self, tenant: _Optional[str] = ..., agent: _Optional[str] = ..., key: _Optional[str] = ..., claim_revision: _Optional[int] = ..., outcome: _Optional[_Union[SettleOutcome, str]] = ..., reply: _Optional[_Union[StoredReply, _Mapping]] = ..., window_ms: _Optional[int] = ...) -> None: ...
+    instance_id: str
+    def __init__(self, tenant: _Optional[str] = ..., agent: _Optional[str] = ..., key: _Optional[str] = ..., claim_revision: _Optional[int] = ..., outcome: _Optional[_Union[SettleOutcome, str]] = ..., reply: _Optional[_Union[StoredReply, _Mapping]] = ..., window_ms: _Optional[int] = ..., instance_id: _Optional[str] = ...) -> None: ...
 
 class SettleKeyReply(_message.Message):
     __slots__ = ("settled",)
