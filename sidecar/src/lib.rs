@@ -219,7 +219,8 @@ impl Sidecar {
             config.control_timeout,
             config.idempotency_window,
             config.idempotency_max_reply_bytes,
-        );
+        )
+        .map_err(StartError::Config)?;
         let inner = Arc::new(Inner {
             sessions,
             tasks: durable.clone(),

@@ -24,7 +24,7 @@
 //! Calls without a key never ask control.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use agent_reach::proto;
@@ -35,6 +35,7 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
+use crate::control::{Failover, Rules};
 use crate::grpc::StoredResponse;
 
 /// The first and the longest pause between two reads of a running claim.
@@ -72,9 +73,7 @@ pub(crate) enum Remote {
 /// The clients of control's Idempotency service.
 pub struct Claims {
     tenant: String,
-    endpoints: Vec<(String, IdempotencyClient<Channel>)>,
-    current: AtomicUsize,
-    timeout: Duration,
+    control: Failover<IdempotencyClient<Channel>>,
     window_ms: u64,
     /// The largest reply stored; above it the key is marked too large.
     max_reply_bytes: usize,
@@ -89,53 +88,43 @@ impl Claims {
         timeout: Duration,
         window: Duration,
         max_reply_bytes: usize,
-    ) -> Arc<Claims> {
+    ) -> Result<Arc<Claims>, String> {
         let endpoints = channels.into_iter().map(|(uri, c)| (uri, IdempotencyClient::new(c))).collect();
-        Arc::new(Claims {
+        Ok(Arc::new(Claims {
             tenant,
-            endpoints,
-            current: AtomicUsize::new(0),
-            timeout,
+            control: Failover::new(endpoints, timeout, Rules::Agent)?,
             window_ms: window.as_millis() as u64,
             max_reply_bytes,
             stats: ClaimStats::default(),
-        })
+        }))
     }
 
     pub fn stats(&self) -> &ClaimStats {
         &self.stats
     }
 
-    /// Calls control, trying each endpoint once while they answer UNAVAILABLE or time out;
-    /// a failure to reach any is CONTROL_UNAVAILABLE.
+    /// Calls control ([`Failover`]); no replica reachable (or none with its store) is
+    /// CONTROL_UNAVAILABLE, naming the idempotency mechanism.
     async fn call<T, F, Fut>(&self, f: F) -> Result<T, Status>
     where
         F: Fn(IdempotencyClient<Channel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
-        let start = self.current.load(Ordering::Relaxed);
-        let n = self.endpoints.len();
-        let mut last = String::from("no control endpoint");
-        for i in 0..n {
-            let idx = (start + i) % n;
-            let (uri, client) = &self.endpoints[idx];
-            match tokio::time::timeout(self.timeout, f(client.clone())).await {
-                Ok(Ok(resp)) => {
-                    self.current.store(idx, Ordering::Relaxed);
-                    return Ok(resp.into_inner());
-                }
-                Ok(Err(status)) if !matches!(status.code(), Code::Unavailable | Code::Unknown | Code::Cancelled) => {
-                    return Err(status);
-                }
-                Ok(Err(status)) => last = format!("{uri}: {}", status.message()),
-                Err(_) => last = format!("{uri}: no answer within {:?}", self.timeout),
+        self.control.call(f).await.map_err(|status| {
+            let unreachable = status.code() == Code::Unavailable
+                && reason::error_info(&status).is_none_or(|i| i.reason == Reason::ControlUnavailable.as_str());
+            if !unreachable {
+                return status;
             }
-        }
-        Err(reason::status(
-            Reason::ControlUnavailable,
-            format!("cannot claim the idempotency key with control ({last}); the call is not run without a claim"),
-            &[("mechanism", "idempotency".into())],
-        ))
+            reason::status(
+                Reason::ControlUnavailable,
+                format!(
+                    "cannot claim the idempotency key with control ({}); the call is not run without a claim",
+                    status.message()
+                ),
+                &[("mechanism", "idempotency".into())],
+            )
+        })
     }
 
     /// Claims `key` of `agent` for `instance` (its record on `lease`).
