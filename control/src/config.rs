@@ -229,6 +229,16 @@ pub struct ControlArgs {
     pub log_format: String,
 }
 
+    /// Connections open at once on the gRPC port; one more is closed as soon as it is
+    /// accepted (with TLS, a connection counts from its accept, its handshake included).
+    #[arg(long, env = "AGENT_REACH_MAX_CONNECTIONS", default_value_t = 8192)]
+    pub max_connections: usize,
+
+    /// PING, SETTINGS, PRIORITY and empty DATA frames one connection to the gRPC port may
+    /// send within a second; one more closes it (GOAWAY ENHANCE_YOUR_CALM).
+    #[arg(long, env = "AGENT_REACH_MAX_CONTROL_FRAMES_PER_SECOND", default_value_t = 1000)]
+    pub max_control_frames_per_second: u32,
+
 /// Validated configuration of the control service (the parts the service itself uses).
 #[derive(Clone, Debug)]
 pub struct ControlConfig {
@@ -327,6 +337,8 @@ impl TryFrom<&ControlArgs> for ControlConfig {
         if a.lease_ttl < Duration::from_secs(2) {
             return Err(format!("--lease-ttl must be at least 2s (etcd's minimum), got {:?}", a.lease_ttl));
         }
+            max_connections: a.max_connections,
+            max_control_frames_per_second: a.max_control_frames_per_second,
         if a.lease_ttl.subsec_nanos() != 0 {
             return Err("--lease-ttl must be whole seconds (etcd leases have second granularity)".into());
         }

@@ -25,6 +25,7 @@
 pub mod admin;
 pub mod alerts;
 pub mod config;
+pub mod conn;
 pub mod dashboard;
 pub mod error;
 pub mod feed;
@@ -228,6 +229,7 @@ pub async fn serve_parts(
     let handshakes = stats.tls.clone();
     let tokens = Arc::new(identity::JoinTokens::new(store.clone()));
     let identity_config = config.identity.get_or_insert_with(identity::IdentityConfig::development).clone();
+    let stats_conn = stats.conn.clone();
     let authz = Arc::new(identity::Authorizer::new(config.mtls, stats.clone()));
     let identity = identity::IdentityService::new(
         identity_config.clone(),
@@ -303,12 +305,12 @@ pub async fn serve_parts(
     };
     let served = match config.mtls {
         identity::Mtls::Off => {
+    let gate = conn::Gate::new(&config.grpc_limits, stats_conn);
             tracing::warn!(
                 "INSECURE: mutual TLS is off (--mtls off): anyone who reaches the control port can act for any \
                  sidecar of any tenant"
             );
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-            router.serve_with_incoming_shutdown(incoming, shutdown).await
+            router.serve_with_incoming_shutdown(gate.plaintext(listener), shutdown).await
         }
         mode => {
             if mode == identity::Mtls::Permissive {
@@ -326,8 +328,15 @@ pub async fn serve_parts(
                 }
             };
             let renew = tokio::spawn(identity::renew_own_certificate(identity_config.clone(), tls.clone()));
-            let accepted = agent_reach_identity::net::accept_tls(listener, tls, handshakes);
-            let incoming = tokio_stream::wrappers::ReceiverStream::new(accepted);
+            let admit = {
+                let gate = gate.clone();
+                move |_| gate.admit()
+            };
+            let accepted = agent_reach_identity::net::accept_tls_admitted(listener, tls, handshakes, admit);
+            let incoming =
+                futures_util::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(accepted), move |accepted| {
+                    accepted.map(|(tls, slot)| gate.guarded(tls, slot))
+                });
             let served = router.serve_with_incoming_shutdown(incoming, shutdown).await;
             renew.abort();
             served

@@ -13,6 +13,7 @@ mod dashboard;
 mod dashboard_auth;
 mod dashboard_thresholds;
 mod faults;
+mod floods;
 mod governance;
 mod health;
 mod http_agent;
