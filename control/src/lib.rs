@@ -214,7 +214,9 @@ pub async fn serve_parts(
 ) -> Result<(), tonic::transport::Error> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let store: Arc<dyn Store> = Arc::new(CountingStore::new(store, stats.clone()));
-    let feeds = Arc::new(feed::Feeds::new(store.clone(), stats.clone(), config.watch_history));
+    let feeds = Arc::new(
+        feed::Feeds::new(store.clone(), stats.clone(), config.watch_history).with_max_feeds(config.max_tenant_feeds),
+    );
     let registry = Arc::new(Registry::new(
         store.clone(),
         RegistryConfig {
