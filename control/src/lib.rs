@@ -229,9 +229,9 @@ pub async fn serve_parts(
     ));
     let janitor = tokio::spawn(feeds.clone().run_janitor(stop_rx.clone()));
     let handshakes = stats.tls.clone();
+    let stats_conn = stats.conn.clone();
     let tokens = Arc::new(identity::JoinTokens::new(store.clone()));
     let identity_config = config.identity.get_or_insert_with(identity::IdentityConfig::development).clone();
-    let stats_conn = stats.conn.clone();
     let authz = Arc::new(identity::Authorizer::new(config.mtls, stats.clone()));
     let identity = identity::IdentityService::new(
         identity_config.clone(),
@@ -292,7 +292,7 @@ pub async fn serve_parts(
         .grpc_limits
         .apply(tonic::transport::Server::builder())
         .tcp_nodelay(true)
-        .add_service(health)
+        .add_service(agent_reach::strict::Strict::<_, tonic_health::pb::HealthCheckRequest>::new(health))
         .add_service(ControlServer::new(control))
         .add_service(AdminServer::new(admin))
         .add_service(IdentityServer::new(identity))
@@ -305,9 +305,9 @@ pub async fn serve_parts(
         // End every watch stream so the graceful shutdown does not wait on them.
         let _ = stop_tx.send(true);
     };
+    let gate = conn::Gate::new(&config.grpc_limits, stats_conn);
     let served = match config.mtls {
         identity::Mtls::Off => {
-    let gate = conn::Gate::new(&config.grpc_limits, stats_conn);
             tracing::warn!(
                 "INSECURE: mutual TLS is off (--mtls off): anyone who reaches the control port can act for any \
                  sidecar of any tenant"
