@@ -277,7 +277,7 @@ mod tests {
         tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
                 tokio::spawn(async move {
-                    if let Ok(mut conn) = h2::server::handshake::<_, Bytes>(tcp).await {
+                    if let Ok(mut conn) = h2::server::handshake(tcp).await {
                         while conn.accept().await.is_some() {}
                     }
                 });
