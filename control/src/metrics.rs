@@ -64,7 +64,6 @@ impl Collector for StatsCollector {
         for (limit, value) in s.conn.counts() {
             ConstCounter::new(value).encode(m.encode_family(&[("limit", limit)])?)?;
         }
-        drop(m);
         let a = &s.alerts;
         let fired = ConstCounter::new(0u64);
         let mut m = encoder.encode_descriptor("alerts_fired", "Alerts fired, by rule", None, fired.metric_type())?;
