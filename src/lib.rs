@@ -6,6 +6,8 @@
 //! - [`reason`]: machine-readable error reasons and the `tonic::Status` they become.
 //! - [`headers`]: every `ar-*` header and metadata key of the mesh's wire contract.
 //! - [`reflection`]: gRPC server reflection over the whole API, for control and sidecars.
+//! - [`strict`]: malformed requests to the health and reflection services answered with
+//!   INVALID_ARGUMENT, like every other RPC.
 //! - [`Agent`] and [`Client`]: the SDK. An agent declares its capabilities and handlers and
 //!   serves; a client invokes capabilities through the local sidecar.
 //!
@@ -85,6 +87,7 @@ pub mod policy_alerts;
 pub mod reason;
 pub mod reflection;
 mod sdk;
+pub mod strict;
 
 pub use model::Priority;
 pub use sdk::agent::{Agent, AgentBuilder, AgentError, Call, HandlerError, Reply, RunningAgent};

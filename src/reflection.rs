@@ -6,7 +6,10 @@
 //! answers `/grpc.reflection.*` with [`routes`] for [`SIDECAR_SERVICES`].
 
 use tonic::service::Routes;
+use tonic_reflection::pb::{v1 as pb_v1, v1alpha as pb_v1alpha};
 use tonic_reflection::server::{v1 as refl_v1, v1alpha as refl_v1alpha};
+
+use crate::strict::Strict;
 
 /// The encoded `FileDescriptorSet` of every `proto/agentreach/v1/*.proto` (from build.rs).
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/agentreach_v1_descriptor.bin"));
@@ -40,15 +43,23 @@ fn builder<'b>(services: &[&str]) -> tonic_reflection::server::Builder<'b> {
     b
 }
 
-/// The `grpc.reflection.v1` service listing `services`.
-pub fn v1(services: &[&str]) -> refl_v1::ServerReflectionServer<impl refl_v1::ServerReflection> {
+/// The `grpc.reflection.v1` service listing `services`; a malformed request is answered
+/// INVALID_ARGUMENT ([`Strict`]).
+pub fn v1(
+    services: &[&str],
+) -> Strict<refl_v1::ServerReflectionServer<impl refl_v1::ServerReflection>, pb_v1::ServerReflectionRequest> {
     // The descriptor sets are compiled in and known to be valid (see the test below).
-    builder(services).build_v1().expect("the compiled-in descriptor sets are valid")
+    Strict::new(builder(services).build_v1().expect("the compiled-in descriptor sets are valid"))
 }
 
 /// The `grpc.reflection.v1alpha` service listing `services` (what older grpcurl asks).
-pub fn v1alpha(services: &[&str]) -> refl_v1alpha::ServerReflectionServer<impl refl_v1alpha::ServerReflection> {
-    builder(services).build_v1alpha().expect("the compiled-in descriptor sets are valid")
+pub fn v1alpha(
+    services: &[&str],
+) -> Strict<
+    refl_v1alpha::ServerReflectionServer<impl refl_v1alpha::ServerReflection>,
+    pb_v1alpha::ServerReflectionRequest,
+> {
+    Strict::new(builder(services).build_v1alpha().expect("the compiled-in descriptor sets are valid"))
 }
 
 /// Both reflection services as one tower service, for servers that dispatch by path.

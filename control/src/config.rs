@@ -128,6 +128,11 @@ pub struct ControlArgs {
     #[arg(long, env = "AGENT_REACH_WATCH_HISTORY", default_value_t = 4096)]
     pub watch_history: usize,
 
+    /// Tenants this replica follows at once (one store watch each); a Watch for one more
+    /// tenant, while every feed is in use, is refused with LIMIT_EXCEEDED.
+    #[arg(long, env = "AGENT_REACH_MAX_TENANT_FEEDS", default_value_t = crate::feed::DEFAULT_MAX_FEEDS)]
+    pub max_tenant_feeds: usize,
+
     /// Runtime worker threads (0 = one per core, 1 = a single-threaded runtime).
     #[arg(long, env = "AGENT_REACH_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
@@ -224,6 +229,16 @@ pub struct ControlArgs {
     #[arg(long, env = "AGENT_REACH_REQUEST_TIMEOUT", default_value = "60s", value_parser = agent_reach_support::duration::parse)]
     pub request_timeout: Duration,
 
+    /// Connections open at once on the gRPC port; one more is closed as soon as it is
+    /// accepted (with TLS, a connection counts from its accept, its handshake included).
+    #[arg(long, env = "AGENT_REACH_MAX_CONNECTIONS", default_value_t = 8192)]
+    pub max_connections: usize,
+
+    /// PING, SETTINGS, PRIORITY and empty DATA frames one connection to the gRPC port may
+    /// send within a second; one more closes it (GOAWAY ENHANCE_YOUR_CALM).
+    #[arg(long, env = "AGENT_REACH_MAX_CONTROL_FRAMES_PER_SECOND", default_value_t = 1000)]
+    pub max_control_frames_per_second: u32,
+
     /// Log format: "text" or "json".
     #[arg(long, env = "AGENT_REACH_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
@@ -236,6 +251,8 @@ pub struct ControlConfig {
     pub load_step: f64,
     pub load_report_interval: Duration,
     pub watch_history: usize,
+    /// Tenant feeds this replica runs at most (`--max-tenant-feeds`).
+    pub max_tenant_feeds: usize,
     pub alerts: AlertConfig,
     /// The CA and certificate lifetime; `None` generates a development CA at start.
     pub identity: Option<IdentityConfig>,
@@ -298,6 +315,7 @@ impl Default for ControlConfig {
             load_step: 0.1,
             load_report_interval: Duration::from_secs(5),
             watch_history: 4096,
+            max_tenant_feeds: crate::feed::DEFAULT_MAX_FEEDS,
             alerts: AlertConfig::default(),
             identity: None,
             mtls: Mtls::Off,
@@ -319,6 +337,8 @@ impl TryFrom<&ControlArgs> for ControlConfig {
             max_concurrent_requests: a.max_concurrent_requests,
             max_header_list_bytes: a.max_header_list_bytes,
             request_timeout: a.request_timeout,
+            max_connections: a.max_connections,
+            max_control_frames_per_second: a.max_control_frames_per_second,
         };
         grpc_limits.validate()?;
         if a.admin_listen != "off" && a.admin_listen.parse::<SocketAddr>().is_err() {
@@ -351,6 +371,9 @@ impl TryFrom<&ControlArgs> for ControlConfig {
         }
         if a.watch_history == 0 {
             return Err("--watch-history must be at least 1".into());
+        }
+        if a.max_tenant_feeds == 0 {
+            return Err("--max-tenant-feeds must be at least 1".into());
         }
         if a.cert_ttl < Duration::from_secs(60) || a.cert_ttl > Duration::from_secs(30 * 24 * 3600) {
             return Err(format!("--cert-ttl must be between 1m and 30d, got {:?}", a.cert_ttl));
@@ -432,6 +455,7 @@ impl TryFrom<&ControlArgs> for ControlConfig {
             load_step: a.load_step,
             load_report_interval: a.load_report_interval,
             watch_history: a.watch_history,
+            max_tenant_feeds: a.max_tenant_feeds,
             alerts: AlertConfig {
                 lost_window: a.alert_lost_window,
                 lost_count: a.alert_lost_count,

@@ -50,6 +50,9 @@ pub enum ControlError {
     RoleNotAllowed { who: String, role: &'static str, needed: &'static str },
     #[error("{who} may not act on tenant {tenant}")]
     TenantNotAllowed { who: String, tenant: String },
+    /// A limit of this replica (`flag`) was reached: RESOURCE_EXHAUSTED `LIMIT_EXCEEDED`.
+    #[error("{message}")]
+    LimitExceeded { flag: &'static str, message: String },
 }
 
 impl From<ControlError> for Status {
@@ -117,6 +120,11 @@ impl From<ControlError> for Status {
             ControlError::NotOwned { instance, .. } => {
                 reason::status(Reason::InstanceNotOwned, message, &[("instance", instance)])
             }
+            ControlError::LimitExceeded { flag, .. } => reason::status(
+                Reason::LimitExceeded,
+                message,
+                &[(reason::META_LIMIT, flag.trim_start_matches('-').to_string())],
+            ),
         }
     }
 }

@@ -397,11 +397,16 @@ impl Feed {
     }
 }
 
+/// Tenant feeds one replica runs at most, by default (`--max-tenant-feeds`).
+pub const DEFAULT_MAX_FEEDS: usize = 10_000;
+
 /// The feeds of one control replica, by tenant.
 pub struct Feeds {
     store: Arc<dyn Store>,
     stats: Arc<ControlStats>,
     capacity: usize,
+    /// Tenant feeds this replica runs at most (`--max-tenant-feeds`).
+    max_feeds: usize,
     feeds: Mutex<HashMap<String, (Arc<Feed>, Instant)>>,
     /// Bumped whenever a feed starts (the alert rules follow every tenant with a feed).
     started: watch::Sender<u64>,
@@ -414,12 +419,21 @@ impl Feeds {
             store,
             stats,
             capacity: capacity.max(1),
+            max_feeds: DEFAULT_MAX_FEEDS,
             feeds: Mutex::new(HashMap::new()),
             started: watch::channel(0).0,
         }
     }
 
+    /// These feeds, running at most `max` tenant feeds at once (at least 1).
+    pub fn with_max_feeds(mut self, max: usize) -> Feeds {
+        self.max_feeds = max.max(1);
+        self
+    }
+
     /// The feed of `tenant` (a validated name), started if needed, once it has loaded.
+    /// A new tenant's feed when `--max-tenant-feeds` run already: feeds nobody uses now
+    /// are stopped first; if all are in use, RESOURCE_EXHAUSTED `LIMIT_EXCEEDED`.
     pub async fn get(&self, tenant: &str) -> Result<Arc<Feed>, ControlError> {
         let feed = {
             let mut feeds = lock(&self.feeds);
@@ -430,6 +444,19 @@ impl Feeds {
                     feed.clone()
                 }
                 _ => {
+                    if feeds.len() >= self.max_feeds && !feeds.contains_key(tenant) {
+                        feeds.retain(|_, (feed, _)| Arc::strong_count(feed) > 1);
+                        if feeds.len() >= self.max_feeds {
+                            return Err(ControlError::LimitExceeded {
+                                flag: "--max-tenant-feeds",
+                                message: format!(
+                                    "this control replica follows {} tenants already, all in use; it follows at most {}",
+                                    feeds.len(),
+                                    self.max_feeds
+                                ),
+                            });
+                        }
+                    }
                     let feed = Arc::new(self.start(tenant));
                     feeds.insert(tenant.to_string(), (feed.clone(), now));
                     self.started.send_modify(|n| *n += 1);
@@ -560,6 +587,27 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
+
+    #[tokio::test]
+    async fn tenant_feeds_are_capped_and_unused_ones_make_room() {
+        let store: Arc<dyn Store> = Arc::new(agent_reach_store::EmbeddedStore::default());
+        let feeds = Feeds::new(store, Arc::default(), 16).with_max_feeds(2);
+        let a = feeds.get("a").await.unwrap();
+        let b = feeds.get("b").await.unwrap();
+        // Both in use: a third tenant is refused, naming the limit.
+        let refused = feeds.get("c").await.err().expect("refused");
+        let status = tonic::Status::from(refused);
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        let info = agent_reach::reason::error_info(&status).unwrap();
+        assert_eq!(info.reason, "LIMIT_EXCEEDED");
+        assert_eq!(info.metadata.get("limit").map(String::as_str), Some("max-tenant-feeds"));
+        // A tenant already followed is still served.
+        assert!(Arc::ptr_eq(&a, &feeds.get("a").await.unwrap()));
+        // Once b is unused, c takes its place at once.
+        drop(b);
+        feeds.get("c").await.unwrap();
+        assert_eq!(feeds.tenants(), vec!["a".to_string(), "c".to_string()]);
+    }
 
     fn event(kind: EventKind, key: &str, value: &[u8], revision: Revision) -> Event {
         Event {

@@ -26,6 +26,7 @@
 pub mod admin;
 pub mod alerts;
 pub mod config;
+pub mod conn;
 pub mod dashboard;
 pub mod error;
 pub mod feed;
@@ -215,7 +216,9 @@ pub async fn serve_parts(
 ) -> Result<(), tonic::transport::Error> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let store: Arc<dyn Store> = Arc::new(CountingStore::new(store, stats.clone()));
-    let feeds = Arc::new(feed::Feeds::new(store.clone(), stats.clone(), config.watch_history));
+    let feeds = Arc::new(
+        feed::Feeds::new(store.clone(), stats.clone(), config.watch_history).with_max_feeds(config.max_tenant_feeds),
+    );
     let registry = Arc::new(Registry::new(
         store.clone(),
         RegistryConfig {
@@ -228,6 +231,7 @@ pub async fn serve_parts(
     ));
     let janitor = tokio::spawn(feeds.clone().run_janitor(stop_rx.clone()));
     let handshakes = stats.tls.clone();
+    let stats_conn = stats.conn.clone();
     let tokens = Arc::new(identity::JoinTokens::new(store.clone()));
     let identity_config = config.identity.get_or_insert_with(identity::IdentityConfig::development).clone();
     let authz = Arc::new(identity::Authorizer::new(config.mtls, stats.clone()));
@@ -291,7 +295,7 @@ pub async fn serve_parts(
         .grpc_limits
         .apply(tonic::transport::Server::builder())
         .tcp_nodelay(true)
-        .add_service(health)
+        .add_service(agent_reach::strict::Strict::<_, tonic_health::pb::HealthCheckRequest>::new(health))
         .add_service(ControlServer::new(control))
         .add_service(AdminServer::new(admin))
         .add_service(IdentityServer::new(identity))
@@ -305,14 +309,14 @@ pub async fn serve_parts(
         // End every watch stream so the graceful shutdown does not wait on them.
         let _ = stop_tx.send(true);
     };
+    let gate = conn::Gate::new(&config.grpc_limits, stats_conn);
     let served = match config.mtls {
         identity::Mtls::Off => {
             tracing::warn!(
                 "INSECURE: mutual TLS is off (--mtls off): anyone who reaches the control port can act for any \
                  sidecar of any tenant"
             );
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-            router.serve_with_incoming_shutdown(incoming, shutdown).await
+            router.serve_with_incoming_shutdown(gate.plaintext(listener), shutdown).await
         }
         mode => {
             if mode == identity::Mtls::Permissive {
@@ -330,8 +334,15 @@ pub async fn serve_parts(
                 }
             };
             let renew = tokio::spawn(identity::renew_own_certificate(identity_config.clone(), tls.clone()));
-            let accepted = agent_reach_identity::net::accept_tls(listener, tls, handshakes);
-            let incoming = tokio_stream::wrappers::ReceiverStream::new(accepted);
+            let admit = {
+                let gate = gate.clone();
+                move |_| gate.admit()
+            };
+            let accepted = agent_reach_identity::net::accept_tls_admitted(listener, tls, handshakes, admit);
+            let incoming =
+                futures_util::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(accepted), move |accepted| {
+                    accepted.map(|(tls, slot)| gate.guarded(tls, slot))
+                });
             let served = router.serve_with_incoming_shutdown(incoming, shutdown).await;
             renew.abort();
             served

@@ -3,7 +3,9 @@
 //! the request header list, the time a request may take to be answered, and the
 //! protections of hyper/h2 against streams reset by the client (rapid reset,
 //! CVE-2023-44487) or for its protocol errors, which tonic's builder would otherwise switch
-//! off. Applied to the server builder in one place, [`GrpcLimits::apply`].
+//! off. Applied to the server builder in one place, [`GrpcLimits::apply`]. The connection
+//! cap and the control-frame budget apply to the connections before tonic gets them
+//! ([`crate::conn`]).
 //!
 //! Not here: TLS handshakes (their own timeout in `agent_reach_identity::net`), and the
 //! HTTP/1.1 admin and dashboard ports (`agent_reach_telemetry::http1`).
@@ -23,6 +25,11 @@ pub struct GrpcLimits {
     /// Time a request may take until its answer starts (`--request-timeout`); a stream
     /// (Watch, WatchSession) counts until its first message. Past it: CANCELLED.
     pub request_timeout: Duration,
+    /// Connections open at once on the gRPC port (`--max-connections`).
+    pub max_connections: usize,
+    /// PING, SETTINGS, PRIORITY and empty DATA frames one connection may send within a
+    /// second; one more closes it (`--max-control-frames-per-second`).
+    pub max_control_frames_per_second: u32,
 }
 
 impl Default for GrpcLimits {
@@ -32,6 +39,8 @@ impl Default for GrpcLimits {
             max_concurrent_requests: 256,
             max_header_list_bytes: 16 * 1024,
             request_timeout: Duration::from_secs(60),
+            max_connections: 8192,
+            max_control_frames_per_second: 1000,
         }
     }
 }
@@ -50,6 +59,12 @@ impl GrpcLimits {
         }
         if self.request_timeout.is_zero() {
             return Err("--request-timeout must be greater than 0".into());
+        }
+        if self.max_connections == 0 || self.max_connections > tokio::sync::Semaphore::MAX_PERMITS {
+            return Err("--max-connections must be greater than 0".into());
+        }
+        if self.max_control_frames_per_second == 0 {
+            return Err("--max-control-frames-per-second must be greater than 0".into());
         }
         Ok(())
     }
@@ -83,5 +98,9 @@ mod tests {
         assert!(bad.validate().unwrap_err().contains("--max-concurrent-requests"));
         let bad = GrpcLimits { request_timeout: Duration::ZERO, ..GrpcLimits::default() };
         assert!(bad.validate().unwrap_err().contains("--request-timeout"));
+        let bad = GrpcLimits { max_connections: 0, ..GrpcLimits::default() };
+        assert!(bad.validate().unwrap_err().contains("--max-connections"));
+        let bad = GrpcLimits { max_control_frames_per_second: 0, ..GrpcLimits::default() };
+        assert!(bad.validate().unwrap_err().contains("--max-control-frames-per-second"));
     }
 }

@@ -54,6 +54,16 @@ impl Collector for StatsCollector {
             let m = encoder.encode_descriptor(name, help, None, c.metric_type())?;
             c.encode(m)?;
         }
+        let refusals = ConstCounter::new(0u64);
+        let mut m = encoder.encode_descriptor(
+            "limit_refusals",
+            "Connections of the gRPC port refused or closed by a limit, by limit",
+            None,
+            refusals.metric_type(),
+        )?;
+        for (limit, value) in s.conn.counts() {
+            ConstCounter::new(value).encode(m.encode_family(&[("limit", limit)])?)?;
+        }
         let a = &s.alerts;
         let fired = ConstCounter::new(0u64);
         let mut m = encoder.encode_descriptor("alerts_fired", "Alerts fired, by rule", None, fired.metric_type())?;

@@ -58,6 +58,8 @@ pub struct ControlStats {
     pub alerts: AlertCounters,
     /// Session context writes, refusals and live sessions (see [`crate::sessions`]).
     pub sessions: crate::session_stats::SessionCounters,
+    /// Connections of the gRPC port refused or closed by a limit (see [`crate::conn`]).
+    pub conn: Arc<crate::conn::ConnStats>,
 }
 
 /// Counters of the alert rules and the webhook.

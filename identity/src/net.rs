@@ -1,6 +1,8 @@
 //! TLS handshakes on TCP connections with a workload's current [`TlsConfigs`]: an accept
 //! loop that hands out finished handshakes (each runs in its own task with a timeout, so
-//! a slow or silent client never holds up the next one) and an outgoing connect.
+//! a slow or silent client never holds up the next one), optionally admitting each TCP
+//! connection before its handshake ([`accept_tls_admitted`], for connection caps that
+//! count handshakes in progress), and an outgoing connect.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,6 +35,28 @@ pub fn accept_tls(
     configs: Arc<TlsConfigs>,
     stats: Arc<HandshakeStats>,
 ) -> mpsc::Receiver<std::io::Result<server::TlsStream<TcpStream>>> {
+    run_accept(listener, configs, stats, |_| Some(()), |tls, ()| tls)
+}
+
+/// [`accept_tls`], asking `admit` for each TCP connection before its handshake: `None`
+/// closes the connection at once; `Some(slot)` comes out with the finished handshake (a
+/// connection cap's permit, held for the handshake and then by the server).
+pub fn accept_tls_admitted<T: Send + 'static>(
+    listener: TcpListener,
+    configs: Arc<TlsConfigs>,
+    stats: Arc<HandshakeStats>,
+    admit: impl Fn(std::net::SocketAddr) -> Option<T> + Send + 'static,
+) -> mpsc::Receiver<std::io::Result<(server::TlsStream<TcpStream>, T)>> {
+    run_accept(listener, configs, stats, admit, |tls, slot| (tls, slot))
+}
+
+fn run_accept<T: Send + 'static, O: Send + 'static>(
+    listener: TcpListener,
+    configs: Arc<TlsConfigs>,
+    stats: Arc<HandshakeStats>,
+    admit: impl Fn(std::net::SocketAddr) -> Option<T> + Send + 'static,
+    output: fn(server::TlsStream<TcpStream>, T) -> O,
+) -> mpsc::Receiver<std::io::Result<O>> {
     let (tx, rx) = mpsc::channel(ACCEPT_QUEUE);
     tokio::spawn(async move {
         loop {
@@ -48,6 +72,7 @@ pub fn accept_tls(
                     continue;
                 }
             };
+            let Some(slot) = admit(peer) else { continue };
             let _ = tcp.set_nodelay(true);
             let acceptor = TlsAcceptor::from(configs.server());
             let (tx, stats) = (tx.clone(), stats.clone());
@@ -55,7 +80,7 @@ pub fn accept_tls(
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                     Ok(Ok(tls)) => {
                         stats.accepted.fetch_add(1, Ordering::Relaxed);
-                        let _ = tx.send(Ok(tls)).await;
+                        let _ = tx.send(Ok(output(tls, slot))).await;
                     }
                     Ok(Err(e)) => {
                         stats.failed.fetch_add(1, Ordering::Relaxed);

@@ -139,7 +139,8 @@ fn unknown_method(path: &str) -> Response<Body> {
 
 async fn health(inner: &Inner, req: Request<Incoming>) -> Response<Body> {
     use tower_service::Service;
-    let mut svc = inner.health.clone();
+    // Malformed requests: INVALID_ARGUMENT, not tonic-health's INTERNAL.
+    let mut svc = agent_reach::strict::Strict::<_, tonic_health::pb::HealthCheckRequest>::new(inner.health.clone());
     match svc.call(req).await {
         Ok(resp) => resp.map(Body::Tonic),
         Err(never) => match never {},

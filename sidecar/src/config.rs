@@ -132,6 +132,16 @@ pub struct SidecarArgs {
     #[arg(long, env = "AGENT_REACH_MAX_CONNECTIONS", default_value_t = 1024)]
     pub max_connections: usize,
 
+    /// Connections open at once from one peer sidecar (its verified identity) on the mesh
+    /// port with mutual TLS; one more is closed after its handshake.
+    #[arg(long, env = "AGENT_REACH_MAX_CONNECTIONS_PER_PEER", default_value_t = 64)]
+    pub max_connections_per_peer: usize,
+
+    /// PING, SETTINGS, PRIORITY and empty DATA frames one connection to the local or mesh
+    /// port may send within a second; one more closes it (GOAWAY ENHANCE_YOUR_CALM).
+    #[arg(long, env = "AGENT_REACH_MAX_CONTROL_FRAMES_PER_SECOND", default_value_t = 1000)]
+    pub max_control_frames_per_second: u32,
+
     /// Time a new connection to the local or mesh port has to send its first request
     /// headers before it is closed.
     #[arg(long, env = "AGENT_REACH_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = agent_reach_support::duration::parse)]
@@ -393,6 +403,8 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
             max_header_list_bytes: a.max_header_list_bytes,
             max_concurrent_streams: a.max_concurrent_streams,
             max_connections: a.max_connections,
+            max_connections_per_peer: a.max_connections_per_peer,
+            max_control_frames_per_second: a.max_control_frames_per_second,
             header_read_timeout: a.header_read_timeout,
             body_read_timeout: a.body_read_timeout,
             idle_timeout: a.idle_timeout,

@@ -1,7 +1,10 @@
 //! What one client may hold on the sidecar's local and mesh ports, and how the ports
 //! enforce it: connections per port, HTTP/2 streams per connection, the size of a
 //! request's header list, and the time a connection may take to send its first request
-//! headers, may stay idle between requests, and a request may take to send its body.
+//! headers, may stay idle between requests, and a request may take to send its body;
+//! on the mesh port with mutual TLS, also connections per verified peer; and the
+//! control frames (PING, SETTINGS, PRIORITY, empty DATA) a connection may send per second
+//! ([`agent_reach_support::h2guard`], GOAWAY ENHANCE_YOUR_CALM past it).
 //!
 //! [`Port`] holds one port's [`PortLimits`] and counters. Its accept loop asks
 //! [`Port::admit`] for a connection slot (over the cap the connection is closed at once),
@@ -16,11 +19,12 @@
 //! `Deliver` entries, [`PortLimits::body_read_timeout`]); TLS handshakes have their own
 //! timeout in `agent_reach_identity::net`.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -30,6 +34,8 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::time::Instant;
 use tonic::Status;
+
+use agent_reach_support::h2guard::{FloodLimit, FrameGuard};
 
 use crate::grpc::{self, Body};
 
@@ -42,8 +48,15 @@ pub struct PortLimits {
     pub max_header_list_bytes: u32,
     /// HTTP/2 streams open at once on one connection (`--max-concurrent-streams`).
     pub max_concurrent_streams: u32,
-    /// Connections open at once on one port (`--max-connections`).
+    /// Connections open at once on one port (`--max-connections`). On the mesh port with
+    /// mutual TLS a connection counts from its accept, its handshake included.
     pub max_connections: usize,
+    /// Connections open at once from one verified peer (one sidecar identity) on the mesh
+    /// port with mutual TLS (`--max-connections-per-peer`).
+    pub max_connections_per_peer: usize,
+    /// PING, SETTINGS, PRIORITY and empty DATA frames one connection may send within a
+    /// second; one more closes it (`--max-control-frames-per-second`).
+    pub max_control_frames_per_second: u32,
     /// Time a new connection has to send its first request headers
     /// (`--header-read-timeout`).
     pub header_read_timeout: Duration,
@@ -61,6 +74,8 @@ impl Default for PortLimits {
             max_header_list_bytes: 16 * 1024,
             max_concurrent_streams: 256,
             max_connections: 1024,
+            max_connections_per_peer: 64,
+            max_control_frames_per_second: 1000,
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(15),
             idle_timeout: Duration::from_secs(300),
@@ -79,6 +94,12 @@ impl PortLimits {
         }
         if self.max_connections == 0 || self.max_connections > Semaphore::MAX_PERMITS {
             return Err("--max-connections must be greater than 0".into());
+        }
+        if self.max_connections_per_peer == 0 {
+            return Err("--max-connections-per-peer must be greater than 0".into());
+        }
+        if self.max_control_frames_per_second == 0 {
+            return Err("--max-control-frames-per-second must be greater than 0".into());
         }
         for (flag, d) in [
             ("--header-read-timeout", self.header_read_timeout),
@@ -109,11 +130,14 @@ pub(crate) struct LimitStats {
     pub header_read_timeout: AtomicU64,
     pub body_read_timeout: AtomicU64,
     pub idle_timeout: AtomicU64,
+    /// Connections closed for a control-frame flood (shared with their guards).
+    pub control_frames: Arc<AtomicU64>,
+    pub connections_per_peer: AtomicU64,
 }
 
 impl LimitStats {
     /// `(limit label, count)` for each limit.
-    pub(crate) fn counts(&self) -> [(&'static str, u64); 5] {
+    pub(crate) fn counts(&self) -> [(&'static str, u64); 7] {
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         [
             ("max_header_list_bytes", load(&self.header_list)),
@@ -121,6 +145,8 @@ impl LimitStats {
             ("header_read_timeout", load(&self.header_read_timeout)),
             ("body_read_timeout", load(&self.body_read_timeout)),
             ("idle_timeout", load(&self.idle_timeout)),
+            ("max_control_frames_per_second", load(&self.control_frames)),
+            ("max_connections_per_peer", load(&self.connections_per_peer)),
         ]
     }
 }
@@ -169,6 +195,27 @@ pub(crate) struct Port {
     limits: PortLimits,
     stats: Arc<LimitStats>,
     slots: Arc<Semaphore>,
+    /// Connections open per verified peer (mesh port with mutual TLS); a peer is removed
+    /// when its last connection ends, so there are never more entries than connections.
+    peers: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+/// One connection of a verified peer, counted until it drops.
+pub(crate) struct PeerSlot {
+    peers: Arc<Mutex<HashMap<String, usize>>>,
+    peer: String,
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = peers.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                peers.remove(&self.peer);
+            }
+        }
+    }
 }
 
 type HandlerFuture = Pin<Box<dyn Future<Output = Response<Body>> + Send>>;
@@ -176,7 +223,28 @@ type HandlerFuture = Pin<Box<dyn Future<Output = Response<Body>> + Send>>;
 impl Port {
     pub(crate) fn new(limits: PortLimits, stats: Arc<LimitStats>) -> Port {
         let slots = Arc::new(Semaphore::new(limits.max_connections));
-        Port { limits, stats, slots }
+        Port { limits, stats, slots, peers: Arc::default() }
+    }
+
+    /// `io` guarded against control-frame floods with the port's budget.
+    pub(crate) fn guard<IO>(&self, io: IO) -> FrameGuard<IO> {
+        let limit = FloodLimit { max_control_frames_per_second: self.limits.max_control_frames_per_second };
+        FrameGuard::new(io, limit, self.stats.control_frames.clone())
+    }
+
+    /// A slot for one more connection of the verified `peer`, or `None` (counted) when
+    /// it has `--max-connections-per-peer` open already.
+    pub(crate) fn admit_peer(&self, peer: &str) -> Option<PeerSlot> {
+        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        let open = peers.entry(peer.to_string()).or_default();
+        if *open >= self.limits.max_connections_per_peer {
+            drop(peers);
+            self.stats.connections_per_peer.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(%peer, max = self.limits.max_connections_per_peer, "connection refused: --max-connections-per-peer reached");
+            return None;
+        }
+        *open += 1;
+        Some(PeerSlot { peers: self.peers.clone(), peer: peer.to_string() })
     }
 
     /// The HTTP/2 server settings of the port.
@@ -478,6 +546,25 @@ mod tests {
         assert!(bad.validate().unwrap_err().contains("--idle-timeout"));
         let bad = PortLimits { max_header_list_bytes: 100, ..PortLimits::default() };
         assert!(bad.validate().unwrap_err().contains("--max-header-list-bytes"));
+        let bad = PortLimits { max_connections_per_peer: 0, ..PortLimits::default() };
+        assert!(bad.validate().unwrap_err().contains("--max-connections-per-peer"));
+        let bad = PortLimits { max_control_frames_per_second: 0, ..PortLimits::default() };
+        assert!(bad.validate().unwrap_err().contains("--max-control-frames-per-second"));
+    }
+
+    #[test]
+    fn connections_are_counted_per_peer_and_freed_when_they_end() {
+        let l = PortLimits { max_connections_per_peer: 2, ..PortLimits::default() };
+        let port = Port::new(l, Arc::default());
+        let a1 = port.admit_peer("a").unwrap();
+        let a2 = port.admit_peer("a").unwrap();
+        assert!(port.admit_peer("a").is_none());
+        let b = port.admit_peer("b").expect("another peer has its own count");
+        assert_eq!(port.stats.connections_per_peer.load(Ordering::Relaxed), 1);
+        drop(a1);
+        let a3 = port.admit_peer("a").expect("a freed slot serves again");
+        drop((a2, a3, b));
+        assert!(port.peers.lock().unwrap().is_empty(), "peers without connections are forgotten");
     }
 
     #[test]

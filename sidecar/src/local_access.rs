@@ -137,7 +137,7 @@ pub(crate) async fn serve_uds<F>(
         let Some(slot) = port.admit() else { continue };
         let activity = Activity::new();
         let service = port.clone().service(activity.clone(), handler.clone());
-        let conn = builder.serve_connection(TokioIo::new(stream), service);
+        let conn = builder.serve_connection(TokioIo::new(port.guard(stream)), service);
         let (port, shutdown, running) = (port.clone(), shutdown.clone(), running.clone());
         tokio::spawn(async move {
             port.drive(conn, |c| c.graceful_shutdown(), activity, shutdown, slot, running).await;

@@ -2,6 +2,8 @@
 //! presents a sidecar certificate of the trust bundle (TLS 1.3, client certificates
 //! required), completed off the accept loop, with the configuration current at the accept
 //! (so a renewed certificate serves the next connections while open ones carry on).
+//! A connection takes its slot of `--max-connections` when accepted, before its handshake,
+//! and then one of its peer's `--max-connections-per-peer` (peers are sidecar identities).
 //!
 //! The peer's identity travels with each request as [`MeshPeer`]; [`authorize`] refuses a
 //! Deliver whose certificate is of another tenant than this sidecar's, or whose `ar-tenant`
@@ -41,9 +43,13 @@ pub async fn serve<F>(
 {
     let builder = port.builder();
     let (running, mut all_ended) = mpsc::channel::<()>(1);
-    let mut accepted = agent_reach_identity::net::accept_tls(listener, configs, Arc::default());
+    let admit = {
+        let port = port.clone();
+        move |_| port.admit()
+    };
+    let mut accepted = agent_reach_identity::net::accept_tls_admitted(listener, configs, Arc::default(), admit);
     loop {
-        let tls = tokio::select! {
+        let (tls, slot) = tokio::select! {
             _ = agent_reach_support::process::stopped(&mut shutdown) => break,
             a = accepted.recv() => match a {
                 Some(Ok(tls)) => tls,
@@ -61,17 +67,18 @@ pub async fn serve<F>(
             // with a verified chain, but a connection without an identity is not served.
             continue;
         };
-        let Some(slot) = port.admit() else { continue };
+        let Some(peer_slot) = port.admit_peer(&peer.to_string()) else { continue };
         let handler = handler.clone();
         let activity = Activity::new();
         let service = port.clone().service(activity.clone(), move |mut req: Request<Incoming>| {
             req.extensions_mut().insert(MeshPeer(peer.clone()));
             handler(req)
         });
-        let conn = builder.serve_connection(TokioIo::new(tls), service);
+        let conn = builder.serve_connection(TokioIo::new(port.guard(tls)), service);
         let (port, shutdown, running) = (port.clone(), shutdown.clone(), running.clone());
         tokio::spawn(async move {
             port.drive(conn, |c| c.graceful_shutdown(), activity, shutdown, slot, running).await;
+            drop(peer_slot);
         });
     }
     drop(accepted);

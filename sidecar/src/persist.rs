@@ -200,22 +200,28 @@ pub(crate) fn load(path: &Path, tenant: &str) -> Result<Option<(RoutingTable, u6
             return Err(format!("{}: writable by others (mode {:o})", path.display(), mode & 0o7777));
         }
     }
-    let saved: SavedTable = serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    parse(&bytes, tenant).map(Some).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// A table file's content as a table of `tenant` at revision 0 and when it was saved;
+/// the first bad thing in it otherwise. Never panics, whatever the bytes.
+fn parse(bytes: &[u8], tenant: &str) -> Result<(RoutingTable, u64), String> {
+    let saved: SavedTable = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
     if saved.format != FORMAT {
-        return Err(format!("{}: unknown format {}", path.display(), saved.format));
+        return Err(format!("unknown format {}", saved.format));
     }
     if saved.tenant != tenant {
-        return Err(format!("{}: saved for tenant {:?}, not {tenant:?}", path.display(), saved.tenant));
+        return Err(format!("saved for tenant {:?}, not {tenant:?}", saved.tenant));
     }
-    validate(&saved, tenant).map_err(|e| format!("{}: {e}", path.display()))?;
-    tracing::debug!(path = %path.display(), revision = saved.revision, "loaded the saved routing table");
+    validate(&saved, tenant)?;
+    tracing::debug!(revision = saved.revision, "loaded the saved routing table");
     let instances: HashMap<String, Arc<Instance>> = saved
         .instances
         .into_iter()
         .map(|s| (s.record.instance_id.clone(), Arc::new(Instance { record: s.record, revision: s.revision })))
         .collect();
     let policies = saved.policies.into_iter().map(|p| ((p.kind, p.name.clone()), Arc::new(p))).collect();
-    Ok(Some((RoutingTable::build(0, instances, policies, None), saved.saved_at_ms)))
+    Ok((RoutingTable::build(0, instances, policies, None), saved.saved_at_ms))
 }
 
 /// Saves the table after every change (at most once a second) until shutdown.
@@ -287,6 +293,49 @@ mod tests {
             std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
         }
         dir
+    }
+
+    /// The file content of a table of tenant "default" with `ids` at `revisions`.
+    fn file_of(ids: &[(String, i64)]) -> Vec<u8> {
+        let saved = SavedTable {
+            format: FORMAT,
+            tenant: "default".into(),
+            revision: 1_000,
+            saved_at_ms: 7,
+            instances: ids
+                .iter()
+                .map(|(id, r)| SavedInstance { record: instance(id, *r).record, revision: *r })
+                .collect(),
+            policies: vec![policy()],
+        };
+        serde_json::to_vec(&saved).unwrap()
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_bytes_never_panic_the_table_file_parser(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..1024)) {
+            let _ = parse(&bytes, "default");
+        }
+
+        #[test]
+        fn a_valid_table_file_round_trips_and_any_corruption_of_it_is_handled(
+            ids in proptest::collection::btree_map("[a-z][a-z0-9-]{0,20}", 1i64..=1_000, 0..6),
+            at in proptest::prelude::any::<proptest::sample::Index>(),
+            byte in proptest::prelude::any::<u8>(),
+        ) {
+            let ids: Vec<(String, i64)> = ids.into_iter().collect();
+            let file = file_of(&ids);
+            let (table, saved_at) = parse(&file, "default").unwrap();
+            proptest::prop_assert_eq!(saved_at, 7);
+            proptest::prop_assert_eq!(table.revision, 0);
+            proptest::prop_assert_eq!(table.instances.len(), ids.len());
+            for (id, revision) in &ids {
+                proptest::prop_assert_eq!(table.instances[id].instance.revision, *revision);
+            }
+            let mut corrupt = file.clone();
+            corrupt[at.index(file.len())] = byte;
+            let _ = parse(&corrupt, "default");
+        }
     }
 
     #[test]

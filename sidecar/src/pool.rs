@@ -60,6 +60,12 @@ struct Slot {
     connecting: tokio::sync::Mutex<()>,
 }
 
+/// Slots kept at most before those without an open connection are dropped (a slot whose
+/// connection closed, or whose connect failed, is the same as a new one). Slots with an
+/// open connection or a connect in progress are kept; they are bounded by the peers the
+/// routing table names. Without it every address ever tried would keep a slot.
+pub(crate) const MAX_IDLE_SLOTS: usize = 1024;
+
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often an idle connection is checked with a PING, and how long the answer may take.
 const KEEPALIVE: Duration = Duration::from_secs(10);
@@ -78,7 +84,12 @@ impl Pool {
             let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
             match slots.get(authority) {
                 Some(s) => s.clone(),
-                None => slots.entry(authority.to_string()).or_default().clone(),
+                None => {
+                    if slots.len() >= MAX_IDLE_SLOTS {
+                        slots.retain(|_, s| Arc::strong_count(s) > 1 || open(s).is_some());
+                    }
+                    slots.entry(authority.to_string()).or_default().clone()
+                }
             }
         };
         if let Some(conn) = open(&slot) {
@@ -257,6 +268,33 @@ mod tests {
     use http::HeaderMap;
 
     use super::*;
+
+    #[tokio::test]
+    async fn slots_without_a_connection_are_dropped_past_the_cap() {
+        // A peer that accepts HTTP/2 connections and keeps them open.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let live = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    if let Ok(mut conn) = h2::server::handshake(tcp).await {
+                        while conn.accept().await.is_some() {}
+                    }
+                });
+            }
+        });
+        let pool = Pool::default();
+        let conn = pool.get(&live).await.expect("connects");
+        // Addresses that never connect: their slots stay behind until the cap.
+        for i in 0..MAX_IDLE_SLOTS * 2 {
+            assert!(pool.get(&format!("not an address {i}")).await.is_err());
+            let n = pool.slots.lock().unwrap().len();
+            assert!(n <= MAX_IDLE_SLOTS + 1, "{n} slots after {i}");
+        }
+        // The slot with an open connection was kept, and serves the same connection.
+        assert!(pool.slots.lock().unwrap().contains_key(&live));
+        assert_eq!(pool.get(&live).await.unwrap().authority, conn.authority);
+    }
 
     /// A peer written frame by frame, so that an answer and a reset leave in one write:
     /// it never opens a stream's receive window (no request body can be sent) and ends

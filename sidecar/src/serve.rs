@@ -1,6 +1,6 @@
 //! HTTP/2 serving of the local and mesh ports: the accept loop with graceful shutdown,
 //! within the port's limits ([`crate::limits::Port`]: connection cap, header list,
-//! header-read and idle timeouts). What each port answers is in [`crate::api`].
+//! header-read and idle timeouts, control-frame floods). What each port answers is in [`crate::api`].
 
 use std::future::Future;
 use std::pin::Pin;
@@ -49,7 +49,8 @@ pub(crate) async fn serve_http2<F>(
         let activity = Activity::new();
         let service = port.clone().service(activity.clone(), handler.clone());
         let (io, drain) = coalesce::coalesced(stream);
-        let conn = coalesce::Flushing::new(builder.serve_connection(TokioIo::new(io), service), drain);
+        let io = TokioIo::new(port.guard(io));
+        let conn = coalesce::Flushing::new(builder.serve_connection(io, service), drain);
         let (port, shutdown, running) = (port.clone(), shutdown.clone(), running.clone());
         tokio::spawn(async move {
             port.drive(conn, |c| c.inner().graceful_shutdown(), activity, shutdown, slot, running).await;

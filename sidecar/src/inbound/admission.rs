@@ -259,10 +259,24 @@ struct Entry {
     settings: Settings,
 }
 
+/// Gates kept at most before idle ones are dropped. A gate with no call admitted, queued
+/// or about to ask is the same as a new one, so dropping it loses nothing; busy gates are
+/// kept (they are bounded by the calls in flight), so the map holds at most this many
+/// gates plus the busy ones. Without it, every instance that ever registered (agents
+/// restarting with new instance ids) would keep a gate for the life of the sidecar.
+pub(crate) const MAX_IDLE_GATES: usize = 1024;
+
 /// The gates of every local instance.
 #[derive(Default)]
 pub(crate) struct Gates {
     gates: ArcSwap<HashMap<String, Arc<Entry>>>,
+}
+
+impl Entry {
+    /// No call holds, waits on or is about to ask this gate.
+    fn idle(&self) -> bool {
+        Arc::strong_count(&self.gate) == 1 && self.gate.in_use() == 0 && self.gate.queued() == 0
+    }
 }
 
 impl Gates {
@@ -279,6 +293,9 @@ impl Gates {
         let mut out = fresh.gate.clone();
         self.gates.rcu(|m| {
             let mut m = HashMap::clone(m);
+            if m.len() >= MAX_IDLE_GATES && !m.contains_key(instance_id) {
+                m.retain(|_, e| !e.idle());
+            }
             let e = m.entry(instance_id.to_string()).or_insert_with(|| fresh.clone());
             if e.max != max || e.settings != settings {
                 *e = fresh.clone();
@@ -287,6 +304,12 @@ impl Gates {
             m
         });
         out
+    }
+
+    /// Gates kept now.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.gates.load().len()
     }
 
     /// Calls delivered to any local instance and not yet answered.

@@ -25,7 +25,8 @@
 //! newline-delimited JSON (`application/x-ndjson`), one such object per chunk. Errors: a
 //! non-2xx status with `{"error": "why"}`; 400 → INVALID_ARGUMENT, 404 → NOT_FOUND,
 //! 409 → ABORTED, 429 → RESOURCE_EXHAUSTED, 503 → UNAVAILABLE, 504 → DEADLINE_EXCEEDED,
-//! anything else → INTERNAL.
+//! anything else → INTERNAL. Only the `error` text (256 bytes at most) reaches the caller;
+//! any other body is not quoted (see [`error_reason`]).
 //!
 //! Health: `GET` of the agent's `health_path` (registration metadata, default `/healthz`).
 
@@ -251,11 +252,12 @@ pub(crate) async fn deliver(
     };
     let status = resp.status();
     if !status.is_success() {
-        let bytes = Limited::new(resp.into_body(), 64 * 1024).collect().await.map(|c| c.to_bytes()).unwrap_or_default();
-        let why = serde_json::from_slice::<JsonAnswer>(&bytes)
-            .ok()
-            .and_then(|a| a.error)
-            .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
+        let bytes = Limited::new(resp.into_body(), MAX_ERROR_BODY_BYTES)
+            .collect()
+            .await
+            .map(|c| c.to_bytes())
+            .unwrap_or_default();
+        let why = error_reason(&bytes);
         let status = Status::new(code_for(status), format!("HTTP agent answered {status}: {why}"));
         return Attempt::Answered(grpc::status_response(status), None);
     }
@@ -282,6 +284,23 @@ pub(crate) async fn deliver(
     }
 }
 
+/// The part of an error answer's body read: an `{"error": "why"}` is short.
+const MAX_ERROR_BODY_BYTES: usize = 4 * 1024;
+/// The longest `error` text passed on to the caller.
+const MAX_ERROR_TEXT_BYTES: usize = 256;
+
+/// What the caller learns of an HTTP agent's error answer: the `error` field of its JSON
+/// body, cut to 256 bytes, and nothing else of the body. The endpoint may be a server that
+/// is not an agent at all (an internal page an agent's registration points at), so an
+/// arbitrary body is never quoted: that would hand its content to any caller.
+fn error_reason(body: &[u8]) -> String {
+    match serde_json::from_slice::<JsonAnswer>(body).ok().and_then(|a| a.error) {
+        Some(why) => agent_reach::reason::truncate(&why, MAX_ERROR_TEXT_BYTES).into_owned(),
+        None if body.is_empty() => "(empty body)".to_string(),
+        None => format!("(a body of {} bytes that is not {{\"error\": …}} JSON; not shown)", body.len()),
+    }
+}
+
 /// A gRPC answer carrying `frames` and status OK.
 fn grpc_ok(frames: Frames) -> Response<Body> {
     let mut trailers = HeaderMap::new();
@@ -291,36 +310,61 @@ fn grpc_ok(frames: Frames) -> Response<Body> {
     resp
 }
 
+/// The lines of an HTTP agent's NDJSON answer as they arrive, each a chunk.
+#[derive(Default)]
+struct NdjsonLines {
+    buf: BytesMut,
+}
+
+impl NdjsonLines {
+    /// Adds bytes of the answer; RESOURCE_EXHAUSTED when a line grows past
+    /// [`MAX_ANSWER_BYTES`].
+    fn push(&mut self, data: &[u8]) -> Result<(), Status> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() > MAX_ANSWER_BYTES && !self.buf.contains(&b'\n') {
+            return Err(Status::resource_exhausted(format!(
+                "HTTP agent streamed a line longer than {MAX_ANSWER_BYTES} bytes"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The next complete line's chunk (blank lines are skipped), or its error.
+    fn next_chunk(&mut self) -> Option<Result<proto::Chunk, Status>> {
+        loop {
+            let pos = self.buf.iter().position(|b| *b == b'\n')?;
+            let line = self.buf.split_to(pos + 1);
+            let line = &line[..line.len() - 1];
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            return Some(
+                serde_json::from_slice::<JsonAnswer>(line)
+                    .map_err(|e| Status::internal(format!("HTTP agent streamed invalid JSON: {e}")))
+                    .and_then(JsonAnswer::into_chunk),
+            );
+        }
+    }
+}
+
 /// Converts an NDJSON answer into a gRPC stream of `Chunk`s, one per line, with
 /// back-pressure through a small channel.
 fn stream_answer(body: hyper::body::Incoming) -> Response<Body> {
     let (tx, channel) = ChannelBody::new(4);
     tokio::spawn(async move {
         let mut body = body;
-        let mut buf = BytesMut::new();
+        let mut lines = NdjsonLines::default();
         let status = 'read: loop {
             match body.frame().await {
                 Some(Ok(frame)) => {
                     let Ok(data) = frame.into_data() else { continue };
-                    buf.extend_from_slice(&data);
-                    if buf.len() > MAX_ANSWER_BYTES && !buf.contains(&b'\n') {
-                        break Status::resource_exhausted(format!(
-                            "HTTP agent streamed a line longer than {MAX_ANSWER_BYTES} bytes"
-                        ));
+                    if let Err(status) = lines.push(&data) {
+                        break status;
                     }
-                    while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
-                        let line = buf.split_to(pos + 1);
-                        let line = &line[..line.len() - 1];
-                        if line.iter().all(u8::is_ascii_whitespace) {
-                            continue;
-                        }
-                        match serde_json::from_slice::<JsonAnswer>(line)
-                            .map_err(|e| Status::internal(format!("HTTP agent streamed invalid JSON: {e}")))
-                            .and_then(JsonAnswer::into_chunk)
-                        {
+                    while let Some(line) = lines.next_chunk() {
+                        match line {
                             Ok(chunk) => {
-                                let frame = Frames::message(Bytes::from(chunk.encode_to_vec()), &[]);
-                                let mut frames = frame;
+                                let mut frames = Frames::message(Bytes::from(chunk.encode_to_vec()), &[]);
                                 while let Some(f) = frames.take_frame() {
                                     if tx.send(Ok(f)).await.is_err() {
                                         return; // the caller went away
@@ -343,4 +387,70 @@ fn stream_answer(body: hyper::body::Incoming) -> Response<Body> {
     let mut resp = Response::new(Body::Channel(channel));
     resp.headers_mut().insert(http::header::CONTENT_TYPE, grpc::CONTENT_TYPE_GRPC);
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The chunks (or error messages) of `parts` fed to [`NdjsonLines`] in order.
+    fn read_all(parts: &[&[u8]]) -> Vec<Result<proto::Chunk, String>> {
+        let mut lines = NdjsonLines::default();
+        let mut out = Vec::new();
+        for part in parts {
+            if let Err(s) = lines.push(part) {
+                out.push(Err(s.message().to_string()));
+                return out;
+            }
+            while let Some(line) = lines.next_chunk() {
+                out.push(line.map_err(|s| s.message().to_string()));
+            }
+        }
+        out
+    }
+
+    proptest! {
+        #[test]
+        fn ndjson_never_panics_and_reads_the_same_in_any_split(bytes in proptest::collection::vec(any::<u8>(), 0..512), split in 1usize..64) {
+            let whole = read_all(&[&bytes]);
+            let parts: Vec<&[u8]> = bytes.chunks(split).collect();
+            prop_assert_eq!(read_all(&parts), whole);
+        }
+
+        #[test]
+        fn ndjson_text_lines_round_trip(texts in proptest::collection::vec(".*", 0..8), split in 1usize..64) {
+            let mut answer = Vec::new();
+            for t in &texts {
+                answer.extend(serde_json::to_vec(&serde_json::json!({"text": t})).unwrap());
+                answer.extend(b"\n\n");
+            }
+            let parts: Vec<&[u8]> = answer.chunks(split).collect();
+            let read: Vec<String> = read_all(&parts)
+                .into_iter()
+                .map(|c| String::from_utf8(c.unwrap().payload.to_vec()).unwrap())
+                .collect();
+            prop_assert_eq!(read, texts);
+        }
+    }
+
+    #[test]
+    fn a_line_past_the_limit_is_refused() {
+        let mut lines = NdjsonLines::default();
+        let long = vec![b'x'; MAX_ANSWER_BYTES];
+        assert!(lines.push(&long).is_ok());
+        assert_eq!(lines.push(b"x").unwrap_err().code(), Code::ResourceExhausted);
+    }
+
+    #[test]
+    fn an_error_answer_passes_on_its_error_field_only() {
+        assert_eq!(error_reason(br#"{"error":"no such order"}"#), "no such order");
+        let long = format!(r#"{{"error":"{}"}}"#, "x".repeat(1000));
+        assert!(error_reason(long.as_bytes()).len() <= MAX_ERROR_TEXT_BYTES + 4);
+        let page = b"<html>internal admin page: token=s3cr3t</html>";
+        let why = error_reason(page);
+        assert!(!why.contains("s3cr3t"), "{why}");
+        assert_eq!(why, format!("(a body of {} bytes that is not {{\"error\": …}} JSON; not shown)", page.len()));
+        assert_eq!(error_reason(b""), "(empty body)");
+    }
 }

@@ -99,4 +99,22 @@ mod tests {
         inbound.retain(|_| false);
         assert_eq!(inbound.total_in_flight(), 0);
     }
+
+    #[tokio::test]
+    async fn idle_gates_are_dropped_past_the_cap_and_busy_ones_kept() {
+        use super::admission::MAX_IDLE_GATES;
+        let gates = Gates::default();
+        let busy = gates.gate("busy", 1, Settings::default());
+        let permit = busy.acquire(Priority::Normal, None).await.unwrap();
+        drop(busy);
+        let held = gates.gate("held", 1, Settings::default());
+        for i in 0..MAX_IDLE_GATES * 3 {
+            drop(gates.gate(&format!("gone-{i}"), 4, Settings::default()));
+            assert!(gates.len() <= MAX_IDLE_GATES + 1, "{} gates after {i}", gates.len());
+        }
+        // The gate with a call admitted and the one a caller holds were never dropped.
+        assert_eq!(gates.total_in_flight(), 1);
+        assert!(Arc::ptr_eq(&held, &gates.gate("held", 1, Settings::default())));
+        drop(permit);
+    }
 }

@@ -39,6 +39,12 @@ async fn serve_http_agent(listener: tokio::net::TcpListener) {
                             let mut r = Response::new(Full::new(Bytes::from_static(br#"{"error":"no such order"}"#)));
                             *r.status_mut() = hyper::StatusCode::NOT_FOUND;
                             r
+                        } else if text == "leak" {
+                            // Not an agent's error: a page whose content must not reach callers.
+                            let page = Bytes::from_static(b"<html>internal page: token=s3cr3t</html>");
+                            let mut r = Response::new(Full::new(page));
+                            *r.status_mut() = hyper::StatusCode::INTERNAL_SERVER_ERROR;
+                            r
                         } else if call["stream"].as_bool() == Some(true) {
                             let lines: String = (1..=3).map(|i| format!("{{\"text\":\"{text}-{i}\"}}\n")).collect();
                             Response::new(Full::new(Bytes::from(lines)))
@@ -153,6 +159,10 @@ async fn http_json_agents_join_the_mesh() {
     let err = client.invoke("orders.lookup").text("fail").send().await.unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
     assert!(err.message().contains("no such order"), "{err}");
+    // A body that is not {"error": …} JSON is never passed on (server-side request forgery).
+    let err = client.invoke("orders.lookup").text("leak").send().await.unwrap_err();
+    assert_eq!(err.code(), Code::Internal);
+    assert!(!err.message().contains("s3cr3t") && err.message().contains("not shown"), "{err}");
 
     // Its health is probed over HTTP: it stays UP across several probe rounds.
     tokio::time::sleep(Duration::from_millis(700)).await;

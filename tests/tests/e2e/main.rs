@@ -14,6 +14,7 @@ mod dashboard_auth;
 mod dashboard_thresholds;
 mod exactly_once;
 mod faults;
+mod floods;
 mod governance;
 mod health;
 mod http_agent;

@@ -1,5 +1,6 @@
 //! Malformed protobuf sent to every RPC of every service answers INVALID_ARGUMENT with an
-//! ErrorInfo, never INTERNAL (one decode-error mapping: `agent_reach::codec`).
+//! ErrorInfo, never INTERNAL (one decode-error mapping: `agent_reach::codec`; for the
+//! health and reflection services, `agent_reach::strict`).
 
 use std::time::Duration;
 
@@ -63,6 +64,17 @@ async fn send(channel: &Channel, path: &'static str, streaming: bool) -> tonic::
     let request = tonic::Request::new(Bytes::from_static(MALFORMED));
     let name = path;
     let path = PathAndQuery::from_static(path);
+    if name.ends_with("/ServerReflectionInfo") {
+        // Bidirectional: one malformed message, then the end of the request stream.
+        let request = tonic::Request::new(futures_util::stream::once(async { Bytes::from_static(MALFORMED) }));
+        return match grpc.streaming(request, path, RawCodec).await {
+            Ok(reply) => match reply.into_inner().message().await {
+                Err(status) => status,
+                Ok(m) => panic!("{name}: a malformed request got {m:?} and no error"),
+            },
+            Err(status) => status,
+        };
+    }
     if streaming {
         match grpc.server_streaming(request, path, RawCodec).await {
             Ok(reply) => {
@@ -103,6 +115,29 @@ async fn malformed_protobuf_answers_invalid_argument_on_every_rpc() {
         (&local, "/agentreach.v1.Sidecar/PutSession", false, Some("PutSessionRequest")),
         (&local, "/agentreach.v1.Sidecar/DeleteSession", false, Some("DeleteSessionRequest")),
         (&local, "/agentreach.v1.Sidecar/WatchSession", true, Some("WatchSessionRequest")),
+        (&local, "/grpc.health.v1.Health/Check", false, Some("HealthCheckRequest")),
+        (&local, "/grpc.health.v1.Health/Watch", true, Some("HealthCheckRequest")),
+        (&local, "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", true, Some("ServerReflectionRequest")),
+        (
+            &local,
+            "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+            true,
+            Some("ServerReflectionRequest"),
+        ),
+        (&control_channel, "/grpc.health.v1.Health/Check", false, Some("HealthCheckRequest")),
+        (&control_channel, "/grpc.health.v1.Health/Watch", true, Some("HealthCheckRequest")),
+        (
+            &control_channel,
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+            true,
+            Some("ServerReflectionRequest"),
+        ),
+        (
+            &control_channel,
+            "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+            true,
+            Some("ServerReflectionRequest"),
+        ),
         (&control_channel, "/agentreach.v1.Control/Register", false, Some("ControlRegisterRequest")),
         (&control_channel, "/agentreach.v1.Control/Heartbeat", false, Some("ControlHeartbeatRequest")),
         (&control_channel, "/agentreach.v1.Control/Deregister", false, Some("ControlDeregisterRequest")),

@@ -1,0 +1,525 @@
+//! A guard against HTTP/2 control-frame floods on a server connection: [`FrameGuard`]
+//! wraps the connection's I/O below the HTTP/2 server, reads the frame headers the client
+//! sends, and closes the connection when the client sends more than its budget of frames
+//! that ask the server for work but carry no request: PING and SETTINGS (not their ACKs),
+//! PRIORITY, and DATA frames with no payload and no END_STREAM. The close is a GOAWAY
+//! `ENHANCE_YOUR_CALM` with debug data naming the flood (`ping_flood`, `settings_flood`,
+//! `priority_flood`, `empty_frame_flood`), written at a frame boundary of the server's own
+//! output, then the end of the connection.
+//!
+//! Why: h2 answers each PING and SETTINGS before reading the next frame, so a flood costs
+//! no memory, but a client that reads the answers keeps a server core busy for as long as
+//! it likes. Other floods h2 closes on its own: CONTINUATION (`too_many_continuations`),
+//! empty DATA frames (`too_many_data_frames`, after 100 on a connection, before this
+//! budget), rapid reset and streams reset for protocol errors (ENHANCE_YOUR_CALM); the
+//! guard counts empty DATA frames too, in case a future h2 stops doing so.
+//!
+//! The budget is per connection and per second of the tokio clock ([`FloodLimit`]).
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Instant;
+
+/// The client connection preface (RFC 9113 §3.4).
+const PREFACE_LEN: usize = 24;
+/// An HTTP/2 frame header.
+const HEAD_LEN: usize = 9;
+/// ENHANCE_YOUR_CALM (RFC 9113 §7).
+const ENHANCE_YOUR_CALM: u32 = 0xb;
+
+/// How many control frames a client may send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FloodLimit {
+    /// PING, SETTINGS, PRIORITY and empty DATA frames a connection may send within one
+    /// second; one more closes it.
+    pub max_control_frames_per_second: u32,
+}
+
+impl Default for FloodLimit {
+    fn default() -> Self {
+        FloodLimit { max_control_frames_per_second: 1000 }
+    }
+}
+
+/// The kinds of flood a connection is closed for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flood {
+    Ping,
+    Settings,
+    Priority,
+    EmptyFrames,
+}
+
+impl Flood {
+    /// The GOAWAY debug data naming the flood.
+    pub fn debug_data(self) -> &'static str {
+        match self {
+            Flood::Ping => "ping_flood",
+            Flood::Settings => "settings_flood",
+            Flood::Priority => "priority_flood",
+            Flood::EmptyFrames => "empty_frame_flood",
+        }
+    }
+}
+
+/// Walks the frames of one direction of a connection.
+#[derive(Debug, Default)]
+struct Frames {
+    /// Bytes of the client preface still to skip.
+    preface_left: usize,
+    head: [u8; HEAD_LEN],
+    head_len: usize,
+    payload_left: usize,
+}
+
+/// A frame header.
+#[derive(Clone, Copy, Debug)]
+struct Head {
+    len: usize,
+    kind: u8,
+    flags: u8,
+    stream: u32,
+}
+
+impl Frames {
+    fn with_preface() -> Frames {
+        Frames { preface_left: PREFACE_LEN, ..Frames::default() }
+    }
+
+    /// Whether the bytes so far end on a frame boundary.
+    fn at_boundary(&self) -> bool {
+        self.preface_left == 0 && self.head_len == 0 && self.payload_left == 0
+    }
+
+    /// Walks `bytes`, calling `on_head` for each frame header completed.
+    fn feed(&mut self, mut bytes: &[u8], mut on_head: impl FnMut(Head)) {
+        while !bytes.is_empty() {
+            if self.preface_left > 0 {
+                let n = self.preface_left.min(bytes.len());
+                self.preface_left -= n;
+                bytes = &bytes[n..];
+            } else if self.payload_left > 0 {
+                let n = self.payload_left.min(bytes.len());
+                self.payload_left -= n;
+                bytes = &bytes[n..];
+            } else {
+                let n = (HEAD_LEN - self.head_len).min(bytes.len());
+                self.head[self.head_len..self.head_len + n].copy_from_slice(&bytes[..n]);
+                self.head_len += n;
+                bytes = &bytes[n..];
+                if self.head_len == HEAD_LEN {
+                    let h = self.head;
+                    self.head_len = 0;
+                    let head = Head {
+                        len: usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2]),
+                        kind: h[3],
+                        flags: h[4],
+                        stream: u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff,
+                    };
+                    self.payload_left = head.len;
+                    on_head(head);
+                }
+            }
+        }
+    }
+}
+
+/// Which flood a frame counts toward, if any.
+fn control_frame(head: &Head) -> Option<Flood> {
+    const DATA: u8 = 0x0;
+    const PRIORITY: u8 = 0x2;
+    const SETTINGS: u8 = 0x4;
+    const PING: u8 = 0x6;
+    const ACK: u8 = 0x1;
+    const END_STREAM: u8 = 0x1;
+    match head.kind {
+        PING if head.flags & ACK == 0 => Some(Flood::Ping),
+        SETTINGS if head.flags & ACK == 0 => Some(Flood::Settings),
+        PRIORITY => Some(Flood::Priority),
+        DATA if head.len == 0 && head.flags & END_STREAM == 0 => Some(Flood::EmptyFrames),
+        _ => None,
+    }
+}
+
+/// The control frames of one connection within the current second.
+#[derive(Debug)]
+struct Budget {
+    limit: u32,
+    window_start: Instant,
+    count: u32,
+}
+
+impl Budget {
+    /// Counts one frame; false when it is over the budget.
+    fn take(&mut self, now: Instant) -> bool {
+        if now.duration_since(self.window_start) >= Duration::from_secs(1) {
+            self.window_start = now;
+            self.count = 0;
+        }
+        self.count = self.count.saturating_add(1);
+        self.count <= self.limit
+    }
+}
+
+/// Where the guard is with closing the connection.
+#[derive(Debug)]
+enum Closing {
+    /// Not closing.
+    No,
+    /// Writing the GOAWAY (the bytes left), then shutting down the write side.
+    GoAway(Vec<u8>),
+    /// Shutting down the write side.
+    Shutdown,
+    /// Done: every read and write fails.
+    Closed,
+}
+
+/// A server connection's I/O that closes the connection on a control-frame flood.
+#[derive(Debug)]
+pub struct FrameGuard<IO> {
+    io: IO,
+    budget: Budget,
+    read: Frames,
+    write: Frames,
+    /// The highest stream the client opened (the GOAWAY's last stream id).
+    last_stream: u32,
+    flood: Option<Flood>,
+    closing: Closing,
+    /// Connections closed for a flood, shared by the port.
+    closed: Arc<AtomicU64>,
+}
+
+impl<IO> FrameGuard<IO> {
+    /// Guards `io` with `limit`; `closed` counts the connections closed for a flood.
+    pub fn new(io: IO, limit: FloodLimit, closed: Arc<AtomicU64>) -> FrameGuard<IO> {
+        FrameGuard {
+            io,
+            budget: Budget { limit: limit.max_control_frames_per_second, window_start: Instant::now(), count: 0 },
+            read: Frames::with_preface(),
+            write: Frames::default(),
+            last_stream: 0,
+            flood: None,
+            closing: Closing::No,
+            closed,
+        }
+    }
+
+    /// The guarded I/O.
+    pub fn get_ref(&self) -> &IO {
+        &self.io
+    }
+
+    /// The flood the connection was closed for, if it was.
+    pub fn flood(&self) -> Option<Flood> {
+        self.flood
+    }
+
+    fn inspect(&mut self, bytes: &[u8]) {
+        if self.flood.is_some() {
+            return;
+        }
+        let now = Instant::now();
+        let (budget, last_stream, mut flood) = (&mut self.budget, &mut self.last_stream, None);
+        self.read.feed(bytes, |head| {
+            const HEADERS: u8 = 0x1;
+            if head.kind == HEADERS && head.stream % 2 == 1 {
+                *last_stream = (*last_stream).max(head.stream);
+            }
+            if let Some(kind) = control_frame(&head)
+                && flood.is_none()
+                && !budget.take(now)
+            {
+                flood = Some(kind);
+            }
+        });
+        if let Some(kind) = flood {
+            self.flood = Some(kind);
+            self.closed.fetch_add(1, Ordering::Relaxed);
+            // The GOAWAY can only go in between the server's own frames.
+            self.closing = if self.write.at_boundary() {
+                Closing::GoAway(goaway(self.last_stream, kind.debug_data()))
+            } else {
+                Closing::Shutdown
+            };
+        }
+    }
+}
+
+/// A GOAWAY frame with ENHANCE_YOUR_CALM and `debug` as its debug data.
+fn goaway(last_stream: u32, debug: &str) -> Vec<u8> {
+    const GOAWAY: u8 = 0x7;
+    let len = 8 + debug.len();
+    let mut frame = Vec::with_capacity(HEAD_LEN + len);
+    frame.extend_from_slice(&u32::try_from(len).unwrap_or(8).to_be_bytes()[1..]);
+    frame.extend_from_slice(&[GOAWAY, 0, 0, 0, 0, 0]);
+    frame.extend_from_slice(&(last_stream & 0x7fff_ffff).to_be_bytes());
+    frame.extend_from_slice(&ENHANCE_YOUR_CALM.to_be_bytes());
+    frame.extend_from_slice(debug.as_bytes());
+    frame
+}
+
+fn flooded() -> io::Error {
+    io::Error::new(io::ErrorKind::ConnectionAborted, "HTTP/2 control frame flood")
+}
+
+impl<IO: AsyncWrite + Unpin> FrameGuard<IO> {
+    /// Writes the GOAWAY and shuts the write side down; then fails.
+    fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        loop {
+            match &mut self.closing {
+                Closing::No => unreachable!("poll_close is called only when closing"),
+                Closing::GoAway(left) => match Pin::new(&mut self.io).poll_write(cx, left) {
+                    Poll::Ready(Ok(n)) if n > 0 => {
+                        left.drain(..n);
+                        if left.is_empty() {
+                            self.closing = Closing::Shutdown;
+                        }
+                    }
+                    Poll::Ready(_) => self.closing = Closing::Closed,
+                    Poll::Pending => return Poll::Pending,
+                },
+                Closing::Shutdown => {
+                    let _ = ready!(Pin::new(&mut self.io).poll_shutdown(cx));
+                    self.closing = Closing::Closed;
+                }
+                Closing::Closed => return Poll::Ready(flooded()),
+            }
+        }
+    }
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for FrameGuard<IO> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if !matches!(this.closing, Closing::No) {
+            return this.poll_close(cx).map(Err);
+        }
+        let before = buf.filled().len();
+        ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
+        this.inspect(&buf.filled()[before..]);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for FrameGuard<IO> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        if !matches!(this.closing, Closing::No) {
+            return this.poll_close(cx).map(Err);
+        }
+        let n = ready!(Pin::new(&mut this.io).poll_write(cx, buf))?;
+        this.write.feed(&buf[..n], |_| {});
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        if !matches!(this.closing, Closing::No) {
+            return this.poll_close(cx).map(Err);
+        }
+        let n = ready!(Pin::new(&mut this.io).poll_write_vectored(cx, bufs))?;
+        let mut left = n;
+        for b in bufs {
+            if left == 0 {
+                break;
+            }
+            let take = left.min(b.len());
+            this.write.feed(&b[..take], |_| {});
+            left -= take;
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if !matches!(this.closing, Closing::No) {
+            return this.poll_close(cx).map(Err);
+        }
+        Pin::new(&mut this.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if !matches!(this.closing, Closing::No) {
+            return this.poll_close(cx).map(Err);
+        }
+        Pin::new(&mut this.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+    fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let mut f = u32::try_from(payload.len()).unwrap().to_be_bytes()[1..].to_vec();
+        f.extend_from_slice(&[kind, flags]);
+        f.extend_from_slice(&stream.to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    }
+
+    fn ping() -> Vec<u8> {
+        frame(6, 0, 0, &[7; 8])
+    }
+
+    /// A guarded server end and the client end of an in-memory connection.
+    fn pair(limit: u32) -> (FrameGuard<tokio::io::DuplexStream>, tokio::io::DuplexStream, Arc<AtomicU64>) {
+        let (server, client) = tokio::io::duplex(1 << 20);
+        let closed = Arc::new(AtomicU64::new(0));
+        let guard = FrameGuard::new(server, FloodLimit { max_control_frames_per_second: limit }, closed.clone());
+        (guard, client, closed)
+    }
+
+    /// Reads everything the server side lets through until it fails: (bytes, error).
+    async fn drain(server: &mut FrameGuard<tokio::io::DuplexStream>) -> (usize, Option<io::Error>) {
+        let mut total = 0;
+        let mut buf = [0u8; 4096];
+        loop {
+            match tokio::time::timeout(Duration::from_millis(50), server.read(&mut buf)).await {
+                Ok(Ok(0)) | Err(_) => return (total, None),
+                Ok(Ok(n)) => total += n,
+                Ok(Err(e)) => return (total, Some(e)),
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// Any bytes, cut anywhere: the walker never panics and sees the same frames.
+        #[test]
+        fn any_bytes_in_any_split_walk_the_same_frames(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..2048),
+            split in 1usize..100,
+        ) {
+            let walk = |parts: &mut dyn Iterator<Item = &[u8]>| {
+                let mut frames = Frames::with_preface();
+                let mut seen = Vec::new();
+                for part in parts {
+                    frames.feed(part, |h| seen.push((h.kind, h.flags, h.stream, h.len, control_frame(&h))));
+                }
+                (seen, frames.at_boundary())
+            };
+            let whole = walk(&mut std::iter::once(bytes.as_slice()));
+            proptest::prop_assert_eq!(walk(&mut bytes.chunks(split)), whole);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn frames_are_walked_across_any_split() {
+        let mut bytes = PREFACE.to_vec();
+        bytes.extend(frame(4, 0, 0, &[0, 3, 0, 0, 0, 100]));
+        bytes.extend(frame(1, 4, 1, &[0x82; 40]));
+        bytes.extend(frame(0, 1, 1, &[]));
+        bytes.extend(ping());
+        for split in 1..bytes.len() {
+            let mut frames = Frames::with_preface();
+            let mut seen = Vec::new();
+            for part in bytes.chunks(split) {
+                frames.feed(part, |h| seen.push((h.kind, h.flags, h.stream, h.len)));
+            }
+            assert_eq!(seen, vec![(4, 0, 0, 6), (1, 4, 1, 40), (0, 1, 1, 0), (6, 0, 0, 8)], "split {split}");
+            assert!(frames.at_boundary());
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_ping_flood_gets_goaway_enhance_your_calm() {
+        let (mut server, mut client, closed) = pair(10);
+        let mut out = PREFACE.to_vec();
+        out.extend(frame(4, 0, 0, &[]));
+        out.extend(frame(1, 5, 3, &[0x82]));
+        for _ in 0..11 {
+            out.extend(ping());
+        }
+        client.write_all(&out).await.unwrap();
+        let (read, err) = drain(&mut server).await;
+        assert_eq!(read, out.len(), "what was read is passed on");
+        assert_eq!(err.unwrap().kind(), io::ErrorKind::ConnectionAborted);
+        assert_eq!(server.flood(), Some(Flood::Ping));
+        assert_eq!(closed.load(Ordering::Relaxed), 1);
+        // Writes fail too; the client reads the GOAWAY, then the end.
+        assert!(server.write_all(&ping()).await.is_err());
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).await.unwrap();
+        let mut want = frame(7, 0, 0, &[0, 0, 0, 3, 0, 0, 0, 0xb]);
+        want.extend_from_slice(b"ping_flood");
+        want[2] = 8 + 10;
+        assert_eq!(got, want);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn acks_end_stream_and_frames_with_payload_are_free() {
+        let (mut server, mut client, closed) = pair(3);
+        let mut out = PREFACE.to_vec();
+        for _ in 0..100 {
+            out.extend(frame(6, 1, 0, &[0; 8]));
+            out.extend(frame(4, 1, 0, &[]));
+            out.extend(frame(0, 1, 1, &[]));
+            out.extend(frame(0, 0, 1, &[1, 2, 3]));
+            out.extend(frame(8, 0, 0, &[0, 0, 1, 0]));
+        }
+        client.write_all(&out).await.unwrap();
+        let (read, err) = drain(&mut server).await;
+        assert_eq!(read, out.len());
+        assert!(err.is_none());
+        assert_eq!(closed.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_budget_is_per_second() {
+        let (mut server, mut client, closed) = pair(5);
+        client.write_all(PREFACE).await.unwrap();
+        for _ in 0..4 {
+            // Five SETTINGS every 1.1 s: never more than the budget within one second.
+            for _ in 0..5 {
+                client.write_all(&frame(4, 0, 0, &[])).await.unwrap();
+            }
+            assert!(drain(&mut server).await.1.is_none());
+            tokio::time::advance(Duration::from_millis(1100)).await;
+        }
+        assert_eq!(closed.load(Ordering::Relaxed), 0);
+        // Kinds share the budget: three empty DATA frames and three PRIORITY are six.
+        for _ in 0..3 {
+            client.write_all(&frame(0, 0, 1, &[])).await.unwrap();
+        }
+        for _ in 0..3 {
+            client.write_all(&frame(2, 0, 1, &[0, 0, 0, 0, 1])).await.unwrap();
+        }
+        assert_eq!(drain(&mut server).await.1.unwrap().kind(), io::ErrorKind::ConnectionAborted);
+        assert_eq!(server.flood(), Some(Flood::Priority));
+        assert_eq!(closed.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_goaway_in_the_middle_of_a_server_frame() {
+        let (mut server, mut client, _) = pair(1);
+        // The server wrote half a frame (as after a short write).
+        let half = &frame(0, 0, 1, &[9; 20])[..15];
+        server.write_all(half).await.unwrap();
+        let mut out = PREFACE.to_vec();
+        out.extend(ping());
+        out.extend(ping());
+        client.write_all(&out).await.unwrap();
+        assert!(drain(&mut server).await.1.is_some());
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, half, "no GOAWAY inside the server's frame");
+    }
+}
