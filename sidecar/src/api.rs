@@ -18,7 +18,8 @@ use crate::grpc::{self, Body};
 use crate::inbound::deliver::MeshEntry;
 use crate::outbound::invoke::InvokeEntry;
 use crate::serve::HandlerFuture;
-use crate::{Inner, error, mesh_tls, session, tasks};
+use crate::shared::Inner;
+use crate::{error, mesh_tls, session, tasks};
 
 pub(crate) fn local_api(
     inner: Arc<Inner>,
@@ -114,7 +115,7 @@ async fn reflection(req: Request<Incoming>) -> Response<Body> {
 
 pub(crate) fn mesh_api(inner: Arc<Inner>, mesh: MeshEntry, req: Request<Incoming>) -> HandlerFuture {
     Box::pin(async move {
-        if let Err(status) = mesh_tls::authorize(&inner, &req) {
+        if let Err(status) = mesh_tls::authorize(&inner.config.tenant, &req) {
             return grpc::status_response(status);
         }
         match req.uri().path() {

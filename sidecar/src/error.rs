@@ -1,7 +1,8 @@
 //! Every way a sidecar request can fail, and the one place where a failure becomes the
 //! `tonic::Status` (code + `ErrorInfo` reason + details) the caller sees: [`SidecarError`]
 //! for a request the sidecar refuses or cannot route, [`DeliveryError`] for one attempt to
-//! deliver a call that did not end in an answer.
+//! deliver a call that did not end in an answer. [`StartError`]: why a sidecar could not
+//! start.
 
 use std::time::Duration;
 
@@ -232,4 +233,15 @@ impl DeliveryError {
 /// The `LIMIT_EXCEEDED` status naming `flag` (e.g. "--max-header-list-bytes").
 pub(crate) fn limit_refusal(flag: &str, message: impl Into<String>) -> Status {
     reason::status(Reason::LimitExceeded, message, &[(reason::META_LIMIT, flag.trim_start_matches('-').to_string())])
+}
+
+/// Why a sidecar could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error("listener: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("identity: {0}")]
+    Identity(#[from] crate::identity::IdentityError),
 }

@@ -21,8 +21,9 @@
 //! call types every layer passes along (`call`), the gRPC framing (`grpc`), connections
 //! (`pool`), errors and their one mapping to statuses (`error`), telemetry, the registry
 //! of local agents, and the watch of control. Nothing beneath imports what is above it.
-//! The ports themselves: `serve` (HTTP/2 settings, accept loop, graceful shutdown) and `api`
-//! (which method of the local and mesh APIs goes where).
+//! The ports themselves: `serve` (HTTP/2 settings, accept loop, graceful shutdown), `api`
+//! (which method of the local and mesh APIs goes where) and `shared` (what their handlers
+//! share).
 //!
 //! Durable tasks ([`tasks`]): the local API's task methods and the dispatch of the tasks
 //! this sidecar claims, through its own local API like any call.
@@ -54,6 +55,7 @@ mod registry;
 mod report;
 mod serve;
 mod session;
+mod shared;
 pub mod tasks;
 mod telemetry;
 pub mod workload;
@@ -71,6 +73,7 @@ use tokio::task::JoinSet;
 pub use agent_reach_routing::{RoutingTable, TableHandle};
 pub use config::{SidecarArgs, SidecarConfig};
 pub use control::WatchStats;
+pub use error::StartError;
 pub use limits::PortLimits;
 pub use registry::{Registry, RegistryStats};
 pub use session::SessionStats;
@@ -79,40 +82,8 @@ use api::{local_api, mesh_api};
 use inbound::deliver::MeshEntry;
 use outbound::invoke::InvokeEntry;
 use serve::serve_http2;
+use shared::Inner;
 use telemetry::{Calls, Rejections, SidecarMetrics};
-
-/// What the sidecar's handlers and background tasks share; each layer of the call path
-/// holds its own state instead.
-struct Inner {
-    config: SidecarConfig,
-    table: TableHandle,
-    registry: Arc<registry::Registry>,
-    /// Session context: the local API's session methods and the cache behind them.
-    sessions: Arc<session::SessionCache>,
-    /// Durable tasks: the local API's task methods and the dispatcher.
-    tasks: Arc<tasks::Tasks>,
-    /// Claims of idempotency keys with control (exactly once across instances).
-    claims: Arc<inbound::claims::Claims>,
-    watch_stats: Arc<WatchStats>,
-    /// Span export and the recent-span buffer.
-    tracing: agent_reach_telemetry::Tracing,
-    /// Calls in flight through this sidecar (both directions), for draining.
-    calls: Arc<Calls>,
-    health: tonic_health::pb::health_server::HealthServer<tonic_health::server::HealthService>,
-    /// Refusals by limit on the local and the mesh port.
-    limit_stats: [Arc<limits::LimitStats>; 2],
-}
-
-/// Why a sidecar could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    #[error("configuration: {0}")]
-    Config(String),
-    #[error("listener: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("identity: {0}")]
-    Identity(#[from] identity::IdentityError),
-}
 
 /// A running sidecar.
 pub struct Sidecar {

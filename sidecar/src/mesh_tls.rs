@@ -22,7 +22,6 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tonic::Status;
 
-use crate::Inner;
 use crate::limits::{Activity, Port};
 use crate::serve::HandlerFuture;
 
@@ -89,18 +88,17 @@ pub async fn serve<F>(
 }
 
 /// Refuses a mesh request whose certificate or `ar-tenant` header is not of this sidecar's
-/// tenant. Requests without a [`MeshPeer`] (plaintext mesh) pass unchecked.
-pub fn authorize(inner: &Inner, req: &Request<Incoming>) -> Result<(), Status> {
+/// tenant (`ours`). Requests without a [`MeshPeer`] (plaintext mesh) pass unchecked.
+pub fn authorize(ours: &str, req: &Request<Incoming>) -> Result<(), Status> {
     let Some(MeshPeer(peer)) = req.extensions().get::<MeshPeer>() else { return Ok(()) };
     let PeerId::Sidecar(id) = peer else {
         return Err(reason::status(Reason::Unauthenticated, format!("{peer} is not a sidecar"), &[]));
     };
-    let ours = &inner.config.tenant;
-    if id.tenant != *ours {
+    if id.tenant != ours {
         return Err(reason::status(
             Reason::TenantMismatch,
             format!("the caller's certificate is of tenant {:?}; this sidecar serves {ours:?}", id.tenant),
-            &[("field", "certificate".into()), ("claimed", id.tenant.clone()), ("verified", ours.clone())],
+            &[("field", "certificate".into()), ("claimed", id.tenant.clone()), ("verified", ours.to_string())],
         ));
     }
     if let Some(header) = req.headers().get(agent_reach::headers::TENANT) {

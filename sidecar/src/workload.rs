@@ -45,7 +45,7 @@ pub struct Workload {
 impl Workload {
     /// Buys the first certificate for the sidecar `config` describes, when it has identity
     /// settings; `None` (with a warning) when it has none.
-    pub async fn start(config: &crate::SidecarConfig) -> Result<Option<Workload>, crate::StartError> {
+    pub async fn start(config: &crate::config::SidecarConfig) -> Result<Option<Workload>, crate::error::StartError> {
         let Some(settings) = &config.identity else {
             tracing::warn!(
                 "no identity (--trust-bundle-file, --join-token-file): plaintext to control and on the mesh \
@@ -85,7 +85,7 @@ impl Workload {
             config.control_timeout,
             Some(Arc::new(ControlTls::new(settings)?)),
         )
-        .map_err(crate::StartError::Config)?;
+        .map_err(crate::error::StartError::Config)?;
         match bootstrap(&clients, &workload, settings).await {
             Ok(()) => {}
             // Past its renewal point but not expired: better than not starting.

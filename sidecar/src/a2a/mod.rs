@@ -496,7 +496,7 @@ type Call = tokio::task::JoinHandle<Option<Status>>;
 /// spawns its server on `tasks`; returns the gRPC service for the local API port and the
 /// JSON-RPC port's address.
 pub(crate) async fn start(
-    config: &crate::SidecarConfig,
+    config: &crate::config::SidecarConfig,
     table: TableHandle,
     invoke: InvokeEntry,
     durable: Arc<crate::tasks::Tasks>,

@@ -75,7 +75,7 @@ pub struct Tasks {
 impl Tasks {
     /// Clients of every control endpoint on `channels`; nothing is dialled until used.
     pub fn new(
-        config: &crate::SidecarConfig,
+        config: &crate::config::SidecarConfig,
         channels: Vec<(String, Channel)>,
         shutdown: watch::Receiver<bool>,
     ) -> Result<Tasks, String> {
