@@ -21,6 +21,10 @@ use crate::error::DeliveryError;
 use crate::grpc::{Body, Hook};
 use crate::registry::LocalInstance;
 
+/// The future every layer of the call path answers with (boxed: the layers are generic
+/// over what they wrap, and their answers differ in what they await).
+pub(crate) type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
 /// Unary or server-streaming.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Shape {

@@ -30,6 +30,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 
+use crate::call::BoxFuture;
 use crate::call::{Attempt, InboundCall};
 use crate::error::DeliveryError;
 use crate::grpc::{HEADER_GRPC_STATUS, TrailersHook, header};
@@ -325,8 +326,6 @@ impl Gates {
         });
     }
 }
-
-type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 
 /// Service: per-instance admission by priority.
 #[derive(Clone)]

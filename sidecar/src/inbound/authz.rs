@@ -16,11 +16,10 @@ use agent_reach::policy::{Authorization, PolicyKind};
 use agent_reach_routing::{RoutingTable, TableHandle};
 use tower::{Service, ServiceExt};
 
+use crate::call::BoxFuture;
 use crate::call::{Attempt, InboundCall};
 use crate::error::{DeliveryError, SidecarError};
 use crate::telemetry::Rejections;
-
-type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 
 /// The refusal of a call `caller` (`None`: anonymous) makes to an instance of `agent`,
 /// routed by `capability` ("" when by agent name), if the policies refuse it.
@@ -84,8 +83,7 @@ where
         let caller = call.caller.as_ref().map(|c| &*c.agent);
         let refused = check(&self.table.load(), caller, &call.local.registration.agent, &call.capability).err();
         if let Some(e) = refused {
-            Rejections::count(&self.rejections.not_authorized);
-            return Box::pin(std::future::ready(Ok(Attempt::Failed(DeliveryError::Sidecar(e)))));
+            return Rejections::refuse(&self.rejections.not_authorized, Ok(Attempt::Failed(DeliveryError::Sidecar(e))));
         }
         Box::pin(self.inner.clone().oneshot(call))
     }

@@ -17,6 +17,7 @@ use hyper::body::Incoming;
 use tower::{Service, ServiceExt};
 
 use super::InboundService;
+use crate::call::BoxFuture;
 use crate::call::{Attempt, Caller, InboundCall, Shape};
 use crate::error::{DeliveryError, SidecarError};
 use crate::grpc::{self, Body, Frames, PATH_HANDLE, PATH_HANDLE_STREAM, header};
@@ -184,8 +185,6 @@ impl Deliver {
         Deliver { table, pool, limit }
     }
 }
-
-type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 
 impl Service<InboundCall> for Deliver {
     type Response = Attempt;

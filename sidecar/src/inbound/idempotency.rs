@@ -32,6 +32,7 @@ use std::task::{Context, Poll};
 use tower::{Service, ServiceExt};
 
 use super::claims::{self, Claims, Settled};
+use crate::call::BoxFuture;
 use crate::call::{Attempt, InboundCall, Shape};
 use crate::error::DeliveryError;
 use crate::grpc::StoredResponse;
@@ -232,8 +233,6 @@ pub(crate) async fn wait(mut rx: watch::Receiver<Option<Outcome>>) -> Outcome {
         Err(_) => Outcome::Abandoned,
     }
 }
-
-type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 
 /// Service: replays answers of calls whose idempotency key was already answered, and
 /// makes in-flight duplicates wait for the first.

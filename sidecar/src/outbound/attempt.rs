@@ -12,6 +12,7 @@ use http::{HeaderMap, HeaderValue};
 use tonic::{Code, Status};
 use tower::{Service, ServiceExt};
 
+use crate::call::BoxFuture;
 use crate::call::{Attempt, AttemptRequest, InboundCall, Shape};
 use crate::error::{DeliveryError, SidecarError};
 use crate::grpc::{self, Body, PATH_DELIVER, PATH_DELIVER_STREAM, header};
@@ -19,8 +20,6 @@ use crate::inbound::InboundService;
 use crate::pool::{Pool, SendError, collect_chunks, send_h2};
 use crate::registry::Registry;
 use crate::telemetry::Rejections;
-
-type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 
 /// The attempt stack.
 pub(crate) type AttemptService = tower::util::BoxCloneSyncService<AttemptRequest, Attempt, Infallible>;
@@ -67,9 +66,8 @@ where
         let stats = req.member.stats.clone();
         let settings = req.breaker;
         if !stats.breaker.acquire(clock(), &settings) {
-            Rejections::count(&self.rejections.breaker_open);
             let error = DeliveryError::CircuitOpen { instance: req.member.id().to_string() };
-            return Box::pin(std::future::ready(Ok(Attempt::NotDelivered(error))));
+            return Rejections::refuse(&self.rejections.breaker_open, Ok(Attempt::NotDelivered(error)));
         }
         let service = self.inner.clone();
         Box::pin(async move {

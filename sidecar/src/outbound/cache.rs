@@ -21,12 +21,11 @@ use std::task::{Context, Poll};
 use http::{HeaderValue, Response};
 use tower::{Service, ServiceExt};
 
+use crate::call::BoxFuture;
 use crate::call::{OutboundCall, Shape};
 use crate::error::SidecarError;
 use crate::grpc::{Body, StoredResponse, header};
 use crate::telemetry::Rejections;
-
-type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 
 /// What identifies a cacheable call, kept and compared whole.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -176,10 +175,9 @@ where
         };
         let key = cache_key(&call);
         if let Some(hit) = self.cache.get(&key, Instant::now()) {
-            Rejections::count(&self.rejections.cache_hits);
             let mut resp = hit.to_response();
             resp.headers_mut().insert(header::CACHE, HeaderValue::from_static("hit"));
-            return Box::pin(std::future::ready(Ok(resp)));
+            return Rejections::refuse(&self.rejections.cache_hits, Ok(resp));
         }
         let (cache, limit, service) = (self.cache.clone(), self.limit, self.inner.clone());
         Box::pin(async move {

@@ -22,12 +22,11 @@ use http::Response;
 use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 
+use crate::call::BoxFuture;
 use crate::call::{OutboundCall, policy_name};
 use crate::error::SidecarError;
 use crate::grpc::Body;
 use crate::telemetry::Rejections;
-
-type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 
 /// A token bucket: `burst` tokens, refilled at `per_second`.
 #[derive(Debug, Clone)]
@@ -197,12 +196,12 @@ where
         if (tenant.is_some() || pair.is_some())
             && let Err(limited) = self.limits.check(Instant::now(), tenant, pair)
         {
-            Rejections::count(&self.rejections.rate_limited);
-            return Box::pin(std::future::ready(Err(SidecarError::RateLimited {
+            let refused = SidecarError::RateLimited {
                 bucket: limited.bucket,
                 policy: limited.policy,
                 retry_after: limited.retry_after,
-            })));
+            };
+            return Rejections::refuse(&self.rejections.rate_limited, Err(refused));
         }
         Box::pin(self.inner.clone().oneshot(call))
     }

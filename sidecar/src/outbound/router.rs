@@ -27,12 +27,11 @@ use tower::{Service, ServiceExt};
 use super::attempt::AttemptService;
 use super::reply::{Finished, Served, deadline_exceeded, finish, with_attempts};
 use super::retry::{self, Ended, MAX_ATTEMPTS, Rules};
+use crate::call::BoxFuture;
 use crate::call::{Attempt, AttemptRequest, InvokeMetadata, OutboundCall, policy_of};
 use crate::error::SidecarError;
 use crate::grpc::{self, Body, Frames};
 use crate::telemetry::{HopLabels, Rejections, SidecarMetrics, delivery_outcome, outcome_of};
-
-type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 
 const HOP_OUTBOUND: HopLabels = HopLabels { hop: "outbound" };
 

@@ -21,8 +21,6 @@ mod inbound_span;
 mod outbound_span;
 mod scrape;
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -34,6 +32,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use crate::call::BoxFuture;
 use crate::error::DeliveryError;
 
 pub(crate) use inbound_span::{inbound_layer, record_queue_span};
@@ -169,6 +168,13 @@ impl Rejections {
     pub(crate) fn count(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
     }
+
+    /// Counts one refusal (or shortcut) on `counter` and answers `answer` at once, without
+    /// calling the wrapped service: how a layer turns a call away.
+    pub(crate) fn refuse<T: Send + 'static>(counter: &AtomicU64, answer: T) -> BoxFuture<T> {
+        Rejections::count(counter);
+        Box::pin(std::future::ready(answer))
+    }
 }
 
 /// Calls in flight through the sidecar, with a notification when the count drops, so
@@ -246,5 +252,3 @@ pub(crate) fn delivery_outcome(e: &DeliveryError) -> String {
         (_, None) => format!("CODE_{:?}", e.code()).to_uppercase(),
     }
 }
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
