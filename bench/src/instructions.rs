@@ -10,7 +10,9 @@
 //! (`callgrind_control --dump`) and divides the instructions counted by the calls. Every
 //! instruction each sidecar process ran in that window counts, on any of its threads (the
 //! call path, timers, the control watch), as CPU time would; nothing else runs through
-//! the sidecars meanwhile. Counts are of user space only: the kernel's share of a call
+//! the sidecars meanwhile. Then an idle window as long as the calls' is counted the same
+//! way, and the `_net` figures subtract it (valgrind slows the calls enough for the
+//! sidecars' background work to show). Counts are of user space only: the kernel's share of a call
 //! (socket reads and writes) is not included.
 
 use std::path::{Path, PathBuf};
@@ -37,6 +39,13 @@ pub struct Instructions {
     pub sidecar_b_per_call: f64,
     /// Wall time of the measured calls (under valgrind: only to show they ran).
     pub seconds: f64,
+    /// Instructions each sidecar ran in a window as long as the calls' with no calls
+    /// (timers, heartbeats, the control watch), and the per-call counts less that
+    /// background: under valgrind the calls take long enough for it to show.
+    pub idle_a: u64,
+    pub idle_b: u64,
+    pub sidecar_a_per_call_net: f64,
+    pub sidecar_b_per_call_net: f64,
 }
 
 /// How to measure.
@@ -69,11 +78,11 @@ impl Counted {
         Ok(())
     }
 
-    /// Dumps the counters and returns the instructions of that dump.
-    fn dump(&self) -> Result<u64, String> {
+    /// Dumps the counters (the `n`-th dump) and returns the instructions of that dump.
+    fn dump(&self, n: u32) -> Result<u64, String> {
         self.control("--dump")?;
-        // callgrind names the n-th dump `<out>.<n>`; the first after the zero is `.1`.
-        let file = PathBuf::from(format!("{}.1", self.out.display()));
+        // callgrind names the n-th dump `<out>.<n>`.
+        let file = PathBuf::from(format!("{}.{n}", self.out.display()));
         let until = Instant::now() + Duration::from_secs(60);
         loop {
             if let Some(n) = std::fs::read_to_string(&file).ok().as_deref().and_then(summary) {
@@ -145,8 +154,15 @@ pub async fn measure(spec: &Spec, dir: &Path) -> Result<Instructions, String> {
     let started = Instant::now();
     calls(a_port, spec.calls, spec.concurrency, spec.payload).await?;
     let seconds = started.elapsed().as_secs_f64();
-    let a = sidecars[0].0.dump()?;
-    let b = sidecars[1].0.dump()?;
+    let a = sidecars[0].0.dump(1)?;
+    let b = sidecars[1].0.dump(1)?;
+    for (s, _) in &sidecars {
+        s.control("--zero")?;
+    }
+    tokio::time::sleep(started.elapsed()).await;
+    let idle_a = sidecars[0].0.dump(2)?;
+    let idle_b = sidecars[1].0.dump(2)?;
+    let net = |total: u64, idle: u64| total.saturating_sub(idle) as f64 / spec.calls as f64;
     Ok(Instructions {
         calls: spec.calls,
         concurrency: spec.concurrency,
@@ -156,6 +172,10 @@ pub async fn measure(spec: &Spec, dir: &Path) -> Result<Instructions, String> {
         sidecar_a_per_call: a as f64 / spec.calls as f64,
         sidecar_b_per_call: b as f64 / spec.calls as f64,
         seconds,
+        idle_a,
+        idle_b,
+        sidecar_a_per_call_net: net(a, idle_a),
+        sidecar_b_per_call_net: net(b, idle_b),
     })
 }
 
