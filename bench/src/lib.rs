@@ -13,6 +13,7 @@
 pub mod agent;
 pub mod embedded;
 pub mod h2load;
+pub mod instructions;
 pub mod latency;
 pub mod load;
 pub mod machine;

@@ -8,6 +8,10 @@
 //! - `agent`: the echo agent `run` uses.
 //! - `overload`: one instance offered a multiple of its capacity through two sidecars
 //!   (admission control of issue #6).
+//! - `instructions`: instructions per call of each sidecar under valgrind's callgrind.
+//! - `table-rss`: sidecar memory with large routing tables alone (the table of `run`).
+//! - `fill`: registers fake instances with a running control service (for heap profiles
+//!   of a sidecar holding them).
 //! - `sidecar`, `control`: the sidecar and control service run from this binary (the
 //!   smoke test's `run --embedded`).
 
@@ -18,7 +22,7 @@ use std::time::Duration;
 use agent_reach_bench::load::{self, LoadSpec};
 use agent_reach_bench::orchestrate::{self, RunArgs};
 use agent_reach_bench::wire::Kind;
-use agent_reach_bench::{agent, embedded, latency, overload};
+use agent_reach_bench::{agent, embedded, instructions, latency, overload, table_rss};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -122,6 +126,40 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         threads: usize,
     },
+    /// Sidecar memory with large routing tables, alone (the `run` table); prints JSON.
+    TableRss {
+        /// Table sizes (instances).
+        #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+        sizes: Vec<usize>,
+        /// Run the sidecar and control from this binary instead of the release binaries.
+        #[arg(long)]
+        embedded: bool,
+    },
+    /// Instructions per call of each sidecar, counted by valgrind's callgrind (needs
+    /// valgrind); prints JSON. A measure that does not depend on the machine's load.
+    Instructions {
+        /// Calls counted (after the warm-up).
+        #[arg(long, default_value_t = 2000)]
+        calls: usize,
+        #[arg(long, default_value_t = 200)]
+        warmup: usize,
+        /// Callers, each sending its share of the calls one after another.
+        #[arg(long, default_value_t = 1)]
+        concurrency: usize,
+        #[arg(long, default_value_t = 12)]
+        payload: usize,
+        /// Run the sidecar and control from this binary instead of the release binaries.
+        #[arg(long)]
+        embedded: bool,
+    },
+    /// Registers fake instances (as `table-rss` does) with a running control service.
+    Fill {
+        /// The control service's gRPC port on 127.0.0.1 (plaintext, `--mtls off`).
+        #[arg(long)]
+        control_port: u16,
+        #[arg(long, default_value_t = 10_000)]
+        instances: usize,
+    },
     /// agent-reach-sidecar, run from this binary (same flags).
     #[command(hide = true)]
     Sidecar {
@@ -163,6 +201,14 @@ fn main() -> ExitCode {
                 rt.block_on(agent::run(sidecar, listen))
             })
         }
+        Command::Instructions { calls, warmup, concurrency, payload, embedded } => {
+            instructions::run_blocking(&instructions::Spec { calls, warmup, concurrency, payload, embedded })
+        }
+        Command::TableRss { sizes, embedded } => table_rss::run_blocking(&sizes, embedded),
+        Command::Fill { control_port, instances } => agent_reach_support::process::runtime(2)
+            .map_err(|e| format!("runtime: {e}"))
+            .and_then(|rt| rt.block_on(table_rss::fill(control_port, instances)))
+            .map(|revision| println!("{{\"revision\":{revision}}}")),
         Command::Sidecar { args } => embedded::sidecar(&args),
         Command::Control { args } => embedded::control(&args),
     };

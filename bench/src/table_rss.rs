@@ -58,6 +58,27 @@ pub struct Setup<'a> {
     pub converge_timeout: Duration,
 }
 
+/// `measure` on its own (the `table-rss` command): release binaries (or this binary with
+/// `embedded`), no pinning, processes' files in a temporary directory; prints JSON rows.
+pub fn run_blocking(sizes: &[usize], embedded: bool) -> Result<(), String> {
+    let binaries = Binaries::locate(embedded)?;
+    let tmp = tempfile::Builder::new().prefix("agent-reach-rss-").tempdir().map_err(|e| format!("temp dir: {e}"))?;
+    let setup = Setup {
+        binaries: &binaries,
+        dir: tmp.path(),
+        sidecar_cpus: None,
+        control_cpus: None,
+        converge_timeout: Duration::from_secs(180),
+    };
+    let rows = agent_reach_support::process::runtime(2)
+        .map_err(|e| format!("runtime: {e}"))?
+        .block_on(measure(&setup, sizes))?;
+    for row in rows {
+        println!("{}", serde_json::to_string(&row).map_err(|e| e.to_string())?);
+    }
+    Ok(())
+}
+
 /// Measures an idle sidecar, then each size in `sizes`.
 pub async fn measure(setup: &Setup<'_>, sizes: &[usize]) -> Result<Vec<TableRss>, String> {
     let mut out = Vec::new();

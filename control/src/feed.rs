@@ -33,6 +33,7 @@ use crate::error::ControlError;
 use crate::keys;
 use crate::record::{self, StoredInstance};
 use crate::stats::{ControlStats, GaugeGuard};
+use crate::wire::{SNAPSHOT_PART_BYTES, SharedDelta, SnapshotWire};
 
 /// An unused feed is stopped after this long.
 const FEED_LINGER: Duration = Duration::from_secs(60);
@@ -194,10 +195,10 @@ struct FeedState {
     floor: Revision,
     instances: BTreeMap<String, Arc<Entry>>,
     policies: BTreeMap<String, proto::Policy>,
-    history: VecDeque<Arc<proto::Delta>>,
-    /// The snapshot of the current state, built once for all sidecars that connect
-    /// before the next change.
-    snapshot: Option<Arc<proto::Snapshot>>,
+    history: VecDeque<Arc<SharedDelta>>,
+    /// The current state as snapshot parts, encoded once for all sidecars that connect
+    /// before the next routing change (whatever the head revision by then).
+    snapshot: Option<Arc<SnapshotWire>>,
 }
 
 impl FeedState {
@@ -257,10 +258,10 @@ impl FeedState {
         let Some(mut delta) = delta.filter(|d| !is_empty(d)) else { return };
         delta.prev_revision = self.last_delta;
         self.last_delta = delta.revision;
-        self.history.push_back(Arc::new(delta));
+        self.history.push_back(Arc::new(SharedDelta::new(delta)));
         while self.history.len() > capacity {
             if let Some(evicted) = self.history.pop_front() {
-                self.floor = evicted.revision;
+                self.floor = evicted.revision();
             }
         }
         self.snapshot = None;
@@ -340,40 +341,32 @@ impl Feed {
         (state.head, instances, state.policies.values().cloned().collect())
     }
 
-    /// A snapshot of the whole state at the head revision.
-    pub fn snapshot(&self, resync: bool) -> proto::Snapshot {
+    /// The whole state at the head revision: the revision and the encoded snapshot parts,
+    /// built at most once per routing change and shared by every sidecar's stream.
+    pub fn snapshot(&self) -> (Revision, Arc<SnapshotWire>) {
         let mut state = self.state();
         let head = state.head;
-        let snapshot = match &state.snapshot {
-            Some(s) => s.clone(),
-            None => {
-                let built = Arc::new(proto::Snapshot {
-                    revision: head,
-                    instances: state.instances.values().map(|e| e.wire.clone()).collect(),
-                    resync: false,
-                    policies: state.policies.values().cloned().collect(),
-                    more: false,
-                });
-                state.snapshot = Some(built.clone());
-                built
-            }
-        };
-        drop(state);
-        let mut out = proto::Snapshot::clone(&snapshot);
-        // No routing change since the cached snapshot was built: it holds at the head too.
-        out.revision = head;
-        out.resync = resync;
-        out
+        if let Some(built) = &state.snapshot {
+            // No routing change since it was built: it holds at the head too.
+            return (head, built.clone());
+        }
+        let built = Arc::new(SnapshotWire::build(
+            state.instances.values().map(|e| &e.wire),
+            state.policies.values(),
+            SNAPSHOT_PART_BYTES,
+        ));
+        state.snapshot = Some(built.clone());
+        (head, built)
     }
 
     /// The deltas after revision `after`, oldest first (at most `max`); `Err(floor)` when
     /// some of them are no longer in memory.
-    pub fn deltas_after(&self, after: Revision, max: usize) -> Result<Vec<Arc<proto::Delta>>, Revision> {
+    pub fn deltas_after(&self, after: Revision, max: usize) -> Result<Vec<Arc<SharedDelta>>, Revision> {
         let state = self.state();
         if after < state.floor {
             return Err(state.floor);
         }
-        let start = state.history.partition_point(|d| d.revision <= after);
+        let start = state.history.partition_point(|d| d.revision() <= after);
         Ok(state.history.range(start..).take(max).cloned().collect())
     }
 
@@ -658,7 +651,8 @@ mod tests {
         // The feed records the same deltas.
         let mut state = FeedState { head: 3, last_delta: 3, floor: 3, loaded: true, ..Default::default() };
         state.apply_batch(&p, events, 2);
-        let kept: Vec<(Revision, Revision)> = state.history.iter().map(|d| (d.prev_revision, d.revision)).collect();
+        let kept: Vec<(Revision, Revision)> =
+            state.history.iter().map(|d| (d.delta.prev_revision, d.delta.revision)).collect();
         assert_eq!(kept, [(5, 7), (7, 8)]);
         assert_eq!((state.head, state.floor, state.last_delta), (8, 5, 8));
         assert_eq!(state.policies.len(), 1);

@@ -40,12 +40,14 @@ pub mod record;
 pub mod registry;
 pub mod report_leases;
 pub mod reports;
+pub mod routes;
 pub mod service;
 pub mod session_stats;
 pub mod sessions;
 pub mod stats;
 pub mod tasks;
 pub mod watch;
+pub mod wire;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -296,7 +298,7 @@ pub async fn serve_parts(
         .apply(tonic::transport::Server::builder())
         .tcp_nodelay(true)
         .add_service(agent_reach::strict::Strict::<_, tonic_health::pb::HealthCheckRequest>::new(health))
-        .add_service(ControlServer::new(control))
+        .add_service(routes::ControlRoutes::new(control))
         .add_service(AdminServer::new(admin))
         .add_service(IdentityServer::new(identity))
         .add_service(agent_reach::proto::sessions_server::SessionsServer::new(sessions))

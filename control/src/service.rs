@@ -17,7 +17,7 @@ use crate::feed::Feeds;
 use crate::identity::{Authorizer, authz, request_peer};
 use crate::registry::{Beat, NewInstance, Registry};
 use crate::stats::ControlStats;
-use crate::watch::{EventStream, Subscription};
+use crate::watch::{EventStream, Subscription, WireStream};
 
 /// Most instances (and so lease ids) one heartbeat renews; a sidecar's heartbeat carries
 /// its local instances.
@@ -48,6 +48,27 @@ impl ControlService {
         let leases = authz::LeaseOwners::new(store.clone());
         let report_leases = crate::report_leases::ReportLeases::default();
         ControlService { registry, feeds, store, stats, shutdown, authz, leases, report_leases }
+    }
+}
+
+impl ControlService {
+    /// A sidecar's routing-state stream ([`crate::watch`]), as encoded events shared with
+    /// every other stream of the tenant.
+    pub async fn watch_wire(&self, request: Request<proto::WatchRequest>) -> Result<Response<WireStream>, Status> {
+        let peer = request_peer(&request);
+        let r = request.into_inner();
+        validate_tenant("tenant", &r.tenant).map_err(ControlError::from)?;
+        self.authz.sidecar(peer, &r.tenant, r.sidecar.as_ref().map(|s| s.sidecar_id.as_str()))?;
+        if r.from_revision < 0 {
+            return Err(ControlError::from(FieldError::new("from_revision", "must not be negative")).into());
+        }
+        if *self.shutdown.borrow() {
+            return Err(ControlError::ShuttingDown.into());
+        }
+        let feed = self.feeds.get(&r.tenant).await?;
+        let subscription =
+            Subscription::new(feed, self.store.clone(), self.stats.clone(), r.from_revision, self.shutdown.clone());
+        Ok(Response::new(subscription.into_stream()))
     }
 }
 
@@ -176,20 +197,15 @@ impl Control for ControlService {
 
     type WatchStream = EventStream;
 
+    /// The control port answers `Watch` with [`ControlService::watch_wire`] (see
+    /// [`crate::routes`]); this generated entry point serves the same stream decoded into
+    /// messages, for a `ControlServer` mounted without those routes.
     async fn watch(&self, request: Request<proto::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
-        let peer = request_peer(&request);
-        let r = request.into_inner();
-        validate_tenant("tenant", &r.tenant).map_err(ControlError::from)?;
-        self.authz.sidecar(peer, &r.tenant, r.sidecar.as_ref().map(|s| s.sidecar_id.as_str()))?;
-        if r.from_revision < 0 {
-            return Err(ControlError::from(FieldError::new("from_revision", "must not be negative")).into());
-        }
-        if *self.shutdown.borrow() {
-            return Err(ControlError::ShuttingDown.into());
-        }
-        let feed = self.feeds.get(&r.tenant).await?;
-        let subscription =
-            Subscription::new(feed, self.store.clone(), self.stats.clone(), r.from_revision, self.shutdown.clone());
-        Ok(Response::new(subscription.into_stream()))
+        use futures_util::StreamExt;
+        let stream = self.watch_wire(request).await?.into_inner();
+        let decoded = stream.map(|event| {
+            event.and_then(|wire| wire.decode().map_err(|e| Status::internal(format!("watch event: {e}"))))
+        });
+        Ok(Response::new(Box::pin(decoded)))
     }
 }

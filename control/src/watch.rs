@@ -14,7 +14,8 @@
 //!
 //! The stream is polled by the sidecar's connection and reads the shared history only
 //! when woken by the feed's head revision: it holds no queue of its own beyond the deltas
-//! of one wake-up. It ends when the service shuts down, or with UNAVAILABLE when the store
+//! of one wake-up. What it sends is already encoded and shared with every other stream of
+//! the tenant ([`crate::wire`]): the feed's deltas and snapshot parts are encoded once. It ends when the service shuts down, or with UNAVAILABLE when the store
 //! fails while catching up.
 
 use std::collections::VecDeque;
@@ -31,19 +32,18 @@ use tonic::Status;
 use crate::error::ControlError;
 use crate::feed::{Feed, deltas_from_events};
 use crate::stats::{ControlStats, GaugeGuard};
+use crate::wire::{SharedDelta, WireEvent};
 
 /// Deltas taken from the feed per wake-up.
 const BATCH: usize = 256;
-/// A snapshot larger than this (encoded) is sent in parts of at most this size each (a
-/// single instance or policy larger than it travels alone), so a tenant of any size loads
-/// through the sidecars' message size limit.
-pub const SNAPSHOT_PART_BYTES: usize = 1024 * 1024;
 /// How long a sidecar ahead of this replica's feed waits for the feed to catch up before
 /// it is sent a snapshot instead.
 const AHEAD_WAIT: Duration = Duration::from_secs(10);
 
-/// The stream type the Control service returns.
+/// The stream type the generated Control service returns (events as messages).
 pub type EventStream = Pin<Box<dyn Stream<Item = Result<proto::WatchEvent, Status>> + Send>>;
+/// The stream of encoded events the control port sends ([`crate::routes`]).
+pub type WireStream = Pin<Box<dyn Stream<Item = Result<WireEvent, Status>> + Send>>;
 
 enum Phase {
     /// Nothing sent yet; the sidecar asked to resume after this revision (0: snapshot).
@@ -67,9 +67,9 @@ pub struct Subscription {
     sent: Revision,
     /// Deltas of one wake-up (from the feed) or one batch of the store's history, not
     /// sent yet.
-    pending: VecDeque<Arc<proto::Delta>>,
+    pending: VecDeque<Arc<SharedDelta>>,
     /// The remaining parts of a snapshot being sent; they go before anything else.
-    parts: VecDeque<proto::Snapshot>,
+    parts: VecDeque<WireEvent>,
     _gauge: GaugeGuard,
 }
 
@@ -98,7 +98,7 @@ impl Subscription {
     }
 
     /// The stream of events, ending after an error.
-    pub fn into_stream(self) -> EventStream {
+    pub fn into_stream(self) -> WireStream {
         Box::pin(futures_util::stream::unfold(self, |mut sub| async move {
             let item = sub.next().await?;
             Some((item, sub))
@@ -106,7 +106,7 @@ impl Subscription {
     }
 
     /// The next event, `None` when the stream is over.
-    pub async fn next(&mut self) -> Option<Result<proto::WatchEvent, Status>> {
+    pub async fn next(&mut self) -> Option<Result<WireEvent, Status>> {
         let mut shutdown = self.shutdown.clone();
         let step = tokio::select! {
             biased;
@@ -127,15 +127,15 @@ impl Subscription {
         }
     }
 
-    async fn step(&mut self) -> Result<Option<proto::WatchEvent>, ControlError> {
+    async fn step(&mut self) -> Result<Option<WireEvent>, ControlError> {
         if let Some(part) = self.parts.pop_front() {
-            return Ok(Some(proto::WatchEvent { event: Some(proto::watch_event::Event::Snapshot(part)) }));
+            return Ok(Some(part));
         }
         loop {
             if matches!(self.phase, Phase::Live | Phase::CatchUp(_))
                 && let Some(delta) = self.pending.pop_front()
             {
-                return Ok(Some(self.send_delta(Arc::unwrap_or_clone(delta))));
+                return Ok(Some(self.send_delta(&delta)));
             }
             match &mut self.phase {
                 Phase::Done => return Ok(None),
@@ -186,23 +186,23 @@ impl Subscription {
     fn catch_up_batch(&mut self, events: Vec<agent_reach_store::Event>) {
         let floor = self.feed.positions().floor;
         let prefixes = self.feed.prefixes().clone();
-        let last_queued = |pending: &VecDeque<Arc<proto::Delta>>, sent| pending.back().map_or(sent, |d| d.revision);
+        let last_queued = |pending: &VecDeque<Arc<SharedDelta>>, sent| pending.back().map_or(sent, |d| d.revision());
         if events.last().is_some_and(|e| e.kv.mod_revision > floor) {
             let (old, _covered): (Vec<_>, Vec<_>) = events.iter().cloned().partition(|e| e.kv.mod_revision <= floor);
             // Under one look at the feed: everything after `floor` is still in memory.
             if let Ok(ring) = self.feed.deltas_after(floor, BATCH) {
                 let prev = last_queued(&self.pending, self.sent);
                 let deltas = deltas_from_events(&prefixes, &old, prev);
-                self.pending.extend(deltas.into_iter().map(Arc::new));
+                self.pending.extend(deltas.into_iter().map(|d| Arc::new(SharedDelta::new(d))));
                 let prev = last_queued(&self.pending, self.sent);
                 if prev < floor {
                     // The store's history had nothing more up to `floor`: say so, so the
                     // feed's next delta (which follows `floor`) applies.
-                    self.pending.push_back(Arc::new(proto::Delta {
+                    self.pending.push_back(Arc::new(SharedDelta::new(proto::Delta {
                         revision: floor,
                         prev_revision: prev,
                         ..Default::default()
-                    }));
+                    })));
                 }
                 self.pending.extend(ring);
                 self.phase = Phase::Live;
@@ -211,11 +211,11 @@ impl Subscription {
         }
         let prev = last_queued(&self.pending, self.sent);
         let deltas = deltas_from_events(&prefixes, &events, prev);
-        self.pending.extend(deltas.into_iter().map(Arc::new));
+        self.pending.extend(deltas.into_iter().map(|d| Arc::new(SharedDelta::new(d))));
     }
 
     /// The first event: a snapshot, or nothing (and a phase to continue in).
-    async fn start(&mut self, from: Revision) -> Result<Option<proto::WatchEvent>, ControlError> {
+    async fn start(&mut self, from: Revision) -> Result<Option<WireEvent>, ControlError> {
         if from == 0 {
             return Ok(Some(self.snapshot(false)));
         }
@@ -244,7 +244,7 @@ impl Subscription {
 
     /// Starts reading the store's history after the sidecar's revision; a resync snapshot
     /// when the store no longer has it.
-    async fn catch_up(&mut self) -> Result<Option<proto::WatchEvent>, ControlError> {
+    async fn catch_up(&mut self) -> Result<Option<WireEvent>, ControlError> {
         ControlStats::inc(&self.stats.catch_ups);
         self.pending.clear();
         match self.store.watch_prefix(&self.feed.prefixes().all, self.sent + 1).await {
@@ -257,63 +257,26 @@ impl Subscription {
         }
     }
 
-    fn snapshot(&mut self, resync: bool) -> proto::WatchEvent {
-        let snapshot = self.feed.snapshot(resync);
-        self.sent = snapshot.revision;
+    fn snapshot(&mut self, resync: bool) -> WireEvent {
+        let (revision, snapshot) = self.feed.snapshot();
+        self.sent = revision;
         self.pending.clear();
         self.phase = Phase::Live;
         ControlStats::inc(&self.stats.snapshots_sent);
         if resync {
             ControlStats::inc(&self.stats.resyncs_sent);
         }
-        let mut parts: VecDeque<proto::Snapshot> = split_snapshot(snapshot, SNAPSHOT_PART_BYTES).into();
+        let mut parts: VecDeque<WireEvent> = snapshot.events(revision, resync).into();
         let first = parts.pop_front().unwrap_or_default();
         self.parts = parts;
-        proto::WatchEvent { event: Some(proto::watch_event::Event::Snapshot(first)) }
+        first
     }
 
-    fn send_delta(&mut self, delta: proto::Delta) -> proto::WatchEvent {
-        self.sent = delta.revision;
+    fn send_delta(&mut self, delta: &SharedDelta) -> WireEvent {
+        self.sent = delta.revision();
         ControlStats::inc(&self.stats.deltas_sent);
-        proto::WatchEvent { event: Some(proto::watch_event::Event::Delta(delta)) }
+        delta.wire()
     }
-}
-
-/// Splits `snapshot` into parts whose instances and policies encode to at most `bound`
-/// bytes each (one larger item travels alone); every part but the last has `more` set.
-/// A small snapshot stays one part.
-pub fn split_snapshot(snapshot: proto::Snapshot, bound: usize) -> Vec<proto::Snapshot> {
-    use prost::Message;
-    let proto::Snapshot { revision, instances, resync, policies, more: _ } = snapshot;
-    let empty = || proto::Snapshot { revision, resync, ..Default::default() };
-    let mut parts = vec![empty()];
-    let mut size = 0usize;
-    let mut room = |len: usize, parts: &mut Vec<proto::Snapshot>| {
-        // Field tag and length prefix of a repeated message: at most 1 + 10 bytes.
-        let len = len + 11;
-        if size > 0 && size + len > bound {
-            parts.push(empty());
-            size = 0;
-        }
-        size += len;
-    };
-    for i in instances {
-        room(i.encoded_len(), &mut parts);
-        if let Some(part) = parts.last_mut() {
-            part.instances.push(i);
-        }
-    }
-    for p in policies {
-        room(p.encoded_len(), &mut parts);
-        if let Some(part) = parts.last_mut() {
-            part.policies.push(p);
-        }
-    }
-    let n = parts.len();
-    for part in &mut parts[..n - 1] {
-        part.more = true;
-    }
-    parts
 }
 
 #[cfg(test)]
@@ -364,7 +327,8 @@ mod tests {
 
     async fn next(sub: &mut Subscription) -> proto::watch_event::Event {
         let event = tokio::time::timeout(Duration::from_secs(5), sub.next()).await.expect("an event in time");
-        event.expect("the stream goes on").expect("no error").event.expect("an event")
+        let wire = event.expect("the stream goes on").expect("no error");
+        wire.decode().expect("a valid WatchEvent").event.expect("an event")
     }
 
     fn delta(event: proto::watch_event::Event) -> proto::Delta {
@@ -475,40 +439,5 @@ mod tests {
         assert!(tokio::time::timeout(Duration::from_secs(5), sub.next()).await.unwrap().is_none());
         drop(sub);
         assert_eq!(s.stats.watch_streams.load(std::sync::atomic::Ordering::Relaxed), 0);
-    }
-
-    #[test]
-    fn a_large_snapshot_is_split_into_bounded_parts() {
-        use prost::Message;
-        let instance = |i: usize| proto::Instance {
-            instance_id: format!("a-{i}"),
-            registration: Some(proto::AgentRegistration {
-                agent: "a".into(),
-                metadata: [("blob".to_string(), "x".repeat(4096))].into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let whole = proto::Snapshot {
-            revision: 9,
-            resync: true,
-            instances: (0..1000).map(instance).collect(),
-            policies: vec![proto::Policy { name: "p".into(), ..Default::default() }],
-            more: false,
-        };
-        let parts = split_snapshot(whole.clone(), 64 * 1024);
-        assert!(parts.len() >= 60, "{} parts", parts.len());
-        for (i, part) in parts.iter().enumerate() {
-            assert!(part.encoded_len() <= 64 * 1024, "part {i}: {} bytes", part.encoded_len());
-            assert_eq!((part.revision, part.resync, part.more), (9, true, i + 1 < parts.len()));
-        }
-        let ids: Vec<String> = parts.iter().flat_map(|p| p.instances.iter()).map(|i| i.instance_id.clone()).collect();
-        assert_eq!(ids, (0..1000).map(|i| format!("a-{i}")).collect::<Vec<_>>());
-        assert_eq!(parts.iter().map(|p| p.policies.len()).sum::<usize>(), 1);
-        // A small snapshot is one part; one item above the bound travels alone.
-        assert_eq!(split_snapshot(whole.clone(), usize::MAX).len(), 1);
-        let alone = split_snapshot(whole, 100);
-        assert_eq!(alone.len(), 1001);
-        assert!(!alone.last().unwrap().more);
     }
 }

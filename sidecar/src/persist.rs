@@ -38,6 +38,25 @@ struct SavedTable {
     policies: Vec<Policy>,
 }
 
+/// [`SavedInstance`] as written: borrowed from the table, not copied.
+#[derive(Serialize)]
+struct SavingInstance<'a> {
+    record: &'a InstanceRecord,
+    revision: i64,
+}
+
+/// [`SavedTable`] as written: the table's records are streamed into the file, so saving a
+/// table of 10,000 instances copies none of them and builds no document in memory.
+#[derive(Serialize)]
+struct SavingTable<'a> {
+    format: u32,
+    tenant: &'a str,
+    revision: i64,
+    saved_at_ms: u64,
+    instances: Vec<SavingInstance<'a>>,
+    policies: Vec<&'a Policy>,
+}
+
 /// The default table file, `<state dir>/agent-reach/<tenant>-<port>.table.json`, where the
 /// state directory is `$XDG_STATE_HOME`, else `$HOME/.local/state` — a directory of the
 /// user's, never a shared one such as `/tmp`. `None` (no persistence) when neither is set.
@@ -79,25 +98,32 @@ fn dir_of(path: &Path) -> &Path {
 /// fsynced. The directory is created (mode 0700) when missing and refused when others
 /// may write to it.
 pub(crate) fn save(path: &Path, tenant: &str, table: &RoutingTable) -> std::io::Result<()> {
-    let saved = SavedTable {
+    let saving = SavingTable {
         format: FORMAT,
-        tenant: tenant.to_string(),
+        tenant,
         revision: table.revision,
         saved_at_ms: crate::control::unix_ms(),
         instances: table
             .instances
             .values()
-            .map(|m| SavedInstance { record: m.instance.record.clone(), revision: m.instance.revision })
+            .map(|m| SavingInstance { record: &m.instance.record, revision: m.instance.revision })
             .collect(),
-        policies: table.policies.values().map(|p| Policy::clone(p)).collect(),
+        policies: table.policies.values().map(|p| &**p).collect(),
     };
-    let json = serde_json::to_vec(&saved).map_err(std::io::Error::other)?;
-    write_private(path, &json)
+    write_private_with(path, |out| serde_json::to_writer(out, &saving).map_err(std::io::Error::other))
 }
 
 /// Writes `bytes` to `path` atomically and durably, readable by this user only (see
 /// [`save`]); also keeps the workload certificate and key (`identity_file`).
 pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_private_with(path, |out| std::io::Write::write_all(out, bytes))
+}
+
+/// [`write_private`] with the content streamed by `write` into a buffered file.
+fn write_private_with(
+    path: &Path,
+    write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     use std::io::Write;
     static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let dir = dir_of(path);
@@ -119,9 +145,11 @@ pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     options.write(true).create_new(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let written = options.open(&tmp).and_then(|mut f| {
-        f.write_all(bytes)?;
-        f.sync_all()?;
+    let written = options.open(&tmp).and_then(|f| {
+        let mut out = std::io::BufWriter::with_capacity(64 * 1024, f);
+        write(&mut out)?;
+        out.flush()?;
+        out.get_ref().sync_all()?;
         std::fs::rename(&tmp, path)
     });
     if let Err(e) = written {
