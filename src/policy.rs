@@ -453,7 +453,7 @@ impl Policy {
         }
         validate_ranges(s)?;
         validate_session_rules(&s.session)?;
-        s.alerts.validate(self.kind)?;
+        s.alerts.validate(self.kind == PolicyKind::Capability)?;
         let strategy = s.strategy.unwrap_or_default();
         if !s.hash_key.is_empty() {
             if strategy != Strategy::ConsistentHash {

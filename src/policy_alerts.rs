@@ -9,7 +9,6 @@
 use serde::{Deserialize, Serialize};
 
 use crate::model::FieldError;
-use crate::policy::PolicyKind;
 
 /// The alert rules' thresholds of one policy; `None` inherits (see the module documentation).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,11 +60,12 @@ impl AlertThresholds {
         ]
     }
 
-    /// Checks the ranges, and that a capability policy sets only `fallback_calls`.
-    pub fn validate(&self, kind: PolicyKind) -> Result<(), FieldError> {
+    /// Checks the ranges, and, for the thresholds of a capability policy (`of_capability`),
+    /// that only `fallback_calls` is set.
+    pub fn validate(&self, of_capability: bool) -> Result<(), FieldError> {
         for (name, value, (min, max)) in self.fields() {
             let Some(value) = value else { continue };
-            if kind == PolicyKind::Capability && name != "fallback_calls" {
+            if of_capability && name != "fallback_calls" {
                 return Err(FieldError::new(
                     format!("spec.alerts.{name}"),
                     "does not apply to capability policies (set it in the agent's policy)",
@@ -97,21 +97,21 @@ mod tests {
     #[test]
     fn ranges_and_kinds_are_checked_with_the_fields_path() {
         let ok = AlertThresholds { min_healthy: Some(0), lost_count: Some(3), ..Default::default() };
-        assert_eq!(ok.validate(PolicyKind::Agent), Ok(()));
-        assert_eq!(ok.validate(PolicyKind::Tenant), Ok(()));
-        let err = ok.validate(PolicyKind::Capability).unwrap_err();
+        assert_eq!(ok.validate(false), Ok(()));
+        assert_eq!(ok.validate(false), Ok(()));
+        let err = ok.validate(true).unwrap_err();
         assert_eq!(err.field, "spec.alerts.min_healthy");
         let fallback = AlertThresholds { fallback_calls: Some(10), ..Default::default() };
-        assert_eq!(fallback.validate(PolicyKind::Capability), Ok(()));
+        assert_eq!(fallback.validate(true), Ok(()));
         let short = AlertThresholds { lost_window_ms: Some(999), ..Default::default() };
         assert_eq!(
-            short.validate(PolicyKind::Agent).unwrap_err(),
+            short.validate(false).unwrap_err(),
             FieldError::new("spec.alerts.lost_window_ms", "must be between 1000 and 3600000")
         );
         let percent = AlertThresholds { breakers_open_percent: Some(101), ..Default::default() };
-        assert_eq!(percent.validate(PolicyKind::Agent).unwrap_err().field, "spec.alerts.breakers_open_percent");
+        assert_eq!(percent.validate(false).unwrap_err().field, "spec.alerts.breakers_open_percent");
         let none = AlertThresholds { lost_count: Some(0), ..Default::default() };
-        assert_eq!(none.validate(PolicyKind::Agent).unwrap_err().field, "spec.alerts.lost_count");
+        assert_eq!(none.validate(false).unwrap_err().field, "spec.alerts.lost_count");
     }
 
     #[test]

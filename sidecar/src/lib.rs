@@ -31,6 +31,7 @@
 //! [`Sidecar::start`] takes already-bound listeners, so tests run sidecars on port 0.
 
 pub mod a2a;
+mod a2a_wire;
 mod api;
 mod call;
 mod coalesce;

@@ -23,7 +23,7 @@ use super::proto::{
     TaskStatusUpdateEvent, part, stream_response,
 };
 use super::tasks::{is_terminal, state_of};
-use super::{A2A_MESSAGE_CONTENT_TYPE, A2a, A2aError, Prepared, part_of, payload_of, trim_history};
+use super::{A2a, A2aError, Prepared, parts_of_payload, payload_of, trim_history};
 
 /// At most this many durable tasks are read for one `ListTasks` (10 pages of control's
 /// largest page).
@@ -294,16 +294,6 @@ fn strings(map: &std::collections::HashMap<String, String>) -> Option<pbjson_typ
         })
         .collect();
     Some(pbjson_types::Struct { fields: fields.into_iter().collect() })
-}
-
-/// The A2A parts of a payload: a whole A2A message's parts, or one part.
-pub(crate) fn parts_of_payload(payload: bytes::Bytes, content_type: &str) -> Vec<Part> {
-    if content_type == A2A_MESSAGE_CONTENT_TYPE
-        && let Ok(m) = serde_json::from_slice::<Message>(&payload)
-    {
-        return m.parts;
-    }
-    vec![part_of(payload, content_type)]
 }
 
 /// The A2A parts of a mesh part.

@@ -101,6 +101,15 @@ impl A2aError {
     }
 }
 
+impl From<crate::a2a_wire::WireError> for A2aError {
+    fn from(e: crate::a2a_wire::WireError) -> Self {
+        match e {
+            crate::a2a_wire::WireError::InvalidParams(why) => A2aError::InvalidParams(why),
+            crate::a2a_wire::WireError::Internal(why) => A2aError::Internal(why),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,18 +17,12 @@
 pub(crate) mod card;
 mod durable;
 mod error;
-pub(crate) use durable::parts_of_payload;
+pub(crate) use crate::a2a_wire::{part_of, parts_of_payload, payload_of};
 pub(crate) mod grpc;
 pub(crate) mod jsonrpc;
 mod tasks;
 
-/// The `lf.a2a.v1` messages and service (vendored `proto/lf/a2a/v1/a2a.proto`), with serde
-/// in the protobuf JSON mapping.
-#[allow(clippy::all, missing_docs)]
-pub mod proto {
-    include!(concat!(env!("OUT_DIR"), "/lf.a2a.v1.rs"));
-    include!(concat!(env!("OUT_DIR"), "/lf.a2a.v1.serde.rs"));
-}
+pub use crate::a2a_wire::proto;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -53,9 +47,7 @@ use crate::call::Shape;
 use crate::grpc::{PREFIX_LEN, StoredResponse};
 use crate::outbound::invoke::InvokeEntry;
 
-/// The content type of a payload that is a whole A2A message in the JSON mapping (a
-/// message of several parts, or of a URL part).
-pub const A2A_MESSAGE_CONTENT_TYPE: &str = "application/a2a-message+json";
+pub use crate::a2a_wire::A2A_MESSAGE_CONTENT_TYPE;
 /// Request metadata key that sets the mesh priority of the call ("high", "normal", "low").
 pub const PRIORITY_METADATA_KEY: &str = "agentreach.priority";
 
@@ -431,52 +423,6 @@ fn trim_history(mut task: Task, history_length: Option<i32>) -> Task {
     task
 }
 
-/// The mesh payload of a message: its single part as text, bytes or JSON; a message of
-/// several parts (or of a URL part) as its whole A2A JSON.
-pub(crate) fn payload_of(message: &Message) -> Result<(Bytes, String), A2aError> {
-    let media =
-        |p: &Part, default: &str| if p.media_type.is_empty() { default.to_string() } else { p.media_type.clone() };
-    match message.parts.as_slice() {
-        [] => Err(A2aError::InvalidParams("message.parts is empty".into())),
-        [p] => match &p.content {
-            Some(part::Content::Text(t)) => Ok((Bytes::from(t.clone()), media(p, "text/plain"))),
-            Some(part::Content::Raw(b)) => Ok((Bytes::from(b.clone()), media(p, "application/octet-stream"))),
-            Some(part::Content::Data(v)) => Ok((
-                Bytes::from(serde_json::to_vec(v).map_err(|e| A2aError::InvalidParams(e.to_string()))?),
-                "application/json".to_string(),
-            )),
-            Some(part::Content::Url(_)) => whole(message),
-            None => Err(A2aError::InvalidParams("message.parts[0] has no content".into())),
-        },
-        _ => whole(message),
-    }
-}
-
-fn whole(message: &Message) -> Result<(Bytes, String), A2aError> {
-    let json = serde_json::to_vec(message).map_err(|e| A2aError::Internal(e.to_string()))?;
-    Ok((Bytes::from(json), A2A_MESSAGE_CONTENT_TYPE.to_string()))
-}
-
-/// The A2A part of a reply: text for `text/*`, JSON data for `application/json`, else bytes.
-fn part_of(payload: Bytes, content_type: &str) -> Part {
-    let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-    let content = if essence.starts_with("text/") || (essence.is_empty() && std::str::from_utf8(&payload).is_ok()) {
-        match String::from_utf8(payload.to_vec()) {
-            Ok(t) => part::Content::Text(t),
-            Err(_) => part::Content::Raw(payload.to_vec()),
-        }
-    } else if essence == "application/json" || essence.ends_with("+json") {
-        match serde_json::from_slice::<pbjson_types::Value>(&payload) {
-            Ok(v) => part::Content::Data(v),
-            Err(_) => part::Content::Raw(payload.to_vec()),
-        }
-    } else {
-        part::Content::Raw(payload.to_vec())
-    };
-    let media_type = if content_type.is_empty() { "text/plain".to_string() } else { content_type.to_string() };
-    Part { content: Some(content), metadata: None, filename: String::new(), media_type }
-}
-
 /// A random id in the form of a UUID (version 4).
 fn new_id() -> String {
     let b: [u8; 16] = rand::random();
@@ -559,7 +505,7 @@ mod tests {
         let json: serde_json::Value = serde_json::from_slice(&p).unwrap();
         assert_eq!(json["messageId"], "m1");
         assert_eq!(json["parts"][1]["text"], "b");
-        assert!(matches!(payload_of(&message(vec![])), Err(A2aError::InvalidParams(_))));
+        assert!(matches!(payload_of(&message(vec![])), Err(crate::a2a_wire::WireError::InvalidParams(_))));
     }
 
     #[test]

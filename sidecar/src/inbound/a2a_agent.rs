@@ -17,7 +17,7 @@ use http::{HeaderMap, HeaderValue, Response};
 use prost::Message as _;
 use tonic::{Code, Status};
 
-use crate::a2a::proto::{self as a2a, SendMessageConfiguration, SendMessageRequest, TaskState, part};
+use crate::a2a_wire::proto::{self as a2a, SendMessageConfiguration, SendMessageRequest, TaskState, part};
 use crate::call::{Attempt, Shape};
 use crate::error::DeliveryError;
 use crate::grpc::{self, Body, Frames, StoredResponse};
@@ -28,7 +28,7 @@ const PATH_SEND_MESSAGE: &str = "/lf.a2a.v1.A2AService/SendMessage";
 
 /// The A2A request for one mesh call.
 pub(crate) fn request_of(call: &proto::HandleRequest) -> SendMessageRequest {
-    let parts = crate::a2a::parts_of_payload(call.payload.clone(), &call.content_type);
+    let parts = crate::a2a_wire::parts_of_payload(call.payload.clone(), &call.content_type);
     let fields = call
         .metadata
         .iter()
@@ -90,7 +90,8 @@ pub(crate) fn reply_of(answer: a2a::SendMessageResponse) -> Result<proto::Handle
     let whole = a2a::Message { parts, ..Default::default() };
     let (payload, content_type) = match whole.parts.len() {
         0 => (Bytes::new(), String::new()),
-        _ => crate::a2a::payload_of(&whole).map_err(|e| Status::internal(format!("the A2A agent's answer: {e:?}")))?,
+        _ => crate::a2a_wire::payload_of(&whole)
+            .map_err(|e| Status::internal(format!("the A2A agent's answer: {e:?}")))?,
     };
     Ok(proto::HandleReply { payload, content_type, metadata })
 }
