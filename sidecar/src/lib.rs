@@ -55,6 +55,7 @@ mod registry;
 mod report;
 mod serve;
 mod session;
+mod session_writer;
 mod shared;
 pub mod tasks;
 mod telemetry;

@@ -2,9 +2,10 @@
 //! `WatchSession`) and the sidecar's cache of the sessions its own agents work on.
 //!
 //! Every request acts in the sidecar's tenant (a request naming another tenant is refused
-//! with PERMISSION_DENIED). Writes and deletes name an instance registered with this
-//! sidecar; the writer control records is that instance and its registered agent (with
-//! authenticated agents, the verified one). Requests go to the control service's
+//! with PERMISSION_DENIED). The writer of a write or delete is the instance its agent
+//! credential proves (verified), else a registered instance the request names (not
+//! verified); see [`session_writer`]. Control records it and decides with it which fields
+//! it may write (the tenant policy's `session_writers`). Requests go to the control service's
 //! `agentreach.v1.Sessions`, whose refusals (CONTEXT_FIELD_LOCKED, CONTEXT_CONFLICT, ...)
 //! reach the agent unchanged.
 //!
@@ -38,6 +39,8 @@ use tonic::Status;
 use tonic::transport::Channel;
 
 use crate::control::{Failover, Rules};
+
+use crate::session_writer::{self, SessionWriter};
 
 /// Sessions followed at most.
 pub const MAX_CACHED: usize = 10_000;
@@ -294,17 +297,17 @@ impl SessionCache {
         }
     }
 
-    /// `PutSession` as `writer`, an instance registered here: (agent, instance).
-    pub async fn put(
+    /// `PutSession` as `writer`, an instance registered here (see [`session_writer`]).
+    pub(crate) async fn put(
         self: &Arc<Self>,
         mut r: proto::PutSessionRequest,
-        writer: (String, String),
+        writer: SessionWriter,
     ) -> Result<proto::PutSessionReply, Status> {
         r.tenant = self.tenant(&r.tenant)?;
-        if !r.writer_agent.is_empty() && r.writer_agent != writer.0 {
-            return Err(reason::invalid_argument("writer_agent", "is not the agent of writer_instance"));
+        if !r.writer_agent.is_empty() && r.writer_agent != writer.agent {
+            return Err(reason::invalid_argument("writer_agent", "is not the agent of the writer instance"));
         }
-        (r.writer_agent, r.writer_instance) = writer;
+        (r.writer_agent, r.writer_instance, r.writer_verified) = (writer.agent, writer.instance, writer.verified);
         let session = r.session_id.clone();
         let written = self
             .call(|mut c| {
@@ -318,12 +321,14 @@ impl SessionCache {
         Ok(written)
     }
 
-    /// `DeleteSession`, by an instance registered here.
-    pub async fn delete(
+    /// `DeleteSession` by `writer`, an instance registered here (see [`session_writer`]).
+    pub(crate) async fn delete(
         self: &Arc<Self>,
         mut r: proto::DeleteSessionRequest,
+        writer: SessionWriter,
     ) -> Result<proto::DeleteSessionReply, Status> {
         r.tenant = self.tenant(&r.tenant)?;
+        (r.writer_agent, r.writer_instance, r.writer_verified) = (writer.agent, writer.instance, writer.verified);
         let session = r.session_id.clone();
         let deleted = self
             .call(|mut c| {
@@ -465,26 +470,6 @@ pub(crate) const PATH_PUT: &str = "/agentreach.v1.Sidecar/PutSession";
 pub(crate) const PATH_DELETE: &str = "/agentreach.v1.Sidecar/DeleteSession";
 pub(crate) const PATH_WATCH: &str = "/agentreach.v1.Sidecar/WatchSession";
 
-/// The writer of a write or delete: an instance registered with this sidecar.
-///
-/// HOOK for verified attribution (i13z's agent credentials): today the agent is the one the
-/// instance registered with; once agents authenticate to their sidecar, return the
-/// verified agent of the calling connection here (and refuse an instance that is not
-/// that agent's). Control records and applies declared policies to whatever this returns.
-fn writer(registry: &crate::registry::Registry, instance: &str) -> Result<(String, String), Status> {
-    if instance.is_empty() {
-        return Err(reason::invalid_argument("writer_instance", "name the instance (registered here) that writes"));
-    }
-    let local = registry.get(instance).ok_or_else(|| {
-        reason::status(
-            Reason::InstanceNotFound,
-            format!("instance {instance} is not registered at this sidecar"),
-            &[("instance", instance.to_string())],
-        )
-    })?;
-    Ok((local.registration.agent.clone(), local.instance_id.clone()))
-}
-
 /// Serves one session method of the local API.
 pub(crate) async fn local_api(
     sessions: Arc<SessionCache>,
@@ -503,8 +488,8 @@ pub(crate) async fn local_api(
             unary(req, move |r: tonic::Request<proto::PutSessionRequest>| {
                 let (sessions, registry) = (sessions.clone(), registry.clone());
                 async move {
-                    let r = r.into_inner();
-                    let writer = writer(&registry, &r.writer_instance)?;
+                    let (metadata, _, r) = r.into_parts();
+                    let writer = session_writer::writer(&registry, &metadata.into_headers(), &r.writer_instance)?;
                     sessions.put(r, writer).await
                 }
             })
@@ -514,9 +499,9 @@ pub(crate) async fn local_api(
             unary(req, move |r: tonic::Request<proto::DeleteSessionRequest>| {
                 let (sessions, registry) = (sessions.clone(), registry.clone());
                 async move {
-                    let r = r.into_inner();
-                    writer(&registry, &r.writer_instance)?;
-                    sessions.delete(r).await
+                    let (metadata, _, r) = r.into_parts();
+                    let writer = session_writer::writer(&registry, &metadata.into_headers(), &r.writer_instance)?;
+                    sessions.delete(r, writer).await
                 }
             })
             .await

@@ -30,6 +30,7 @@ mod resilience;
 mod routing;
 mod session_policies;
 mod session_resume;
+mod session_writers;
 mod sessions;
 mod task_authz;
 mod tasks;
