@@ -77,7 +77,7 @@ pub use control::WatchStats;
 pub use error::StartError;
 pub use limits::PortLimits;
 pub use registry::{Registry, RegistryStats};
-pub use session::{SessionCache, SessionStats};
+pub use session::{MAX_CACHED as MAX_CACHED_SESSIONS, SessionCache, SessionStats};
 
 use api::{local_api, mesh_api};
 use inbound::deliver::MeshEntry;

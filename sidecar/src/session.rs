@@ -15,7 +15,8 @@
 //! watch is live and the cached version is at least the one asked for and at least the
 //! version of this sidecar's own last write to it (read-your-writes). A watch that fails
 //! drops its session from the cache (reads go to control again); a session not read for
-//! [`IDLE`] is dropped with its watch; at most [`MAX_CACHED`] sessions are followed.
+//! [`IDLE`] is dropped with its watch; at most [`MAX_CACHED`] sessions are followed (to
+//! follow another, the least recently read one is dropped).
 //!
 //! Metrics ([`SessionMetrics`], on the admin port's `/metrics`): cache reads by result,
 //! prewarms, follow watches started and failed (a failed one is restarted by the session's
@@ -42,8 +43,14 @@ use crate::control::{Failover, Rules};
 
 use crate::session_writer::{self, SessionWriter};
 
-/// Sessions followed at most.
-pub const MAX_CACHED: usize = 10_000;
+/// Sessions followed at once. Each is one watch stream on the sidecar's connection to
+/// control, which serves at most 256 concurrent streams per connection by default
+/// (`--max-concurrent-streams`) shared with the sidecar's routing watch, heartbeats, writes
+/// and its agents' own session watches: a stream over the limit waits for a free one, so
+/// following more sessions would stall everything else on that connection. To follow a new
+/// session when full, the least recently read one is dropped (its reads go to control until
+/// it is followed again).
+pub const MAX_CACHED: usize = 128;
 /// A session not read for this long stops being followed.
 pub const IDLE: Duration = Duration::from_secs(300);
 
@@ -94,6 +101,8 @@ struct Cached {
     /// The version of this sidecar's last write; the cache serves nothing older.
     written: u64,
     last_read: Instant,
+    /// Ends the follow watch (the session was dropped to make room).
+    stop: Arc<tokio::sync::Notify>,
 }
 
 /// The cache and the clients of control's Sessions service.
@@ -208,18 +217,35 @@ impl SessionCache {
             drop(cached);
             return Ok(Some(entry));
         }
-        let entry =
-            Arc::new(Mutex::new(Cached { version: fetched.version, fields, written: 0, last_read: Instant::now() }));
-        if entries.len() < MAX_CACHED {
-            entries.insert(session.to_string(), entry.clone());
-            tokio::spawn(self.clone().follow(session.to_string(), entry.clone(), fetched.version));
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let entry = Arc::new(Mutex::new(Cached {
+            version: fetched.version,
+            fields,
+            written: 0,
+            last_read: Instant::now(),
+            stop: stop.clone(),
+        }));
+        if entries.len() >= MAX_CACHED {
+            let oldest = entries.iter().min_by_key(|(_, e)| lock(e).last_read).map(|(id, _)| id.clone());
+            if let Some(evicted) = oldest.and_then(|id| entries.remove(&id)) {
+                // A stored permit: the watch ends even if it has not started waiting yet.
+                lock(&evicted).stop.notify_one();
+            }
         }
+        entries.insert(session.to_string(), entry.clone());
+        tokio::spawn(self.clone().follow(session.to_string(), entry.clone(), stop, fetched.version));
         Ok(Some(entry))
     }
 
-    /// Keeps a cached session fresh from control's watch until it ends, fails, goes idle
-    /// or the sidecar stops; then drops it from the cache.
-    async fn follow(self: Arc<Self>, session: String, entry: Arc<Mutex<Cached>>, from: u64) {
+    /// Keeps a cached session fresh from control's watch until it ends, fails, goes idle,
+    /// is dropped to make room (`stop`) or the sidecar stops; then drops it from the cache.
+    async fn follow(
+        self: Arc<Self>,
+        session: String,
+        entry: Arc<Mutex<Cached>>,
+        stop: Arc<tokio::sync::Notify>,
+        from: u64,
+    ) {
         let request = proto::WatchSessionRequest {
             tenant: self.tenant.clone(),
             session_id: session.clone(),
@@ -239,6 +265,7 @@ impl SessionCache {
                 let idle_at = lock(&entry).last_read + IDLE;
                 let next = tokio::select! {
                     _ = shutdown.wait_for(|stop| *stop) => break,
+                    _ = stop.notified() => break,
                     _ = tokio::time::sleep_until(idle_at) => {
                         if lock(&entry).last_read + IDLE <= Instant::now() { break }
                         continue;

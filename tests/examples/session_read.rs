@@ -38,7 +38,13 @@ async fn main() {
     let reads: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(20_000);
     let ts = TestStore::start(Backend::Etcd).await;
     let control = ControlHandle::spawn(ts.store.clone(), ControlConfig::default(), listener().await).expect("control");
-    let sidecar = start_sidecar(sidecar_config(&control.endpoint(), "bench")).await;
+    // The production control timeout (3 s), not the tests' 1 s.
+    let config = |id: &str| {
+        let mut c = sidecar_config(&control.endpoint(), id);
+        c.control_timeout = Duration::from_secs(3);
+        c
+    };
+    let sidecar = start_sidecar(config("bench")).await;
     let agent = echo_agent(sidecar.local_addr(), "reader", &[("read.it", &[])]).await;
     wait_for_instances(&sidecar, &[agent.instance_id()]).await;
 
@@ -80,8 +86,9 @@ async fn main() {
 
     // Misses: sessions written through another sidecar, each read once here (new to this
     // sidecar, so the read goes to control and etcd).
-    let other = start_sidecar(sidecar_config(&control.endpoint(), "writer")).await;
+    let other = start_sidecar(config("writer")).await;
     let writer = echo_agent(other.local_addr(), "writer", &[("write.it", &[])]).await;
+    wait_for_instances(&other, &[writer.instance_id(), agent.instance_id()]).await;
     let misses = (reads / 50).clamp(50, 500);
     for i in 0..misses {
         writer.client().session(format!("cold-{i}")).set("f", "v").await.expect("write");

@@ -29,6 +29,7 @@ mod reply_headers;
 mod resilience;
 mod routing;
 mod session_policies;
+mod session_cache_bound;
 mod session_resume;
 mod session_writers;
 mod sessions;
