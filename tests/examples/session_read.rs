@@ -50,8 +50,7 @@ async fn main() {
 
     // A session of 8 fields of 256 bytes, written once, then read again and again.
     let session = agent.client().session("bench-1");
-    let fields: Vec<_> =
-        (0..8).map(|i| (format!("f{i}"), vec![b'x'; 256], agent_reach::Policy::LastWriter)).collect();
+    let fields: Vec<_> = (0..8).map(|i| (format!("f{i}"), vec![b'x'; 256], agent_reach::Policy::LastWriter)).collect();
     let version = session.put(fields).await.expect("write");
     // The write makes the sidecar follow the session; wait until a read is a hit.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -62,7 +61,9 @@ async fn main() {
 
     // Inside the sidecar: the cache lookup of a local GetSession (whole session, one field).
     let cache = sidecar.session_cache().clone();
-    for (label, names) in [("in-sidecar cache hit, whole session", vec![]), ("in-sidecar cache hit, one field", vec!["f3".to_string()])] {
+    for (label, names) in
+        [("in-sidecar cache hit, whole session", vec![]), ("in-sidecar cache hit, one field", vec!["f3".to_string()])]
+    {
         let request = proto::GetSessionRequest { session_id: "bench-1".into(), fields: names, ..Default::default() };
         let mut samples = Vec::with_capacity(reads);
         for _ in 0..reads {
@@ -103,11 +104,7 @@ async fn main() {
     }
     line("SDK read, cache miss (control + etcd)", samples);
     let stats = sidecar.session_stats();
-    println!(
-        "cache hits {} misses {}",
-        stats.hits.load(Ordering::Relaxed),
-        stats.misses.load(Ordering::Relaxed)
-    );
+    println!("cache hits {} misses {}", stats.hits.load(Ordering::Relaxed), stats.misses.load(Ordering::Relaxed));
     agent.abort();
     writer.abort();
     other.stop().await;
