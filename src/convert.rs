@@ -10,7 +10,7 @@ use crate::model::{
 };
 use crate::policy::{
     Admission, Authorization, CircuitBreaker, Fallback, Policy, PolicyKind, PolicySpec, RateLimit, RetryPolicy,
-    SessionFieldRule, SessionWritePolicy, Strategy, VersionSplit,
+    SessionFieldRule, SessionWritePolicy, SessionWriters, Strategy, VersionSplit,
 };
 use crate::policy_alerts::AlertThresholds;
 use crate::proto;
@@ -395,6 +395,7 @@ impl From<&PolicySpec> for proto::PolicySpec {
                 })
                 .collect(),
             alerts: (!s.alerts.is_empty()).then(|| alert_thresholds_to_proto(&s.alerts)),
+            session_writers: s.session_writers.iter().map(session_writers_to_proto).collect(),
         }
     }
 }
@@ -419,6 +420,16 @@ pub fn alert_thresholds_from_proto(a: &proto::AlertThresholds) -> AlertThreshold
         fallback_calls: a.fallback_calls,
         breakers_open_percent: a.breakers_open_percent,
     }
+}
+
+/// A session writer rule on the wire.
+pub fn session_writers_to_proto(r: &SessionWriters) -> proto::SessionWriters {
+    proto::SessionWriters { fields: r.fields.clone(), agents: r.agents.clone(), capabilities: r.capabilities.clone() }
+}
+
+/// A session writer rule from the wire (not validated; see [`Policy::validate`]).
+pub fn session_writers_from_proto(r: proto::SessionWriters) -> SessionWriters {
+    SessionWriters { fields: r.fields, agents: r.agents, capabilities: r.capabilities }
 }
 
 /// A declared session write policy on the wire.
@@ -500,6 +511,7 @@ pub fn policy_spec_from_proto(s: proto::PolicySpec) -> Result<PolicySpec, FieldE
             })
             .collect::<Result<_, FieldError>>()?,
         alerts: s.alerts.as_ref().map(alert_thresholds_from_proto).unwrap_or_default(),
+        session_writers: s.session_writers.into_iter().map(session_writers_from_proto).collect(),
     })
 }
 
@@ -608,6 +620,11 @@ mod tests {
                 )]
                 .into(),
                 alerts: AlertThresholds { fallback_calls: Some(0), ..Default::default() },
+                session_writers: vec![SessionWriters {
+                    fields: "refund.*".into(),
+                    agents: vec!["refund".into()],
+                    capabilities: vec!["finance.approve".into()],
+                }],
             },
             description: "d".into(),
         };

@@ -262,6 +262,50 @@ pub struct SessionFieldRule {
 /// Most session fields one policy declares rules for.
 pub const MAX_SESSION_RULES: usize = 256;
 
+/// Which agents may write some session context fields (the tenant policy's
+/// `session_writers`). A field a rule covers may only be written (or deleted) by a verified
+/// writer whose agent the rule names, or whose instance offers a capability it names.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SessionWriters {
+    /// One field name, or a prefix ending in `*` (`refund.*`; `*` alone covers every field).
+    pub fields: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub agents: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<String>,
+}
+
+/// Most `session_writers` rules a tenant policy holds.
+pub const MAX_SESSION_WRITER_RULES: usize = 256;
+
+impl SessionWriters {
+    /// How specifically the rule covers `field`: `None` when it does not; an exact name
+    /// beats every prefix, and a longer prefix a shorter one.
+    pub fn covers(&self, field: &str) -> Option<usize> {
+        match self.fields.strip_suffix('*') {
+            Some(prefix) => field.starts_with(prefix).then_some(prefix.len()),
+            None => (self.fields == field).then_some(usize::MAX),
+        }
+    }
+
+    /// The rule that decides who may write `field` (`None`: no rule covers it, anyone of
+    /// the tenant may).
+    pub fn deciding<'r>(rules: &'r [SessionWriters], field: &str) -> Option<&'r SessionWriters> {
+        rules
+            .iter()
+            .filter_map(|r| r.covers(field).map(|score| (score, r)))
+            .max_by_key(|(score, _)| *score)
+            .map(|(_, r)| r)
+    }
+
+    /// Whether the writer `agent`, whose instance offers `capabilities`, is one the rule
+    /// allows. (A writer that is not verified is never allowed; that is the caller's check.)
+    pub fn allows(&self, agent: &str, capabilities: &[String]) -> bool {
+        self.agents.iter().any(|a| a == agent) || self.capabilities.iter().any(|c| capabilities.contains(c))
+    }
+}
+
 /// The rules of a policy.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -290,6 +334,9 @@ pub struct PolicySpec {
     /// Thresholds of control's alert rules (see [`crate::policy_alerts`]).
     #[serde(skip_serializing_if = "AlertThresholds::is_empty")]
     pub alerts: AlertThresholds,
+    /// Which agents may write which session context fields (tenant policy).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub session_writers: Vec<SessionWriters>,
 }
 
 /// A policy: kind, name and rules, within a tenant.
@@ -445,6 +492,12 @@ impl Policy {
                 return Err(not_for(field, self.kind));
             }
         }
+        if self.kind != PolicyKind::Tenant && !s.session_writers.is_empty() {
+            return Err(FieldError::new(
+                "spec.session_writers",
+                "applies to the tenant policy (who may write a field is the same for every writer)",
+            ));
+        }
         if self.kind == PolicyKind::Capability && s.admission.is_some() {
             return Err(FieldError::new(
                 "spec.admission",
@@ -454,6 +507,7 @@ impl Policy {
         validate_ranges(s)?;
         validate_session_rules(&s.session)?;
         s.alerts.validate(self.kind == PolicyKind::Capability)?;
+        validate_session_writers(&s.session_writers)?;
         let strategy = s.strategy.unwrap_or_default();
         if !s.hash_key.is_empty() {
             if strategy != Strategy::ConsistentHash {
@@ -525,6 +579,47 @@ fn validate_session_rules(rules: &BTreeMap<String, SessionFieldRule>) -> Result<
                 "spec.session",
                 format!("field name {name:?}: 1 to 128 letters, digits and . _ - @"),
             ));
+        }
+    }
+    Ok(())
+}
+
+/// Session writer rules: at most [`MAX_SESSION_WRITER_RULES`], each covering a valid
+/// field name or prefix (no two the same) and naming at least one agent or capability.
+fn validate_session_writers(rules: &[SessionWriters]) -> Result<(), FieldError> {
+    if rules.len() > MAX_SESSION_WRITER_RULES {
+        return Err(FieldError::new("spec.session_writers", format!("at most {MAX_SESSION_WRITER_RULES} rules")));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, rule) in rules.iter().enumerate() {
+        let at = |what: &str| format!("spec.session_writers[{i}].{what}");
+        let name = rule.fields.strip_suffix('*').unwrap_or(&rule.fields);
+        let valid = name.len() <= 128
+            && (!name.is_empty() || rule.fields == "*")
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '@'));
+        if !valid {
+            return Err(FieldError::new(
+                at("fields"),
+                format!(
+                    "{:?}: a field name (1 to 128 letters, digits and . _ - @), or a prefix ending in *",
+                    rule.fields
+                ),
+            ));
+        }
+        if !seen.insert(rule.fields.as_str()) {
+            return Err(FieldError::new(at("fields"), format!("{:?} has another rule already", rule.fields)));
+        }
+        if rule.agents.is_empty() && rule.capabilities.is_empty() {
+            return Err(FieldError::new(at("agents"), "name at least one agent or capability"));
+        }
+        if rule.agents.len() + rule.capabilities.len() > MAX_ALLOWED_AGENTS {
+            return Err(FieldError::new(at("agents"), format!("at most {MAX_ALLOWED_AGENTS} agents and capabilities")));
+        }
+        for (j, agent) in rule.agents.iter().enumerate() {
+            validate_name(&at(&format!("agents[{j}]")), agent)?;
+        }
+        for (j, capability) in rule.capabilities.iter().enumerate() {
+            validate_name(&at(&format!("capabilities[{j}]")), capability)?;
         }
     }
     Ok(())
@@ -611,6 +706,46 @@ mod tests {
             spec.session["n"],
             SessionFieldRule { policy: SessionWritePolicy::CompareAndSet, allow_override: false }
         );
+    }
+
+    #[test]
+    fn session_writer_rules_pick_the_most_specific_and_belong_to_the_tenant_policy() {
+        let rule = |fields: &str, agents: &[&str], capabilities: &[&str]| SessionWriters {
+            fields: fields.into(),
+            agents: agents.iter().map(|a| a.to_string()).collect(),
+            capabilities: capabilities.iter().map(|c| c.to_string()).collect(),
+        };
+        let rules = vec![
+            rule("*", &["ops"], &[]),
+            rule("refund.*", &["refund"], &[]),
+            rule("refund.approved", &[], &["finance.approve"]),
+        ];
+        let deciding = |field| SessionWriters::deciding(&rules, field).map(|r| r.fields.as_str());
+        assert_eq!(deciding("refund.amount"), Some("refund.*"));
+        assert_eq!(deciding("refund.approved"), Some("refund.approved"));
+        assert_eq!(deciding("user_id"), Some("*"));
+        assert_eq!(SessionWriters::deciding(&rules[1..], "user_id"), None);
+        assert!(rules[1].allows("refund", &[]));
+        assert!(!rules[1].allows("support", &["refund".into()]));
+        assert!(rules[2].allows("support", &["a".into(), "finance.approve".into()]));
+        assert!(!rules[2].allows("finance.approve", &[]));
+
+        let spec = |rules: Vec<SessionWriters>| PolicySpec { session_writers: rules, ..Default::default() };
+        assert_eq!(policy(PolicyKind::Tenant, "default", spec(rules.clone())).validate(), Ok(()));
+        let refused = |kind, rules| policy(kind, "x", spec(rules)).validate().unwrap_err().field;
+        assert_eq!(refused(PolicyKind::Agent, rules.clone()), "spec.session_writers");
+        assert_eq!(refused(PolicyKind::Capability, rules.clone()), "spec.session_writers");
+        let tenant = |rules| policy(PolicyKind::Tenant, "default", spec(rules)).validate().unwrap_err().field;
+        assert_eq!(tenant(vec![rule("a/b", &["x"], &[])]), "spec.session_writers[0].fields");
+        assert_eq!(tenant(vec![rule("", &["x"], &[])]), "spec.session_writers[0].fields");
+        assert_eq!(tenant(vec![rule("a", &["x"], &[]), rule("a", &["y"], &[])]), "spec.session_writers[1].fields");
+        assert_eq!(tenant(vec![rule("a", &[], &[])]), "spec.session_writers[0].agents");
+        assert_eq!(tenant(vec![rule("a", &["x"], &["bad name"])]), "spec.session_writers[0].capabilities[0]");
+        let many = (0..=MAX_SESSION_WRITER_RULES).map(|i| rule(&format!("f{i}"), &["x"], &[])).collect();
+        assert_eq!(tenant(many), "spec.session_writers");
+        let json = r#"{"session_writers":[{"fields":"refund.*","agents":["refund"]}]}"#;
+        let parsed: PolicySpec = serde_json::from_str(json).unwrap();
+        assert_eq!(parsed.session_writers, vec![rule("refund.*", &["refund"], &[])]);
     }
 
     #[test]
@@ -993,6 +1128,7 @@ mod tests {
                             authorization,
                             session: std::collections::BTreeMap::new(),
                             alerts: crate::policy_alerts::AlertThresholds::default(),
+                            session_writers: Vec::new(),
                         }
                     },
                 )

@@ -85,6 +85,8 @@ reasons! {
     ContextTooManySessions => "CONTEXT_TOO_MANY_SESSIONS", ResourceExhausted;
     ContextHistoryCompacted => "CONTEXT_HISTORY_COMPACTED", OutOfRange;
     ContextPolicyOverride => "CONTEXT_POLICY_OVERRIDE", FailedPrecondition;
+    ContextWriterNotAllowed => "CONTEXT_WRITER_NOT_ALLOWED", PermissionDenied;
+    ContextWriterMismatch => "CONTEXT_WRITER_MISMATCH", PermissionDenied;
     TaskNotFound => "TASK_NOT_FOUND", NotFound;
     TaskFinished => "TASK_FINISHED", FailedPrecondition;
     TaskBadTransition => "TASK_BAD_TRANSITION", FailedPrecondition;

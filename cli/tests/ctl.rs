@@ -168,6 +168,7 @@ async fn ctl_session_show_prints_fields_writers_and_locks() {
             ],
             writer_agent: "intake".into(),
             writer_instance: "intake-1".into(),
+            writer_verified: false,
         })
         .await
         .unwrap()

@@ -43,6 +43,7 @@ pub mod reports;
 pub mod routes;
 pub mod service;
 pub mod session_stats;
+pub mod session_writers;
 pub mod sessions;
 pub mod stats;
 pub mod tasks;

@@ -13,7 +13,9 @@
 //! instance whose policy names it. A write naming no policy takes the declared one
 //! (`last_writer` when none is declared); a write naming another policy than the declared
 //! one is refused with `CONTEXT_POLICY_OVERRIDE` unless the rule allows overrides. Rules
-//! are read from the tenant's feed (memory), so they cost no store read.
+//! are read from the tenant's feed (memory), so they cost no store read. Who may write a
+//! field at all is the tenant policy's `session_writers` ([`crate::session_writers`]),
+//! checked first for writes and deletes.
 //!
 //! [`SessionCounters`] (in `ControlStats`, on `/metrics`): writes applied, calls refused by
 //! reason, and the live sessions of each tenant this replica serves, counted every
@@ -26,6 +28,7 @@ use std::time::Duration;
 use crate::feed::{Feed, Feeds};
 use crate::identity::{Authorizer, request_peer};
 use crate::keys;
+use crate::session_writers::{self, Touched};
 use agent_reach::convert::write_policy_from_i32;
 use agent_reach::model::validate_tenant;
 use agent_reach::policy::PolicyKind;
@@ -318,6 +321,16 @@ impl Sessions for SessionService {
         let result = async {
             self.tenant(&request, &request.get_ref().tenant)?;
             let r = request.get_ref();
+            let feed = self.feeds.get(&r.tenant).await.map_err(Status::from)?;
+            let rules = session_writers::rules(&feed);
+            if !rules.is_empty() {
+                let writer = Writer::new(r.writer_agent.clone(), r.writer_instance.clone());
+                let capabilities = writer_capabilities(&feed, &r.tenant, &writer);
+                let names: Vec<&str> = r.fields.iter().map(String::as_str).collect();
+                let touched = if names.is_empty() { Touched::Session } else { Touched::Fields(&names) };
+                session_writers::check(&rules, &writer, r.writer_verified, &capabilities, touched)?;
+            }
+            drop(feed);
             let deleted = self.store.delete(&r.tenant, &r.session_id, &r.fields).await.map_err(status)?;
             if deleted.is_some() {
                 self.stats.sessions.deletes.fetch_add(1, Ordering::Relaxed);
@@ -351,6 +364,9 @@ impl SessionService {
         let writer = Writer::new(r.writer_agent, r.writer_instance);
         let feed = self.feeds.get(&r.tenant).await.map_err(Status::from)?;
         let capabilities = writer_capabilities(&feed, &r.tenant, &writer);
+        let names: Vec<&str> = r.fields.iter().map(|w| w.name.as_str()).collect();
+        let rules = session_writers::rules(&feed);
+        session_writers::check(&rules, &writer, r.writer_verified, &capabilities, Touched::Fields(&names))?;
         let writes = r
             .fields
             .into_iter()

@@ -56,6 +56,7 @@ mod registry;
 mod report;
 mod serve;
 mod session;
+mod session_writer;
 mod shared;
 pub mod tasks;
 mod telemetry;
@@ -77,7 +78,7 @@ pub use control::WatchStats;
 pub use error::StartError;
 pub use limits::PortLimits;
 pub use registry::{Registry, RegistryStats};
-pub use session::SessionStats;
+pub use session::{MAX_CACHED as MAX_CACHED_SESSIONS, SessionCache, SessionStats};
 
 use api::{local_api, mesh_api};
 use inbound::deliver::MeshEntry;
@@ -315,6 +316,11 @@ impl Sidecar {
     /// Counters of the session cache.
     pub fn session_stats(&self) -> &SessionStats {
         self.inner.sessions.stats()
+    }
+
+    /// The session cache (what the local `GetSession` asks first; benchmarks time it).
+    pub fn session_cache(&self) -> &Arc<SessionCache> {
+        &self.inner.sessions
     }
 
     /// Durable tasks: the API the local task methods (and other front ends) call.

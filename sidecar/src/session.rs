@@ -2,9 +2,10 @@
 //! `WatchSession`) and the sidecar's cache of the sessions its own agents work on.
 //!
 //! Every request acts in the sidecar's tenant (a request naming another tenant is refused
-//! with PERMISSION_DENIED). Writes and deletes name an instance registered with this
-//! sidecar; the writer control records is that instance and its registered agent (with
-//! authenticated agents, the verified one). Requests go to the control service's
+//! with PERMISSION_DENIED). The writer of a write or delete is the instance its agent
+//! credential proves (verified), else a registered instance the request names (not
+//! verified); see [`session_writer`]. Control records it and decides with it which fields
+//! it may write (the tenant policy's `session_writers`). Requests go to the control service's
 //! `agentreach.v1.Sessions`, whose refusals (CONTEXT_FIELD_LOCKED, CONTEXT_CONFLICT, ...)
 //! reach the agent unchanged.
 //!
@@ -14,7 +15,8 @@
 //! watch is live and the cached version is at least the one asked for and at least the
 //! version of this sidecar's own last write to it (read-your-writes). A watch that fails
 //! drops its session from the cache (reads go to control again); a session not read for
-//! [`IDLE`] is dropped with its watch; at most [`MAX_CACHED`] sessions are followed.
+//! [`IDLE`] is dropped with its watch; at most [`MAX_CACHED`] sessions are followed (to
+//! follow another, the least recently read one is dropped).
 //!
 //! Metrics ([`SessionMetrics`], on the admin port's `/metrics`): cache reads by result,
 //! prewarms, follow watches started and failed (a failed one is restarted by the session's
@@ -39,8 +41,16 @@ use tonic::transport::Channel;
 
 use crate::control::{Failover, Rules};
 
-/// Sessions followed at most.
-pub const MAX_CACHED: usize = 10_000;
+use crate::session_writer::{self, SessionWriter};
+
+/// Sessions followed at once. Each is one watch stream on the sidecar's connection to
+/// control, which serves at most 256 concurrent streams per connection by default
+/// (`--max-concurrent-streams`) shared with the sidecar's routing watch, heartbeats, writes
+/// and its agents' own session watches: a stream over the limit waits for a free one, so
+/// following more sessions would stall everything else on that connection. To follow a new
+/// session when full, the least recently read one is dropped (its reads go to control until
+/// it is followed again).
+pub const MAX_CACHED: usize = 128;
 /// A session not read for this long stops being followed.
 pub const IDLE: Duration = Duration::from_secs(300);
 
@@ -91,6 +101,8 @@ struct Cached {
     /// The version of this sidecar's last write; the cache serves nothing older.
     written: u64,
     last_read: Instant,
+    /// Ends the follow watch (the session was dropped to make room).
+    stop: Arc<tokio::sync::Notify>,
 }
 
 /// The cache and the clients of control's Sessions service.
@@ -205,18 +217,35 @@ impl SessionCache {
             drop(cached);
             return Ok(Some(entry));
         }
-        let entry =
-            Arc::new(Mutex::new(Cached { version: fetched.version, fields, written: 0, last_read: Instant::now() }));
-        if entries.len() < MAX_CACHED {
-            entries.insert(session.to_string(), entry.clone());
-            tokio::spawn(self.clone().follow(session.to_string(), entry.clone(), fetched.version));
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let entry = Arc::new(Mutex::new(Cached {
+            version: fetched.version,
+            fields,
+            written: 0,
+            last_read: Instant::now(),
+            stop: stop.clone(),
+        }));
+        if entries.len() >= MAX_CACHED {
+            let oldest = entries.iter().min_by_key(|(_, e)| lock(e).last_read).map(|(id, _)| id.clone());
+            if let Some(evicted) = oldest.and_then(|id| entries.remove(&id)) {
+                // A stored permit: the watch ends even if it has not started waiting yet.
+                lock(&evicted).stop.notify_one();
+            }
         }
+        entries.insert(session.to_string(), entry.clone());
+        tokio::spawn(self.clone().follow(session.to_string(), entry.clone(), stop, fetched.version));
         Ok(Some(entry))
     }
 
-    /// Keeps a cached session fresh from control's watch until it ends, fails, goes idle
-    /// or the sidecar stops; then drops it from the cache.
-    async fn follow(self: Arc<Self>, session: String, entry: Arc<Mutex<Cached>>, from: u64) {
+    /// Keeps a cached session fresh from control's watch until it ends, fails, goes idle,
+    /// is dropped to make room (`stop`) or the sidecar stops; then drops it from the cache.
+    async fn follow(
+        self: Arc<Self>,
+        session: String,
+        entry: Arc<Mutex<Cached>>,
+        stop: Arc<tokio::sync::Notify>,
+        from: u64,
+    ) {
         let request = proto::WatchSessionRequest {
             tenant: self.tenant.clone(),
             session_id: session.clone(),
@@ -236,6 +265,7 @@ impl SessionCache {
                 let idle_at = lock(&entry).last_read + IDLE;
                 let next = tokio::select! {
                     _ = shutdown.wait_for(|stop| *stop) => break,
+                    _ = stop.notified() => break,
                     _ = tokio::time::sleep_until(idle_at) => {
                         if lock(&entry).last_read + IDLE <= Instant::now() { break }
                         continue;
@@ -294,17 +324,17 @@ impl SessionCache {
         }
     }
 
-    /// `PutSession` as `writer`, an instance registered here: (agent, instance).
-    pub async fn put(
+    /// `PutSession` as `writer`, an instance registered here (see [`session_writer`]).
+    pub(crate) async fn put(
         self: &Arc<Self>,
         mut r: proto::PutSessionRequest,
-        writer: (String, String),
+        writer: SessionWriter,
     ) -> Result<proto::PutSessionReply, Status> {
         r.tenant = self.tenant(&r.tenant)?;
-        if !r.writer_agent.is_empty() && r.writer_agent != writer.0 {
-            return Err(reason::invalid_argument("writer_agent", "is not the agent of writer_instance"));
+        if !r.writer_agent.is_empty() && r.writer_agent != writer.agent {
+            return Err(reason::invalid_argument("writer_agent", "is not the agent of the writer instance"));
         }
-        (r.writer_agent, r.writer_instance) = writer;
+        (r.writer_agent, r.writer_instance, r.writer_verified) = (writer.agent, writer.instance, writer.verified);
         let session = r.session_id.clone();
         let written = self
             .call(|mut c| {
@@ -318,12 +348,14 @@ impl SessionCache {
         Ok(written)
     }
 
-    /// `DeleteSession`, by an instance registered here.
-    pub async fn delete(
+    /// `DeleteSession` by `writer`, an instance registered here (see [`session_writer`]).
+    pub(crate) async fn delete(
         self: &Arc<Self>,
         mut r: proto::DeleteSessionRequest,
+        writer: SessionWriter,
     ) -> Result<proto::DeleteSessionReply, Status> {
         r.tenant = self.tenant(&r.tenant)?;
+        (r.writer_agent, r.writer_instance, r.writer_verified) = (writer.agent, writer.instance, writer.verified);
         let session = r.session_id.clone();
         let deleted = self
             .call(|mut c| {
@@ -465,26 +497,6 @@ pub(crate) const PATH_PUT: &str = "/agentreach.v1.Sidecar/PutSession";
 pub(crate) const PATH_DELETE: &str = "/agentreach.v1.Sidecar/DeleteSession";
 pub(crate) const PATH_WATCH: &str = "/agentreach.v1.Sidecar/WatchSession";
 
-/// The writer of a write or delete: an instance registered with this sidecar.
-///
-/// HOOK for verified attribution (i13z's agent credentials): today the agent is the one the
-/// instance registered with; once agents authenticate to their sidecar, return the
-/// verified agent of the calling connection here (and refuse an instance that is not
-/// that agent's). Control records and applies declared policies to whatever this returns.
-fn writer(registry: &crate::registry::Registry, instance: &str) -> Result<(String, String), Status> {
-    if instance.is_empty() {
-        return Err(reason::invalid_argument("writer_instance", "name the instance (registered here) that writes"));
-    }
-    let local = registry.get(instance).ok_or_else(|| {
-        reason::status(
-            Reason::InstanceNotFound,
-            format!("instance {instance} is not registered at this sidecar"),
-            &[("instance", instance.to_string())],
-        )
-    })?;
-    Ok((local.registration.agent.clone(), local.instance_id.clone()))
-}
-
 /// Serves one session method of the local API.
 pub(crate) async fn local_api(
     sessions: Arc<SessionCache>,
@@ -503,8 +515,8 @@ pub(crate) async fn local_api(
             unary(req, move |r: tonic::Request<proto::PutSessionRequest>| {
                 let (sessions, registry) = (sessions.clone(), registry.clone());
                 async move {
-                    let r = r.into_inner();
-                    let writer = writer(&registry, &r.writer_instance)?;
+                    let (metadata, _, r) = r.into_parts();
+                    let writer = session_writer::writer(&registry, &metadata.into_headers(), &r.writer_instance)?;
                     sessions.put(r, writer).await
                 }
             })
@@ -514,9 +526,9 @@ pub(crate) async fn local_api(
             unary(req, move |r: tonic::Request<proto::DeleteSessionRequest>| {
                 let (sessions, registry) = (sessions.clone(), registry.clone());
                 async move {
-                    let r = r.into_inner();
-                    writer(&registry, &r.writer_instance)?;
-                    sessions.delete(r).await
+                    let (metadata, _, r) = r.into_parts();
+                    let writer = session_writer::writer(&registry, &metadata.into_headers(), &r.writer_instance)?;
+                    sessions.delete(r, writer).await
                 }
             })
             .await

@@ -338,6 +338,8 @@ impl AgentBuilder {
         let client = Client::lazy(&sidecar_addr).map_err(AgentError::Sidecar)?;
 
         let stats = Arc::new(Stats::default());
+        // Filled by the registration below (and renewed by each new one); calls arrive after it.
+        let credential = Arc::new(Mutex::new(String::new()));
         let service = AgentImpl {
             unary: Arc::new(self.unary),
             streaming: Arc::new(self.streaming),
@@ -345,6 +347,7 @@ impl AgentBuilder {
                 .then(|| registration.capabilities[0].name.clone()),
             stats: stats.clone(),
             sidecar: super::sidecar_client(channel.clone()),
+            credential: credential.clone(),
         };
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         health_reporter.set_serving::<AgentServer<AgentImpl>>().await;
@@ -383,7 +386,7 @@ impl AgentBuilder {
         };
         tracing::info!(agent = %registration.agent, instance = %first.instance_id, endpoint = %registration.endpoint, "registered with sidecar {sidecar_addr}");
         let identity = Arc::new(Mutex::new(first.instance_id.clone()));
-        let credential = Arc::new(Mutex::new(first.credential.clone()));
+        lock(&credential).clone_from(&first.credential);
         let (state_tx, state_rx) = watch::channel(HealthState::Up);
         let heartbeat = tokio::spawn(heartbeat_loop(
             sidecar.clone(),
@@ -646,6 +649,8 @@ struct AgentImpl {
     stats: Arc<Stats>,
     /// The agent's sidecar, handed to each call for its session context.
     sidecar: SidecarClient<super::SidecarChannel>,
+    /// The agent credential of the current registration (session writes present it).
+    credential: Arc<Mutex<String>>,
 }
 
 impl AgentImpl {
@@ -668,6 +673,7 @@ fn call_from_request(
     request: tonic::Request<proto::HandleRequest>,
     capability: String,
     sidecar: &SidecarClient<super::SidecarChannel>,
+    credential: &Mutex<String>,
 ) -> Call {
     let deadline = request
         .metadata()
@@ -681,6 +687,7 @@ fn call_from_request(
     Call {
         inner: request.into_inner(),
         sidecar: Some(sidecar.clone()),
+        credential: Some(lock(credential).clone()).filter(|c| !c.is_empty()),
         capability,
         deadline,
         traceparent,
@@ -702,7 +709,7 @@ impl AgentService for AgentImpl {
                 &[],
             ));
         };
-        let call = call_from_request(request, capability, &self.sidecar);
+        let call = call_from_request(request, capability, &self.sidecar, &self.credential);
         let _in_flight = self.stats.begin();
         let reply = handler(call).await.map_err(HandlerError::into_status)?;
         Ok(tonic::Response::new(proto::HandleReply {
@@ -726,7 +733,7 @@ impl AgentService for AgentImpl {
                 &[],
             ));
         };
-        let call = call_from_request(request, capability, &self.sidecar);
+        let call = call_from_request(request, capability, &self.sidecar, &self.credential);
         let in_flight = self.stats.begin();
         let stream = handler(call).map(move |item| {
             let _keep = &in_flight;
@@ -756,6 +763,8 @@ pub struct Call {
     inner: proto::HandleRequest,
     /// The sidecar that delivered the call, for [`Call::session`].
     sidecar: Option<SidecarClient<super::SidecarChannel>>,
+    /// The serving agent's credential, presented by [`Call::session`] writes.
+    credential: Option<String>,
     capability: String,
     deadline: Option<Instant>,
     traceparent: Option<String>,
@@ -779,6 +788,7 @@ impl Call {
         Call {
             inner: proto::HandleRequest { payload: payload.into(), ..Default::default() },
             sidecar: None,
+            credential: None,
             capability: capability.into(),
             deadline: None,
             traceparent: None,
@@ -815,9 +825,14 @@ impl Call {
         &self.inner.session_id
     }
     /// The call's session context, read through the sidecar that delivered the call and
-    /// written as the serving instance.
+    /// written as the serving instance (verified: writes present the agent's credential).
     pub fn session(&self) -> crate::Session {
-        crate::Session::new(self.sidecar.clone(), self.inner.session_id.clone(), self.inner.instance_id.clone())
+        crate::Session::new(
+            self.sidecar.clone(),
+            self.inner.session_id.clone(),
+            self.inner.instance_id.clone(),
+            self.credential.clone(),
+        )
     }
     /// The sidecar that delivered the call (none for a call built by hand).
     pub(crate) fn sidecar_client(&self) -> Option<SidecarClient<super::SidecarChannel>> {

@@ -155,7 +155,7 @@ impl Client {
     /// instance (see [`Client::with_caller`]; reads need none).
     pub fn session(&self, session_id: impl Into<String>) -> crate::Session {
         let instance = self.caller.as_ref().map(|c| c.instance_id.clone()).unwrap_or_default();
-        crate::Session::new(Some(self.sidecar.clone()), session_id.into(), instance)
+        crate::Session::new(Some(self.sidecar.clone()), session_id.into(), instance, self.credential.clone())
     }
 
     /// Starts a call to any instance offering `capability`.

@@ -49,6 +49,16 @@ pub enum SessionError {
         policy_kind: String,
         policy_name: String,
     },
+    /// The tenant policy's `session_writers` rule `rule` covers `field` and does not allow
+    /// this writer (or the writer is not verified: write with the agent's credential, e.g.
+    /// through `call.session()` or `RunningAgent::client`). Nothing was written.
+    #[error(
+        "{writer_agent}/{writer_instance} (verified: {verified}) may not write field {field:?} (session_writers rule {rule:?})"
+    )]
+    WriterNotAllowed { field: String, rule: String, writer_agent: String, writer_instance: String, verified: bool },
+    /// The write named another instance than the one its agent credential proves.
+    #[error("writer_instance {writer_instance:?} is not the credential's instance {credential_instance:?}")]
+    WriterMismatch { writer_instance: String, credential_instance: String },
     /// The tenant has as many live sessions as it may.
     #[error("the tenant's limit of {limit} live sessions is reached")]
     TooManySessions { limit: u64 },
@@ -86,6 +96,17 @@ impl From<Status> for SessionError {
                 policy_kind: text("policy_kind"),
                 policy_name: text("policy_name"),
             },
+            Some(Reason::ContextWriterNotAllowed) => SessionError::WriterNotAllowed {
+                field: text("field"),
+                rule: text("rule"),
+                writer_agent: text("writer_agent"),
+                writer_instance: text("writer_instance"),
+                verified: text("verified") == "true",
+            },
+            Some(Reason::ContextWriterMismatch) => SessionError::WriterMismatch {
+                writer_instance: text("writer_instance"),
+                credential_instance: text("credential_instance"),
+            },
             _ => SessionError::Status(status),
         }
     }
@@ -98,6 +119,7 @@ impl SessionError {
             SessionError::FieldLocked { .. } | SessionError::PolicyOverride { .. } => Code::FailedPrecondition,
             SessionError::Conflict { .. } => Code::Aborted,
             SessionError::TooLarge { .. } | SessionError::TooManySessions { .. } => Code::ResourceExhausted,
+            SessionError::WriterNotAllowed { .. } | SessionError::WriterMismatch { .. } => Code::PermissionDenied,
             SessionError::NoSession(_) => Code::FailedPrecondition,
             SessionError::Status(s) => s.code(),
         }
@@ -116,12 +138,25 @@ pub struct SessionSnapshot {
 }
 
 /// A session of the caller's tenant, addressed as one instance (the writer of its puts).
-#[derive(Clone, Debug)]
+/// Writes and deletes present the agent credential when there is one, so the writer is
+/// verified (fields the tenant policy's `session_writers` rules cover need that).
+#[derive(Clone)]
 pub struct Session {
     /// `None` for a call built by hand (no sidecar to ask).
     sidecar: Option<SidecarClient<super::SidecarChannel>>,
     session_id: String,
     instance_id: String,
+    credential: Option<String>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("session_id", &self.session_id)
+            .field("instance_id", &self.instance_id)
+            .field("credential", &self.credential.as_ref().map(|_| "<redacted>"))
+            .finish_non_exhaustive()
+    }
 }
 
 /// How a [`Session::put`] treats a field's current value.
@@ -143,8 +178,18 @@ impl Session {
         sidecar: Option<SidecarClient<super::SidecarChannel>>,
         session_id: String,
         instance_id: String,
+        credential: Option<String>,
     ) -> Session {
-        Session { sidecar, session_id, instance_id }
+        Session { sidecar, session_id, instance_id, credential }
+    }
+
+    /// A write request, presenting the agent credential if there is one.
+    fn as_writer<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        if let Some(v) = self.credential.as_ref().and_then(|c| c.parse().ok()) {
+            request.metadata_mut().insert(crate::headers::AGENT_CREDENTIAL, v);
+        }
+        request
     }
 
     pub fn id(&self) -> &str {
@@ -200,7 +245,7 @@ impl Session {
         N: Into<String>,
         V: Into<Bytes>,
     {
-        if self.instance_id.is_empty() {
+        if self.instance_id.is_empty() && self.credential.is_none() {
             return Err(SessionError::NoSession("writes need an instance to write as (use RunningAgent::client)"));
         }
         let fields = fields
@@ -227,7 +272,7 @@ impl Session {
             writer_instance: self.instance_id.clone(),
             ..Default::default()
         };
-        Ok(self.sidecar()?.put_session(request).await?.into_inner().version)
+        Ok(self.sidecar()?.put_session(self.as_writer(request)).await?.into_inner().version)
     }
 
     /// Sets one field with its declared policy ([`Policy::Declared`]): last writer wins
@@ -250,7 +295,7 @@ impl Session {
             writer_instance: self.instance_id.clone(),
             ..Default::default()
         };
-        Ok(self.sidecar()?.delete_session(request).await?.into_inner().deleted)
+        Ok(self.sidecar()?.delete_session(self.as_writer(request)).await?.into_inner().deleted)
     }
 
     /// The session's changes after `version`, then live ones. The stream fails when the
@@ -386,5 +431,27 @@ mod tests {
         assert!(matches!(SessionError::from(status), SessionError::Conflict { current_version: 9, .. }));
         let other = SessionError::from(Status::unavailable("down"));
         assert_eq!(other.code(), Code::Unavailable);
+        let status = reason::status(
+            Reason::ContextWriterNotAllowed,
+            "not allowed",
+            &[
+                ("field", "refund.amount".into()),
+                ("rule", "refund.*".into()),
+                ("writer_agent", "support".into()),
+                ("writer_instance", "support-1".into()),
+                ("verified", "false".into()),
+            ],
+        );
+        let denied = SessionError::from(status);
+        assert_eq!(denied.code(), Code::PermissionDenied);
+        match denied {
+            SessionError::WriterNotAllowed { field, rule, writer_agent, verified, .. } => {
+                assert_eq!(
+                    (field.as_str(), rule.as_str(), writer_agent.as_str(), verified),
+                    ("refund.amount", "refund.*", "support", false)
+                );
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -16,7 +16,10 @@ from agent_reach import (
     ContextFieldLocked,
     ContextPolicyOverride,
     ContextTooLarge,
+    ContextWriterMismatch,
+    ContextWriterNotAllowed,
     FieldWrite,
+    PermissionDenied,
     Reply,
     WritePolicy,
 )
@@ -170,5 +173,96 @@ def test_a_declared_policy_refuses_an_override(mesh: Mesh, unique: str) -> None:
                 raise AssertionError("a locked field changed")
             except ContextFieldLocked as e:
                 assert e.version == version
+
+    run(main())
+
+
+def test_session_writers_refuse_other_agents_and_unverified_writers(mesh: Mesh, unique: str) -> None:
+    """The tenant policy's ``session_writers``: only the named agent writes the covered
+    fields; others get ``ContextWriterNotAllowed`` (a ``PermissionDenied``) naming the field,
+    the rule and the writer, and the session is unchanged."""
+
+    async def main() -> None:
+        refund = Agent(f"refund-{unique}", sidecar=mesh.a.local)
+        support = Agent(f"support-{unique}", sidecar=mesh.a.local)
+
+        @refund.capability(f"refund.{unique}")
+        async def noop_r(call: Call) -> Reply:
+            return Reply.text("")
+
+        @support.capability(f"support.{unique}")
+        async def noop_s(call: Call) -> Reply:
+            return Reply.text("")
+
+        covered = f"refund-{unique}.*"
+        field = f"refund-{unique}.amount"
+        policy = policy_pb2.Policy(
+            tenant="default",
+            kind=policy_pb2.POLICY_KIND_TENANT,
+            name="default",
+            spec=policy_pb2.PolicySpec(
+                session_writers=[session_pb2.SessionWriters(fields=covered, agents=[f"refund-{unique}"])]
+            ),
+        )
+        async with grpc.aio.insecure_channel(mesh.control_addr) as channel:
+            admin = admin_pb2_grpc.AdminStub(channel)
+            await admin.PutPolicy(admin_pb2.PutPolicyRequest(policy=policy))
+            try:
+                async with refund, support:
+                    sid = f"w-{unique}"
+                    by_refund = refund.client.session(sid)
+                    by_support = support.client.session(sid)
+                    deadline = asyncio.get_running_loop().time() + 15
+                    while True:  # until control's feed has the tenant policy
+                        try:
+                            await by_support.set(field, "probe")
+                        except ContextWriterNotAllowed as e:
+                            denied = e
+                            break
+                        assert asyncio.get_running_loop().time() < deadline, "the rule never applied"
+                        await by_refund.delete(field)
+                        await asyncio.sleep(0.1)
+                    assert isinstance(denied, PermissionDenied)
+                    assert denied.code == grpc.StatusCode.PERMISSION_DENIED
+                    assert (denied.field, denied.rule, denied.writer_agent, denied.verified) == (
+                        field, covered, f"support-{unique}", True
+                    )
+                    assert denied.writer_instance == support.instance_id
+
+                    version = await by_refund.set(field, "120")
+                    before = await by_refund.read(min_version=version)
+                    assert before.fields[field].writer_instance == refund.instance_id
+                    # A multi-field write with one covered field stores nothing.
+                    try:
+                        await by_support.put_many([FieldWrite("note", "n"), FieldWrite(field, "0")])
+                        raise AssertionError("support wrote a refund field")
+                    except ContextWriterNotAllowed as e:
+                        assert e.field == field
+                    # Without a credential, naming refund's own instance is not verified.
+                    async with Client(mesh.a.local) as anonymous:
+                        try:
+                            await anonymous.session(sid, instance_id=refund.instance_id).set(field, "1")
+                            raise AssertionError("an unverified writer wrote a covered field")
+                        except ContextWriterNotAllowed as e:
+                            assert (e.writer_agent, e.verified) == (f"refund-{unique}", False)
+                    # A credential names its own instance only.
+                    try:
+                        await support.client.session(sid, instance_id=refund.instance_id).set(field, "2")
+                        raise AssertionError("a credential wrote as another instance")
+                    except ContextWriterMismatch as e:
+                        assert (e.writer_instance, e.credential_instance) == (refund.instance_id, support.instance_id)
+                    try:
+                        await by_support.delete(field)
+                        raise AssertionError("support deleted a refund field")
+                    except ContextWriterNotAllowed as e:
+                        assert e.field == field
+                    after = await by_refund.read()
+                    assert after.version == before.version and "note" not in after.fields
+                    assert after.fields[field].text() == "120"
+                    assert await by_refund.delete()
+            finally:
+                await admin.DeletePolicy(
+                    admin_pb2.DeletePolicyRequest(tenant="default", kind=policy_pb2.POLICY_KIND_TENANT, name="default")
+                )
 
     run(main())

@@ -265,9 +265,10 @@ class Client:
     def session(self, session_id: str, *, instance_id: str | None = None) -> Session:
         """Session ``session_id`` of the caller's tenant, written as ``instance_id`` (default:
         this client's caller instance, which must be registered with the sidecar to write).
+        Writes present this client's agent credential, if any (the writer is then verified).
         See :mod:`agent_reach.session`."""
         writer = instance_id if instance_id is not None else (self._caller.instance_id if self._caller else "")
-        return Session(self._channel, session_id, writer)
+        return Session(self._channel, session_id, writer, self.credential)
 
     async def submit(self, capability: str | None = None, **options: Any) -> Submitted:
         """Submits a durable task as this client's caller; returns at once. The options are

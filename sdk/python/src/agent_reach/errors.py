@@ -312,6 +312,49 @@ class ContextPolicyOverride(MeshError):
         return self.metadata.get("requested_policy", "")
 
 
+class ContextWriterNotAllowed(PermissionDenied):
+    """The tenant policy's ``session_writers`` rule (``rule``) covering ``field`` does not
+    allow this writer, or the writer is not verified (``verified`` false: write with the
+    agent's credential, e.g. through ``call.session()`` or the agent's client). Nothing
+    was written."""
+
+    REASON = "CONTEXT_WRITER_NOT_ALLOWED"
+
+    @property
+    def field(self) -> str:
+        return self.metadata.get("field", "")
+
+    @property
+    def rule(self) -> str:
+        return self.metadata.get("rule", "")
+
+    @property
+    def writer_agent(self) -> str:
+        return self.metadata.get("writer_agent", "")
+
+    @property
+    def writer_instance(self) -> str:
+        return self.metadata.get("writer_instance", "")
+
+    @property
+    def verified(self) -> bool:
+        return self.metadata.get("verified") == "true"
+
+
+class ContextWriterMismatch(PermissionDenied):
+    """A write presented an agent credential but named another writer instance."""
+
+    REASON = "CONTEXT_WRITER_MISMATCH"
+
+    @property
+    def writer_instance(self) -> str:
+        return self.metadata.get("writer_instance", "")
+
+    @property
+    def credential_instance(self) -> str:
+        return self.metadata.get("credential_instance", "")
+
+
 _BY_REASON: dict[str, type[MeshError]] = {
     cls.REASON: cls
     for cls in (
@@ -342,6 +385,8 @@ _BY_REASON: dict[str, type[MeshError]] = {
         ContextTooManySessions,
         ContextHistoryCompacted,
         ContextPolicyOverride,
+        ContextWriterNotAllowed,
+        ContextWriterMismatch,
         Internal,
     )
     if cls.REASON is not None

@@ -129,11 +129,18 @@ class SessionChange:
 
 
 class Session:
-    """A session of the caller's tenant, addressed as one instance (the writer of its puts)."""
+    """A session of the caller's tenant, addressed as one instance (the writer of its puts).
 
-    def __init__(self, channel: grpc.aio.Channel, session_id: str, instance_id: str) -> None:
+    Writes and deletes present the agent ``credential`` when there is one, so the sidecar
+    verifies the writer; fields the tenant policy's ``session_writers`` rules cover need
+    that, and refusals raise :class:`~agent_reach.errors.ContextWriterNotAllowed` (or
+    :class:`~agent_reach.errors.ContextWriterMismatch` when ``instance_id`` is not the
+    credential's instance)."""
+
+    def __init__(self, channel: grpc.aio.Channel, session_id: str, instance_id: str, credential: str = "") -> None:
         self.session_id = session_id
         self.instance_id = instance_id
+        self._credential = credential
         self._get = channel.unary_unary(
             _GET,
             request_serializer=session_pb2.GetSessionRequest.SerializeToString,
@@ -154,6 +161,9 @@ class Session:
             request_serializer=session_pb2.WatchSessionRequest.SerializeToString,
             response_deserializer=session_pb2.SessionChange.FromString,
         )
+
+    def _writer_metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("ar-agent-credential", self._credential),) if self._credential else ()
 
     def _check(self) -> None:
         if not self.session_id:
@@ -186,7 +196,7 @@ class Session:
         """Writes fields atomically (all or none), each with its policy; returns the version
         of the write."""
         self._check()
-        if not self.instance_id:
+        if not self.instance_id and not self._credential:
             raise InvalidArgument(
                 "writes need an instance to write as (use the agent's client or call.session())",
                 code=grpc.StatusCode.FAILED_PRECONDITION,
@@ -197,7 +207,7 @@ class Session:
             writer_instance=self.instance_id,
         )
         try:
-            reply: session_pb2.PutSessionReply = await self._put(request)
+            reply: session_pb2.PutSessionReply = await self._put(request, metadata=self._writer_metadata())
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e) from None
         return int(reply.version)
@@ -236,7 +246,7 @@ class Session:
             session_id=self.session_id, fields=list(fields), writer_instance=self.instance_id
         )
         try:
-            reply: session_pb2.DeleteSessionReply = await self._delete(request)
+            reply: session_pb2.DeleteSessionReply = await self._delete(request, metadata=self._writer_metadata())
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e) from None
         return bool(reply.deleted)

@@ -121,7 +121,7 @@ class Authorization(_message.Message):
     def __init__(self, allowed_agents: _Optional[_Iterable[str]] = ..., allow_anonymous: _Optional[bool] = ...) -> None: ...
 
 class PolicySpec(_message.Message):
-    __slots__ = ("strategy", "hash_key", "weights", "default_timeout_ms", "retry", "fallback", "rate_limit", "breaker", "split", "read_only", "cache_ttl_ms", "admission", "authorization", "session", "alerts")
+    __slots__ = ("strategy", "hash_key", "weights", "default_timeout_ms", "retry", "fallback", "rate_limit", "breaker", "split", "read_only", "cache_ttl_ms", "admission", "authorization", "session", "session_writers", "alerts")
     class WeightsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -150,6 +150,7 @@ class PolicySpec(_message.Message):
     ADMISSION_FIELD_NUMBER: _ClassVar[int]
     AUTHORIZATION_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
+    SESSION_WRITERS_FIELD_NUMBER: _ClassVar[int]
     ALERTS_FIELD_NUMBER: _ClassVar[int]
     strategy: Strategy
     hash_key: str
@@ -165,8 +166,9 @@ class PolicySpec(_message.Message):
     admission: Admission
     authorization: Authorization
     session: _containers.MessageMap[str, _session_pb2.SessionFieldRule]
+    session_writers: _containers.RepeatedCompositeFieldContainer[_session_pb2.SessionWriters]
     alerts: AlertThresholds
-    def __init__(self, strategy: _Optional[_Union[Strategy, str]] = ..., hash_key: _Optional[str] = ..., weights: _Optional[_Mapping[str, int]] = ..., default_timeout_ms: _Optional[int] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., fallback: _Optional[_Union[Fallback, _Mapping]] = ..., rate_limit: _Optional[_Union[RateLimit, _Mapping]] = ..., breaker: _Optional[_Union[CircuitBreaker, _Mapping]] = ..., split: _Optional[_Union[VersionSplit, _Mapping]] = ..., read_only: _Optional[bool] = ..., cache_ttl_ms: _Optional[int] = ..., admission: _Optional[_Union[Admission, _Mapping]] = ..., authorization: _Optional[_Union[Authorization, _Mapping]] = ..., session: _Optional[_Mapping[str, _session_pb2.SessionFieldRule]] = ..., alerts: _Optional[_Union[AlertThresholds, _Mapping]] = ...) -> None: ...
+    def __init__(self, strategy: _Optional[_Union[Strategy, str]] = ..., hash_key: _Optional[str] = ..., weights: _Optional[_Mapping[str, int]] = ..., default_timeout_ms: _Optional[int] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., fallback: _Optional[_Union[Fallback, _Mapping]] = ..., rate_limit: _Optional[_Union[RateLimit, _Mapping]] = ..., breaker: _Optional[_Union[CircuitBreaker, _Mapping]] = ..., split: _Optional[_Union[VersionSplit, _Mapping]] = ..., read_only: _Optional[bool] = ..., cache_ttl_ms: _Optional[int] = ..., admission: _Optional[_Union[Admission, _Mapping]] = ..., authorization: _Optional[_Union[Authorization, _Mapping]] = ..., session: _Optional[_Mapping[str, _session_pb2.SessionFieldRule]] = ..., session_writers: _Optional[_Iterable[_Union[_session_pb2.SessionWriters, _Mapping]]] = ..., alerts: _Optional[_Union[AlertThresholds, _Mapping]] = ...) -> None: ...
 
 class AlertThresholds(_message.Message):
     __slots__ = ("min_healthy", "lost_count", "lost_window_ms", "fallback_calls", "breakers_open_percent")

@@ -26,6 +26,16 @@ class SessionFieldRule(_message.Message):
     allow_override: bool
     def __init__(self, policy: _Optional[_Union[WritePolicy, str]] = ..., allow_override: _Optional[bool] = ...) -> None: ...
 
+class SessionWriters(_message.Message):
+    __slots__ = ("fields", "agents", "capabilities")
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    AGENTS_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    fields: str
+    agents: _containers.RepeatedScalarFieldContainer[str]
+    capabilities: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, fields: _Optional[str] = ..., agents: _Optional[_Iterable[str]] = ..., capabilities: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class SessionField(_message.Message):
     __slots__ = ("name", "value", "content_type", "version", "writer_agent", "writer_instance", "written_at_ms", "locked")
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -85,18 +95,20 @@ class SessionFieldWrite(_message.Message):
     def __init__(self, name: _Optional[str] = ..., value: _Optional[bytes] = ..., content_type: _Optional[str] = ..., policy: _Optional[_Union[WritePolicy, str]] = ..., expected_version: _Optional[int] = ...) -> None: ...
 
 class PutSessionRequest(_message.Message):
-    __slots__ = ("tenant", "session_id", "fields", "writer_agent", "writer_instance")
+    __slots__ = ("tenant", "session_id", "fields", "writer_agent", "writer_instance", "writer_verified")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FIELDS_FIELD_NUMBER: _ClassVar[int]
     WRITER_AGENT_FIELD_NUMBER: _ClassVar[int]
     WRITER_INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    WRITER_VERIFIED_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     session_id: str
     fields: _containers.RepeatedCompositeFieldContainer[SessionFieldWrite]
     writer_agent: str
     writer_instance: str
-    def __init__(self, tenant: _Optional[str] = ..., session_id: _Optional[str] = ..., fields: _Optional[_Iterable[_Union[SessionFieldWrite, _Mapping]]] = ..., writer_agent: _Optional[str] = ..., writer_instance: _Optional[str] = ...) -> None: ...
+    writer_verified: bool
+    def __init__(self, tenant: _Optional[str] = ..., session_id: _Optional[str] = ..., fields: _Optional[_Iterable[_Union[SessionFieldWrite, _Mapping]]] = ..., writer_agent: _Optional[str] = ..., writer_instance: _Optional[str] = ..., writer_verified: _Optional[bool] = ...) -> None: ...
 
 class PutSessionReply(_message.Message):
     __slots__ = ("version",)
@@ -105,16 +117,20 @@ class PutSessionReply(_message.Message):
     def __init__(self, version: _Optional[int] = ...) -> None: ...
 
 class DeleteSessionRequest(_message.Message):
-    __slots__ = ("tenant", "session_id", "fields", "writer_instance")
+    __slots__ = ("tenant", "session_id", "fields", "writer_instance", "writer_agent", "writer_verified")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FIELDS_FIELD_NUMBER: _ClassVar[int]
     WRITER_INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    WRITER_AGENT_FIELD_NUMBER: _ClassVar[int]
+    WRITER_VERIFIED_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     session_id: str
     fields: _containers.RepeatedScalarFieldContainer[str]
     writer_instance: str
-    def __init__(self, tenant: _Optional[str] = ..., session_id: _Optional[str] = ..., fields: _Optional[_Iterable[str]] = ..., writer_instance: _Optional[str] = ...) -> None: ...
+    writer_agent: str
+    writer_verified: bool
+    def __init__(self, tenant: _Optional[str] = ..., session_id: _Optional[str] = ..., fields: _Optional[_Iterable[str]] = ..., writer_instance: _Optional[str] = ..., writer_agent: _Optional[str] = ..., writer_verified: _Optional[bool] = ...) -> None: ...
 
 class DeleteSessionReply(_message.Message):
     __slots__ = ("deleted", "version")
