@@ -369,6 +369,9 @@ async fn rapid_resets_close_the_abusers_connection_and_spare_legitimate_callers(
         let Ok((_resp, mut stream)) = abuser.send.send_request(req, false) else { break };
         stream.send_reset(h2::Reason::CANCEL);
         sent += 1;
+        // Let the connection task write the frames and read the server's GOAWAY: on a busy
+        // machine this loop could otherwise queue all 5000 before the connection runs.
+        tokio::task::yield_now().await;
     }
     let ended = tokio::time::timeout(Duration::from_secs(5), &mut abuser.conn).await;
     let ended = ended.expect("the abuser's connection is closed").unwrap();
@@ -403,6 +406,9 @@ async fn rapid_resets_on_the_control_port_close_that_connection_only() {
         let Ok((_resp, mut stream)) = abuser.send.send_request(req, false) else { break };
         stream.send_reset(h2::Reason::CANCEL);
         sent += 1;
+        // Let the connection task write the frames and read the server's GOAWAY: on a busy
+        // machine this loop could otherwise queue all 5000 before the connection runs.
+        tokio::task::yield_now().await;
     }
     let ended = tokio::time::timeout(Duration::from_secs(5), &mut abuser.conn).await;
     assert_cut_off(ended.expect("the abuser's connection is closed").unwrap().expect_err("closed with an error"));
