@@ -224,7 +224,8 @@ impl<IO> FrameGuard<IO> {
         if self.flood.is_some() {
             return;
         }
-        let now = Instant::now();
+        // The clock is read only when a control frame is counted, not on every read.
+        let mut now = None;
         let (budget, last_stream, mut flood) = (&mut self.budget, &mut self.last_stream, None);
         self.read.feed(bytes, |head| {
             const HEADERS: u8 = 0x1;
@@ -233,7 +234,7 @@ impl<IO> FrameGuard<IO> {
             }
             if let Some(kind) = control_frame(&head)
                 && flood.is_none()
-                && !budget.take(now)
+                && !budget.take(*now.get_or_insert_with(Instant::now))
             {
                 flood = Some(kind);
             }
