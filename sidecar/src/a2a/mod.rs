@@ -44,8 +44,7 @@ use proto::{
 use tasks::{Tasks, is_terminal, state_of};
 
 use crate::call::Shape;
-use crate::grpc::{PREFIX_LEN, StoredResponse};
-use crate::outbound::invoke::InvokeEntry;
+use crate::outbound::invoke::{InvokeEntry, read_reply};
 
 pub use crate::a2a_wire::A2A_MESSAGE_CONTENT_TYPE;
 /// Request metadata key that sets the mesh priority of the call ("high", "normal", "low").
@@ -281,7 +280,7 @@ impl A2a {
     async fn run(&self, task: Task, invoke: mesh::InvokeRequest, headers: HeaderMap) -> Option<Status> {
         self.tasks.apply(&task.id, status_event(&task, TaskState::Working, None, None));
         let resp = self.invoke.call(Bytes::from(invoke.encode_to_vec()), headers, Shape::Unary).await;
-        match self.answer(resp).await {
+        match read_reply(resp, self.reply_limit).await {
             Ok(reply) => {
                 let artifact = Artifact {
                     artifact_id: format!("{}-reply", task.id),
@@ -314,24 +313,6 @@ impl A2a {
                 self.tasks.apply(&task.id, status_event(&task, TaskState::Failed, Some(message), Some(&status)));
                 Some(status)
             }
-        }
-    }
-
-    /// Reads the mesh's answer to a unary call.
-    async fn answer(&self, resp: http::Response<crate::grpc::Body>) -> Result<mesh::InvokeReply, Status> {
-        let stored = StoredResponse::collect(resp, self.reply_limit)
-            .await
-            .map_err(|e| Status::internal(format!("reading the answer: {e}")))?;
-        let status = stored
-            .trailers
-            .as_ref()
-            .and_then(Status::from_header_map)
-            .or_else(|| Status::from_header_map(&stored.headers));
-        match status {
-            Some(s) if s.code() != tonic::Code::Ok => Err(s),
-            _ if stored.data.len() < PREFIX_LEN => Err(Status::internal("the mesh answered no message")),
-            _ => mesh::InvokeReply::decode(stored.data.slice(PREFIX_LEN..))
-                .map_err(|e| Status::internal(format!("the mesh's answer is not an InvokeReply: {e}"))),
         }
     }
 

@@ -183,6 +183,26 @@ pub(crate) fn verify_credential(
     Ok(Some(Caller { agent: local.registration.agent.as_str().into(), instance: instance_id.into() }))
 }
 
+/// The `InvokeReply` of a unary answer of the outbound stack (what [`InvokeEntry::call`]
+/// returns), or its status; reads at most `limit` bytes.
+pub(crate) async fn read_reply(
+    resp: Response<Body>,
+    limit: usize,
+) -> Result<agent_reach::proto::InvokeReply, tonic::Status> {
+    use tonic::Status;
+    let stored = grpc::StoredResponse::collect(resp, limit)
+        .await
+        .map_err(|e| Status::internal(format!("reading the answer: {e}")))?;
+    let status =
+        stored.trailers.as_ref().and_then(Status::from_header_map).or_else(|| Status::from_header_map(&stored.headers));
+    match status {
+        Some(s) if s.code() != tonic::Code::Ok => Err(s),
+        _ if stored.data.len() < grpc::PREFIX_LEN => Err(Status::internal("the mesh answered no message")),
+        _ => agent_reach::proto::InvokeReply::decode(stored.data.slice(grpc::PREFIX_LEN..))
+            .map_err(|e| Status::internal(format!("the mesh's answer is not an InvokeReply: {e}"))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use agent_reach::proto;

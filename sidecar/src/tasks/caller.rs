@@ -18,8 +18,8 @@ use prost::Message as _;
 use tonic::Status;
 
 use crate::call::{Caller, Shape};
-use crate::grpc::{self, PREFIX_LEN, StoredResponse};
-use crate::outbound::invoke::{InvokeEntry, verify_credential};
+use crate::grpc;
+use crate::outbound::invoke::{InvokeEntry, read_reply, verify_credential};
 use crate::registry::Registry;
 
 /// The caller a `SubmitTask` request proves with its agent credential (`None`: none
@@ -70,20 +70,6 @@ impl TaskInvoker {
         let message = bytes::Bytes::from(request.encode_to_vec());
         let resp = self.entry.call_as(message, headers, Shape::Unary, caller).await;
         read_reply(resp, self.reply_limit).await
-    }
-}
-
-/// The `InvokeReply` of a unary answer, or its status.
-async fn read_reply(resp: http::Response<grpc::Body>, limit: usize) -> Result<proto::InvokeReply, Status> {
-    let stored =
-        StoredResponse::collect(resp, limit).await.map_err(|e| Status::internal(format!("reading the answer: {e}")))?;
-    let status =
-        stored.trailers.as_ref().and_then(Status::from_header_map).or_else(|| Status::from_header_map(&stored.headers));
-    match status {
-        Some(s) if s.code() != tonic::Code::Ok => Err(s),
-        _ if stored.data.len() < PREFIX_LEN => Err(Status::internal("the mesh answered no message")),
-        _ => proto::InvokeReply::decode(stored.data.slice(PREFIX_LEN..))
-            .map_err(|e| Status::internal(format!("the mesh's answer is not an InvokeReply: {e}"))),
     }
 }
 
