@@ -70,9 +70,14 @@ impl TestStore {
     }
 }
 
-/// 127.0.0.1 on a free port.
+/// 127.0.0.1 on a free port. The address may be one an earlier test's control had (tests
+/// of one process share the identity records of [`secure`]): its record is dropped, since
+/// that control is gone once its port is free, so a control spawned here without the
+/// harness is not taken for it.
 pub async fn listener() -> TcpListener {
-    TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0")
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0");
+    secure::forget(listener.local_addr().expect("listener address"));
+    listener
 }
 
 /// Control on `store` with `lease_ttl`, mutual TLS required and Admin tokens (see [`secure`]).
