@@ -25,6 +25,10 @@
 //! caller (absent for anonymous calls); an HTTP/JSON agent receives them as
 //! [`HTTP_AGENT_CALLER_AGENT`] and [`HTTP_AGENT_CALLER_INSTANCE`] (its requests are made
 //! by the sidecar from scratch, so no header a caller wrote reaches it).
+//!
+//! Durable tasks (dispatching sidecar → agent, and push notifications to a mesh target):
+//! [`TASK_ID`] names the task a call works on, [`TASK_ATTEMPT`] its attempt number;
+//! [`TASK_SIGNATURE`] carries the push's HMAC signature.
 
 /// The prefix of every mesh header; none of them is forwarded to the next hop.
 pub const PREFIX: &str = "ar-";
@@ -82,3 +86,10 @@ pub const CAPABILITY: &str = "ar-capability";
 /// Request metadata (any client → its sidecar): the sidecar's local API token, when it has
 /// one (`--local-token-file`; the SDKs send `$AGENT_REACH_API_TOKEN`).
 pub const API_TOKEN: &str = "ar-api-token";
+/// Metadata of a call that dispatches a durable task (and of a push to a mesh target): the
+/// task's id.
+pub const TASK_ID: &str = "ar-task-id";
+/// Metadata of a call that dispatches a durable task: the attempt number, from 1.
+pub const TASK_ATTEMPT: &str = "ar-task-attempt";
+/// Metadata of a task push to a mesh target: the push's HMAC-SHA256 signature.
+pub const TASK_SIGNATURE: &str = "ar-task-signature";

@@ -29,8 +29,8 @@ use crate::proto::sidecar_client::SidecarClient;
 use crate::proto::{self, TaskState};
 use crate::{Call, Client, InvokeError};
 
-/// The metadata key naming the task of a dispatched call.
-pub const META_TASK_ID: &str = "ar-task-id";
+/// The metadata key naming the task of a dispatched call ([`crate::headers::TASK_ID`]).
+pub const META_TASK_ID: &str = crate::headers::TASK_ID;
 
 /// Whether a task in `state` is finished for good.
 pub fn is_final(state: TaskState) -> bool {

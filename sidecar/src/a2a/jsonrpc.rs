@@ -33,7 +33,7 @@ use super::{A2a, A2aError};
 type Body = UnsyncBoxBody<Bytes, Infallible>;
 
 /// Headers of the HTTP request that travel with the mesh call.
-const FORWARDED: [&str; 3] = ["traceparent", "tracestate", "ar-trace"];
+const FORWARDED: [&str; 3] = ["traceparent", "tracestate", agent_reach::headers::TRACE];
 /// How long a client may take to send its request headers.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 

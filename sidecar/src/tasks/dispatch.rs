@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use agent_reach::headers;
 use agent_reach::proto::tasks_client::TasksClient;
 use agent_reach::proto::{self, TaskState};
 use agent_reach::reason::{self, Reason};
@@ -35,8 +36,8 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-pub use super::push::{PUSH_GIVE_UP, SIGNATURE_HEADER, SIGNATURE_METADATA, check_push, push_body, sign};
-use super::{EventStream, META_TASK_ATTEMPT, META_TASK_ID, RESULT_ARTIFACT, Tasks, lock};
+pub use super::push::{PUSH_GIVE_UP, SIGNATURE_HEADER, check_push, push_body, sign};
+use super::{EventStream, RESULT_ARTIFACT, Tasks, lock};
 
 /// Most attempts of one task.
 pub const MAX_ATTEMPTS: u32 = 20;
@@ -406,8 +407,8 @@ impl Tasks {
         };
         let input = task.messages.first().and_then(|m| m.parts.first()).cloned().unwrap_or_default();
         let mut metadata = task.metadata.clone();
-        metadata.insert(META_TASK_ID.into(), task.id.clone());
-        metadata.insert(META_TASK_ATTEMPT.into(), number.to_string());
+        metadata.insert(headers::TASK_ID.into(), task.id.clone());
+        metadata.insert(headers::TASK_ATTEMPT.into(), number.to_string());
         let invoke = proto::InvokeRequest {
             target: task.target.clone(),
             payload: input.data,

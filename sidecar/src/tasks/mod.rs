@@ -30,10 +30,6 @@ use tonic::transport::Channel;
 
 use crate::control::{Failover, Rules};
 
-/// The task's id in the metadata of the call that dispatches it.
-pub const META_TASK_ID: &str = "ar-task-id";
-/// The attempt number in the metadata of the call that dispatches it.
-pub const META_TASK_ATTEMPT: &str = "ar-task-attempt";
 /// The name of the artifact holding the agent's reply.
 pub const RESULT_ARTIFACT: &str = "result";
 
@@ -418,7 +414,7 @@ pub(crate) async fn local_api(
                     Box::pin(async move { tasks.subscribe(r.into_inner()).await.map(tonic::Response::new) })
                 }
             }
-            let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::<
+            let mut grpc = tonic::server::Grpc::new(agent_reach::codec::StrictCodec::<
                 proto::TaskEvent,
                 proto::SubscribeTaskRequest,
             >::default());
@@ -451,6 +447,6 @@ where
             Box::pin(async move { fut.await.map(tonic::Response::new) })
         }
     }
-    let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::<Resp, Req>::default());
+    let mut grpc = tonic::server::Grpc::new(agent_reach::codec::StrictCodec::<Resp, Req>::default());
     grpc.unary(Svc(handler), req).await.map(crate::grpc::Body::Tonic)
 }

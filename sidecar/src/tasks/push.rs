@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use agent_reach::headers;
 use agent_reach::proto::{self, TaskState};
 use agent_reach::reason;
 use bytes::Bytes;
@@ -15,14 +16,14 @@ use tokio::time::Instant;
 use tonic::Status;
 
 use super::Tasks;
+use super::caller;
 use super::dispatch::backoff;
-use super::{META_TASK_ID, caller};
 
 /// A push notification not delivered for this long is dropped.
 pub const PUSH_GIVE_UP: Duration = Duration::from_secs(600);
-/// Header (webhook) and metadata key (mesh target) of a push's signature.
+/// Header of a webhook push's signature (a push to a mesh target carries it as
+/// [`headers::TASK_SIGNATURE`]).
 pub const SIGNATURE_HEADER: &str = "x-agent-reach-signature";
-pub const SIGNATURE_METADATA: &str = "ar-task-signature";
 
 /// Checks a push target when a task is submitted.
 pub fn check_push(push: &proto::TaskPush) -> Result<(), Status> {
@@ -123,10 +124,10 @@ impl Tasks {
                 let Some(invoker) = self.invoker.get() else { return Err("outbound stack not up".into()) };
                 let payload = Bytes::from(prost::Message::encode_to_vec(event));
                 let mut metadata = std::collections::HashMap::new();
-                metadata.insert(SIGNATURE_METADATA.to_string(), sign(secret, &payload));
+                metadata.insert(headers::TASK_SIGNATURE.to_string(), sign(secret, &payload));
                 let version = event.task.as_ref().map(|t| t.version).unwrap_or_default();
                 let id = event.task.as_ref().map(|t| t.id.clone()).unwrap_or_default();
-                metadata.insert(META_TASK_ID.to_string(), id.clone());
+                metadata.insert(headers::TASK_ID.to_string(), id.clone());
                 let invoke = proto::InvokeRequest {
                     target: Some(target.clone()),
                     payload,
