@@ -2,8 +2,10 @@
 //! ([`OutboundCall`]), one attempt of it ([`AttemptRequest`]), a call for a local instance
 //! ([`InboundCall`]) and how an attempt ended ([`Attempt`]).
 //!
-//! Plain data: this module depends only on the framing ([`crate::grpc`]), the registry's
-//! [`LocalInstance`] and the error types, never on the layers that handle the calls.
+//! Plain data, and who the caller is ([`verify_credential`], which the outbound entry, task
+//! submission and session writes share): this module depends only on the framing
+//! ([`crate::grpc`]), the registry, the agent credentials and the error types, never on the
+//! layers that handle the calls.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,9 +19,10 @@ use bytes::Bytes;
 use http::{HeaderMap, Response};
 use tokio::time::Instant;
 
-use crate::error::DeliveryError;
-use crate::grpc::{Body, Hook};
-use crate::registry::LocalInstance;
+use crate::credentials;
+use crate::error::{DeliveryError, SidecarError};
+use crate::grpc::{self, Body, Hook};
+use crate::registry::{LocalInstance, Registry};
 
 /// The future every layer of the call path answers with (boxed: the layers are generic
 /// over what they wrap, and their answers differ in what they await).
@@ -67,6 +70,24 @@ pub(crate) struct InvokeMetadata {
 pub(crate) struct Caller {
     pub agent: Arc<str>,
     pub instance: Arc<str>,
+}
+
+/// The caller a local request's `ar-agent-credential` proves (`None`: no credential,
+/// anonymous); a credential that does not verify is refused, never made anonymous.
+pub(crate) fn verify_credential(
+    registry: &Registry,
+    headers: &http::HeaderMap,
+) -> Result<Option<Caller>, SidecarError> {
+    let Some(value) = headers.get(grpc::header::AGENT_CREDENTIAL) else { return Ok(None) };
+    let invalid = |why: &str| SidecarError::CredentialInvalid(why.to_string());
+    let token = value.to_str().map_err(|_| invalid("not text"))?;
+    let (instance_id, hash) = credentials::parse(token).ok_or_else(|| invalid("malformed"))?;
+    let local = registry.get(instance_id).ok_or_else(|| invalid("its instance is not registered here"))?;
+    // Comparing digests: a mismatch position says nothing usable about the secret.
+    if hash != local.credential {
+        return Err(invalid("unknown credential"));
+    }
+    Ok(Some(Caller { agent: local.registration.agent.as_str().into(), instance: instance_id.into() }))
 }
 
 /// A call read from the caller, on its way through the outbound stack.

@@ -30,7 +30,7 @@ pub(crate) struct SessionWriter {
 /// The writer of a local session request with these `headers`, naming `named` as its
 /// instance (may be empty when a credential is presented).
 pub(crate) fn writer(registry: &Registry, headers: &http::HeaderMap, named: &str) -> Result<SessionWriter, Status> {
-    let caller = crate::outbound::invoke::verify_credential(registry, headers).map_err(|e| e.into_status())?;
+    let caller = crate::call::verify_credential(registry, headers).map_err(|e| e.into_status())?;
     if let Some(caller) = caller {
         if !named.is_empty() && named != &*caller.instance {
             return Err(reason::status(

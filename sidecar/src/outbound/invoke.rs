@@ -16,8 +16,7 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 use super::OutboundService;
-use crate::call::{Caller, InvokeHead, OutboundCall, Shape, policy_of};
-use crate::credentials;
+use crate::call::{Caller, InvokeHead, OutboundCall, Shape, policy_of, verify_credential};
 use crate::error::SidecarError;
 use crate::grpc::{self, Body, ENVELOPE_ALLOWANCE, ReadError};
 use crate::limits::BodyRead;
@@ -163,24 +162,6 @@ impl InvokeEntry {
             caller,
         })
     }
-}
-
-/// The caller a local request's `ar-agent-credential` proves (`None`: no credential,
-/// anonymous); a credential that does not verify is refused, never made anonymous.
-pub(crate) fn verify_credential(
-    registry: &Registry,
-    headers: &http::HeaderMap,
-) -> Result<Option<Caller>, SidecarError> {
-    let Some(value) = headers.get(grpc::header::AGENT_CREDENTIAL) else { return Ok(None) };
-    let invalid = |why: &str| SidecarError::CredentialInvalid(why.to_string());
-    let token = value.to_str().map_err(|_| invalid("not text"))?;
-    let (instance_id, hash) = credentials::parse(token).ok_or_else(|| invalid("malformed"))?;
-    let local = registry.get(instance_id).ok_or_else(|| invalid("its instance is not registered here"))?;
-    // Comparing digests: a mismatch position says nothing usable about the secret.
-    if hash != local.credential {
-        return Err(invalid("unknown credential"));
-    }
-    Ok(Some(Caller { agent: local.registration.agent.as_str().into(), instance: instance_id.into() }))
 }
 
 /// The `InvokeReply` of a unary answer of the outbound stack (what [`InvokeEntry::call`]

@@ -17,9 +17,9 @@ use agent_reach::proto;
 use prost::Message as _;
 use tonic::Status;
 
-use crate::call::{Caller, Shape};
+use crate::call::{Caller, Shape, verify_credential};
 use crate::grpc;
-use crate::outbound::invoke::{InvokeEntry, read_reply, verify_credential};
+use crate::outbound::invoke::{InvokeEntry, read_reply};
 use crate::registry::Registry;
 
 /// The caller a `SubmitTask` request proves with its agent credential (`None`: none
