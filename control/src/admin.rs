@@ -614,4 +614,83 @@ mod tests {
         let bad = Filter::from_proto(Some(proto::InstanceFilter { states: vec![0], ..Default::default() }));
         assert_eq!(bad.unwrap_err().field, "filter.states[0]");
     }
+
+    /// The fields of every event on the `audit` target.
+    #[derive(Clone, Default)]
+    struct AuditLines(Arc<std::sync::Mutex<Vec<std::collections::BTreeMap<String, String>>>>);
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for AuditLines {
+        fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+            struct Fields<'a>(&'a mut std::collections::BTreeMap<String, String>);
+            impl tracing::field::Visit for Fields<'_> {
+                fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+                    self.0.insert(field.name().to_string(), value.to_string());
+                }
+                fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                    self.0.insert(field.name().to_string(), format!("{value:?}"));
+                }
+            }
+            if event.metadata().target() == "audit" {
+                let mut fields = std::collections::BTreeMap::new();
+                event.record(&mut Fields(&mut fields));
+                self.0.lock().unwrap().push(fields);
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn every_change_and_every_refused_change_writes_an_audit_line() {
+        use tracing_subscriber::layer::SubscriberExt;
+        let lines = AuditLines::default();
+        // A current-thread runtime: every event of the test is on this thread.
+        let _guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(lines.clone()));
+        let store: Arc<dyn agent_reach_store::Store> = Arc::new(agent_reach_store::EmbeddedStore::default());
+        let stats = Arc::new(crate::stats::ControlStats::default());
+        let feeds = Arc::new(crate::feed::Feeds::new(store.clone(), stats.clone(), 64));
+        let config = crate::registry::RegistryConfig {
+            lease_ttl: std::time::Duration::from_secs(4),
+            load_step: 0.1,
+            load_report_interval: std::time::Duration::from_secs(5),
+        };
+        let registry = Arc::new(Registry::new(store.clone(), config, stats, feeds));
+        let auth = Arc::new(OperatorAuth::new(store.clone(), "boot-secret"));
+        let (viewer, viewer_secret) =
+            auth.create(Role::Viewer, vec![], std::time::Duration::ZERO, "").await.expect("viewer token");
+        let admin = AdminService::new(registry, Arc::new(JoinTokens::new(store.clone())), auth);
+        let create = |token: Option<&str>| {
+            let mut request =
+                Request::new(proto::CreateJoinTokenRequest { tenant: "team-a".into(), ..Default::default() });
+            if let Some(token) = token {
+                request.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
+            }
+            request
+        };
+        let refused = admin.create_join_token(create(None)).await.expect_err("no token");
+        assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+        let refused = admin.create_join_token(create(Some(&viewer_secret))).await.expect_err("a viewer");
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+        admin.create_join_token(create(Some("boot-secret"))).await.expect("the bootstrap admin");
+        // A read writes no audit line.
+        let mut list = Request::new(proto::ListJoinTokensRequest { tenant: "team-a".into() });
+        list.metadata_mut().insert("authorization", "Bearer boot-secret".parse().unwrap());
+        assert_eq!(admin.list_join_tokens(list).await.expect("list").into_inner().tokens.len(), 1);
+
+        let lines = lines.0.lock().unwrap().clone();
+        let seen: Vec<_> = lines
+            .iter()
+            .map(|l| (l["who"].as_str(), l["role"].as_str(), l["what"].as_str(), l["tenant"].as_str()))
+            .collect();
+        let viewer_name = format!("token:{}", viewer.id);
+        assert_eq!(
+            seen,
+            [
+                ("unauthenticated", "viewer", "CreateJoinToken", "team-a"),
+                (viewer_name.as_str(), "viewer", "CreateJoinToken", "team-a"),
+                ("bootstrap", "admin", "CreateJoinToken", "team-a"),
+            ]
+        );
+        assert_ne!(lines[0]["result"], "ok");
+        assert!(lines[1]["result"].contains("role"), "the refusal names its reason: {}", lines[1]["result"]);
+        assert_eq!(lines[2]["result"], "ok");
+    }
 }
