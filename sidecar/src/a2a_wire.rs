@@ -4,6 +4,8 @@
 
 use bytes::Bytes;
 
+mod codec;
+
 /// The `lf.a2a.v1` messages and service (vendored `proto/lf/a2a/v1/a2a.proto`), with serde
 /// in the protobuf JSON mapping.
 #[allow(clippy::all, missing_docs)]
