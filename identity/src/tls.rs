@@ -191,6 +191,17 @@ fn build(
 /// expecting the control service of `trust_domain`: what a sidecar uses to buy its first
 /// certificate.
 pub fn bootstrap_client(bundle_pem: &str, trust_domain: &str) -> Result<ClientConfig, IdentityError> {
+    client_without_certificate(bundle_pem, trust_domain, ExpectedPeer::Control)
+}
+
+/// A client configuration without a certificate of its own, trusting `bundle_pem` and
+/// expecting a peer of `trust_domain` as `expect` says (a server that requires client
+/// certificates refuses it).
+pub fn client_without_certificate(
+    bundle_pem: &str,
+    trust_domain: &str,
+    expect: ExpectedPeer,
+) -> Result<ClientConfig, IdentityError> {
     let provider = provider();
     let mut roots = RootCertStore::empty();
     for ca in parse_certs(bundle_pem)? {
@@ -204,7 +215,7 @@ pub fn bootstrap_client(bundle_pem: &str, trust_domain: &str) -> Result<ClientCo
             roots: Arc::new(roots),
             provider,
             trust_domain: trust_domain.to_string(),
-            expect: ExpectedPeer::Control,
+            expect,
         }))
         .with_no_client_auth();
     client.alpn_protocols = vec![b"h2".to_vec()];

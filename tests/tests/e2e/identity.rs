@@ -284,6 +284,7 @@ async fn control_calls_come_from_the_callers_certificate() {
         "plaintext: {status:?}"
     );
     assert_eq!(store.store.current_revision().await.unwrap(), before, "a refused call wrote to the store");
+    assert_eq!(agent_b.handled(), 0, "no refused Control call reached an agent");
     // B's instance is still routed to.
     assert!(a.table().instances.contains_key(&agent_b.instance_id()));
 }
@@ -524,6 +525,7 @@ async fn the_mesh_port_takes_the_tenant_from_the_certificate() {
     assert!(reply.text().ends_with(":hi"), "{}", reply.text());
     assert_eq!(target.handled(), 1);
 
+    let before = store.store.current_revision().await.unwrap();
     let now = SystemTime::now();
     let bundle = control.ca().bundle_pem();
     let in_a_year = now + Duration::from_secs(3600);
@@ -567,7 +569,23 @@ async fn the_mesh_port_takes_the_tenant_from_the_certificate() {
             "{what}: the connection must fail: {status:?}"
         );
     }
+    // TLS that trusts the sidecar's certificate but presents none: the mesh port requires one.
+    let no_certificate =
+        agent_reach_identity::tls::client_without_certificate(bundle, TD, ExpectedPeer::AnyInTrustDomain).unwrap();
+    let channel = TlsConnector::fixed(Arc::new(no_certificate)).channel(&format!("http://{}", b.mesh_addr())).unwrap();
+    let mut request = tonic::Request::new(proto::HandleRequest {
+        capability: "text.echo".into(),
+        instance_id: target.instance_id(),
+        ..Default::default()
+    });
+    request.metadata_mut().insert("ar-tenant", "team-a".parse().unwrap());
+    let status = proto::mesh_client::MeshClient::new(channel).deliver(request).await.expect_err("no certificate");
+    assert!(
+        matches!(status.code(), Code::Unavailable | Code::Unknown | Code::Internal | Code::Cancelled),
+        "no client certificate: the connection must fail: {status:?}"
+    );
     assert_eq!(target.handled(), 1, "no refused call reached the agent");
+    assert_eq!(store.store.current_revision().await.unwrap(), before, "a refused Deliver wrote to the store");
 }
 
 fn bearer<T>(message: T, token: &str) -> tonic::Request<T> {
