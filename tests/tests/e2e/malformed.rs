@@ -1,15 +1,22 @@
 //! Malformed protobuf sent to every RPC of every service answers INVALID_ARGUMENT with an
 //! ErrorInfo, never INTERNAL (one decode-error mapping: `agent_reach::codec`; for the
-//! health and reflection services, `agent_reach::strict`).
+//! health and reflection services, `agent_reach::strict`; for `lf.a2a.v1.A2AService`, the
+//! sidecar's A2A codec built on it). The ports: the sidecar's local API, its mesh port
+//! (mutual TLS) and control (mutual TLS).
 
 use std::time::Duration;
 
 use agent_reach::reason::error_info;
-use agent_reach_e2e::{Backend, TestStore, init_logging, sidecar_config, start_control, start_sidecar};
+use agent_reach_e2e::secure::sidecar_tls;
+use agent_reach_e2e::{
+    Backend, TestStore, echo_agent, init_logging, sidecar_config, start_control, start_sidecar, wait_for_instances,
+};
+use agent_reach_sidecar::identity::TlsConnector;
 use bytes::{Buf, BufMut, Bytes};
 use tonic::Code;
 use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http::uri::PathAndQuery;
+use tonic::metadata::MetadataMap;
 use tonic::transport::Channel;
 
 /// Sends and receives raw bytes as gRPC messages.
@@ -58,12 +65,13 @@ impl Codec for RawCodec {
 const MALFORMED: &[u8] = &[0x0a, 0xff, 0x01];
 
 /// Sends `MALFORMED` to `path`; the status of the answer.
-async fn send(channel: &Channel, path: &'static str, streaming: bool) -> tonic::Status {
+async fn send(channel: &Channel, path: &str, streaming: bool, metadata: &MetadataMap) -> tonic::Status {
     let mut grpc = tonic::client::Grpc::new(channel.clone());
     grpc.ready().await.expect("channel ready");
-    let request = tonic::Request::new(Bytes::from_static(MALFORMED));
+    let mut request = tonic::Request::new(Bytes::from_static(MALFORMED));
+    *request.metadata_mut() = metadata.clone();
     let name = path;
-    let path = PathAndQuery::from_static(path);
+    let path = PathAndQuery::try_from(path.to_string()).expect("a method path");
     if name.ends_with("/ServerReflectionInfo") {
         // Bidirectional: one malformed message, then the end of the request stream.
         let request = tonic::Request::new(futures_util::stream::once(async { Bytes::from_static(MALFORMED) }));
@@ -101,6 +109,31 @@ async fn malformed_protobuf_answers_invalid_argument_on_every_rpc() {
     // Over mutual TLS with a sidecar certificate: malformed bodies are refused after the
     // handshake, at decoding.
     let control_channel = agent_reach_e2e::secure::channel_as(&control.endpoint(), "default", "host-m");
+    // The mesh port takes a peer sidecar's certificate of the same tenant.
+    let mesh = TlsConnector::fixed(sidecar_tls("default", "host-p").client())
+        .channel(&format!("http://{}", a.mesh_addr()))
+        .expect("mesh channel");
+    // A delivery names a live instance of this sidecar (the header is checked before the
+    // body is read).
+    let target = echo_agent(a.local_addr(), "echo", &[("text.echo", &[])]).await;
+    wait_for_instances(&a, &[target.instance_id()]).await;
+    let mut mesh_metadata = MetadataMap::new();
+    mesh_metadata.insert("ar-tenant", "default".parse().unwrap());
+    mesh_metadata.insert("ar-instance", target.instance_id().parse().unwrap());
+    let a2a = |method: &str| format!("/lf.a2a.v1.A2AService/{method}");
+    let a2a_rows: Vec<(String, bool, &str)> = vec![
+        (a2a("SendMessage"), false, "SendMessageRequest"),
+        (a2a("SendStreamingMessage"), true, "SendMessageRequest"),
+        (a2a("GetTask"), false, "GetTaskRequest"),
+        (a2a("ListTasks"), false, "ListTasksRequest"),
+        (a2a("CancelTask"), false, "CancelTaskRequest"),
+        (a2a("SubscribeToTask"), true, "SubscribeToTaskRequest"),
+        (a2a("CreateTaskPushNotificationConfig"), false, "TaskPushNotificationConfig"),
+        (a2a("GetTaskPushNotificationConfig"), false, "GetTaskPushNotificationConfigRequest"),
+        (a2a("ListTaskPushNotificationConfigs"), false, "ListTaskPushNotificationConfigsRequest"),
+        (a2a("GetExtendedAgentCard"), false, "GetExtendedAgentCardRequest"),
+        (a2a("DeleteTaskPushNotificationConfig"), false, "DeleteTaskPushNotificationConfigRequest"),
+    ];
 
     // (channel, method path, server-streaming, request message type or None when the
     // handler is the sidecar's own forwarding path with its own message).
@@ -115,6 +148,15 @@ async fn malformed_protobuf_answers_invalid_argument_on_every_rpc() {
         (&local, "/agentreach.v1.Sidecar/PutSession", false, Some("PutSessionRequest")),
         (&local, "/agentreach.v1.Sidecar/DeleteSession", false, Some("DeleteSessionRequest")),
         (&local, "/agentreach.v1.Sidecar/WatchSession", true, Some("WatchSessionRequest")),
+        (&local, "/agentreach.v1.Sidecar/SubmitTask", false, Some("SubmitTaskRequest")),
+        (&local, "/agentreach.v1.Sidecar/GetTask", false, Some("GetTaskRequest")),
+        (&local, "/agentreach.v1.Sidecar/ListTasks", false, Some("ListTasksRequest")),
+        (&local, "/agentreach.v1.Sidecar/CancelTask", false, Some("CancelTaskRequest")),
+        (&local, "/agentreach.v1.Sidecar/SubscribeTask", true, Some("SubscribeTaskRequest")),
+        (&local, "/agentreach.v1.Sidecar/ReportTask", false, Some("ReportTaskRequest")),
+        (&local, "/agentreach.v1.Sidecar/AnswerTask", false, Some("AnswerTaskRequest")),
+        (&mesh, "/agentreach.v1.Mesh/Deliver", false, Some("HandleRequest")),
+        (&mesh, "/agentreach.v1.Mesh/DeliverStream", true, Some("HandleRequest")),
         (&local, "/grpc.health.v1.Health/Check", false, Some("HealthCheckRequest")),
         (&local, "/grpc.health.v1.Health/Watch", true, Some("HealthCheckRequest")),
         (&local, "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", true, Some("ServerReflectionRequest")),
@@ -166,9 +208,25 @@ async fn malformed_protobuf_answers_invalid_argument_on_every_rpc() {
         (&control_channel, "/agentreach.v1.Sessions/PutSession", false, Some("PutSessionRequest")),
         (&control_channel, "/agentreach.v1.Sessions/DeleteSession", false, Some("DeleteSessionRequest")),
         (&control_channel, "/agentreach.v1.Sessions/WatchSession", true, Some("WatchSessionRequest")),
+        (&control_channel, "/agentreach.v1.Admin/GetSession", false, Some("GetSessionRequest")),
+        (&control_channel, "/agentreach.v1.Tasks/CreateTask", false, Some("CreateTaskRequest")),
+        (&control_channel, "/agentreach.v1.Tasks/GetTask", false, Some("GetTaskRequest")),
+        (&control_channel, "/agentreach.v1.Tasks/ListTasks", false, Some("ListTasksRequest")),
+        (&control_channel, "/agentreach.v1.Tasks/UpdateTask", false, Some("UpdateTaskRequest")),
+        (&control_channel, "/agentreach.v1.Tasks/WatchTask", true, Some("WatchTaskRequest")),
+        (&control_channel, "/agentreach.v1.Idempotency/ClaimKey", false, Some("ClaimKeyRequest")),
+        (&control_channel, "/agentreach.v1.Idempotency/SettleKey", false, Some("SettleKeyRequest")),
     ];
+    let table = table
+        .into_iter()
+        .map(|(channel, path, streaming, message)| (channel, path.to_string(), streaming, message))
+        .chain(a2a_rows.into_iter().map(|(path, streaming, message)| (&local, path, streaming, Some(message))));
+    let mut checked = 0;
     for (channel, path, streaming, message) in table {
-        let status = send(channel, path, streaming).await;
+        checked += 1;
+        let path = path.as_str();
+        let metadata = if path.starts_with("/agentreach.v1.Mesh/") { &mesh_metadata } else { &MetadataMap::new() };
+        let status = send(channel, path, streaming, metadata).await;
         assert_eq!(status.code(), Code::InvalidArgument, "{path}: {status:?}");
         let info = error_info(&status).unwrap_or_else(|| panic!("{path}: no ErrorInfo in {status:?}"));
         assert_eq!(info.reason, "INVALID_ARGUMENT", "{path}");
@@ -191,6 +249,12 @@ async fn malformed_protobuf_answers_invalid_argument_on_every_rpc() {
         }
     }
 
+    // Every RPC of the local API (Sidecar 17, A2A 11, health 2, reflection 2), the mesh port
+    // (2) and control (Control 4, Admin 20, Identity 1, Sessions 4, Tasks 5, Idempotency 2,
+    // health 2, reflection 2).
+    assert_eq!(checked, 32 + 2 + 40);
+
+    assert_eq!(target.handled(), 0, "no malformed delivery reached the agent");
     a.shutdown().await;
     control.shutdown().await;
 }
