@@ -1,4 +1,5 @@
-//! A session watch across a restart of the watcher's sidecar, on a real etcd: the raw
+//! A session watch across a restart of the watcher's sidecar, with sessions on a real etcd
+//! and on a real `redis-server` (control's own routing store is etcd in both): the raw
 //! stream ends with a clear UNAVAILABLE / `SHUTTING_DOWN` naming the version to resume
 //! after, and the SDK's `Session::follow` resumes by itself from the last version it
 //! delivered: the changes written while the sidecar was down arrive once each, in order.
@@ -8,12 +9,15 @@ use std::time::Duration;
 
 use agent_reach::Client;
 use agent_reach::proto::SessionChange;
+use agent_reach_control::ControlConfig;
 use agent_reach_e2e::{
-    Backend, TestStore, echo_agent, init_logging, listener, sidecar_config, start_control, start_sidecar,
+    Backend, TestStore, echo_agent, init_logging, listener, sidecar_config, start_control_with, start_sidecar,
 };
 use agent_reach_sidecar::Sidecar;
 use futures_util::{Stream, StreamExt};
 use tonic::Code;
+
+use super::sessions::Sessions;
 
 async fn rebind(addr: SocketAddr) -> tokio::net::TcpListener {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -44,11 +48,12 @@ fn turn(change: &SessionChange) -> String {
     String::from_utf8_lossy(&field.value).into_owned()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_watch_resumes_after_a_sidecar_restart_without_gaps_or_duplicates() {
+async fn resume(sessions: Sessions) {
     init_logging();
     let ts = TestStore::start(Backend::Etcd).await;
-    let control = start_control(ts.store.clone(), Duration::from_secs(20)).await;
+    let mut config = ControlConfig { lease_ttl: Duration::from_secs(20), ..ControlConfig::default() };
+    let _redis = sessions.configure(&mut config).await;
+    let control = start_control_with(ts.store.clone(), config, listener().await);
     let a = start_sidecar(sidecar_config(&control.endpoint(), "host-a")).await;
     let b = start_sidecar(sidecar_config(&control.endpoint(), "host-b")).await;
     let writer = echo_agent(b.local_addr(), "writer", &[("notes.write", &[])]).await;
@@ -102,4 +107,14 @@ async fn a_watch_resumes_after_a_sidecar_restart_without_gaps_or_duplicates() {
     a.stop().await;
     b.stop().await;
     control.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_watch_resumes_after_a_sidecar_restart_without_gaps_or_duplicates_on_etcd() {
+    resume(Sessions::Etcd).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_watch_resumes_after_a_sidecar_restart_without_gaps_or_duplicates_on_redis() {
+    resume(Sessions::Redis).await;
 }

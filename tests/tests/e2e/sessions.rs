@@ -1,7 +1,9 @@
 //! Session context end to end: real control (sessions on a real etcd, or on a real
 //! `redis-server`), three sidecars and SDK agents. A chain A → B → C where B writes a field
 //! of the call's session and C reads it without it being in the call; policy refusals as
-//! typed SDK errors; reads answered from the sidecar's cache; tenants kept apart.
+//! typed SDK errors; reads answered from the sidecar's cache; tenants kept apart. The
+//! backend switch ([`Sessions`]) and the [`Mesh`] are shared with the other `session_*`
+//! test modules.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,25 +16,18 @@ use agent_reach_session::{Limits, RedisSessions};
 use agent_reach_sidecar::Sidecar;
 use tonic::Code;
 
+/// Where control keeps session context: its own etcd, or a real `redis-server`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Sessions {
+pub(crate) enum Sessions {
     Etcd,
     Redis,
 }
 
-struct Mesh {
-    _store: TestStore,
-    _redis: Option<RedisServer>,
-    control: ControlHandle,
-    sidecars: Vec<Sidecar>,
-}
-
-impl Mesh {
-    async fn start(sessions: Sessions, hosts: usize) -> Mesh {
-        init_logging();
-        let store = TestStore::start(Backend::Etcd).await;
-        let mut config = ControlConfig { lease_ttl: Duration::from_secs(15), ..ControlConfig::default() };
-        let redis = match sessions {
+impl Sessions {
+    /// Sets `config` up for this backend: for Redis, starts a `redis-server` (returned: it
+    /// lives as long as the caller keeps it) and points `config.session_store` at it.
+    pub(crate) async fn configure(self, config: &mut ControlConfig) -> Option<RedisServer> {
+        match self {
             Sessions::Etcd => None,
             Sessions::Redis => {
                 let server = tokio::task::spawn_blocking(RedisServer::start)
@@ -43,7 +38,24 @@ impl Mesh {
                 config.session_store = Some(SessionBackend(Arc::new(redis)));
                 Some(server)
             }
-        };
+        }
+    }
+}
+
+/// A real etcd, control (sessions on [`Sessions`]) and `hosts` sidecars.
+pub(crate) struct Mesh {
+    _store: TestStore,
+    _redis: Option<RedisServer>,
+    pub(crate) control: ControlHandle,
+    pub(crate) sidecars: Vec<Sidecar>,
+}
+
+impl Mesh {
+    pub(crate) async fn start(sessions: Sessions, hosts: usize) -> Mesh {
+        init_logging();
+        let store = TestStore::start(Backend::Etcd).await;
+        let mut config = ControlConfig { lease_ttl: Duration::from_secs(15), ..ControlConfig::default() };
+        let redis = sessions.configure(&mut config).await;
         let control = ControlHandle::spawn(store.store.clone(), config, listener().await).expect("control");
         let mut sidecars = Vec::new();
         for i in 0..hosts {
@@ -52,7 +64,7 @@ impl Mesh {
         Mesh { _store: store, _redis: redis, control, sidecars }
     }
 
-    async fn stop(self, agents: Vec<RunningAgent>) {
+    pub(crate) async fn stop(self, agents: Vec<RunningAgent>) {
         for agent in agents {
             agent.abort();
         }
