@@ -456,6 +456,15 @@ fn entries(
     };
     let gates = Arc::new(inbound::admission::Gates::default());
     let in_flight = gates.clone();
+    let rate_limits = Arc::new(outbound::ratelimit::RateLimits::default());
+    let cache = Arc::new(outbound::cache::ResultCache::new(config.cache_max_entries, config.cache_max_bytes));
+    let idempotency = inbound::idempotency::Store::bounded(
+        config.idempotency_window,
+        config.idempotency_max_reply_bytes,
+        config.idempotency_max_keys,
+        config.idempotency_max_bytes,
+    );
+    let pools = if Arc::ptr_eq(&pool, &mesh_pool) { vec![pool.clone()] } else { vec![pool.clone(), mesh_pool.clone()] };
     let metrics = Arc::new(
         SidecarMetrics::new()
             .with_collector(telemetry::ScrapeCollector {
@@ -465,6 +474,13 @@ fn entries(
                 table: inner.table.clone(),
                 inbound_in_flight: Box::new(move || in_flight.total_in_flight()),
                 limits: [("local", inner.limit_stats[0].clone()), ("mesh", inner.limit_stats[1].clone())],
+                bounded: telemetry::BoundedMaps {
+                    rate_limits: rate_limits.clone(),
+                    gates: gates.clone(),
+                    pools,
+                    cache: cache.clone(),
+                    idempotency: idempotency.clone(),
+                },
             })
             .with(Box::new(session::SessionMetrics(inner.sessions.clone()))),
     );
@@ -480,12 +496,7 @@ fn entries(
         table: inner.table.clone(),
         pool: pool.clone(),
         gates,
-        idempotency: inbound::idempotency::Store::bounded(
-            config.idempotency_window,
-            config.idempotency_max_reply_bytes,
-            config.idempotency_max_keys,
-            config.idempotency_max_bytes,
-        ),
+        idempotency,
         claims: Some(inner.claims.clone()),
         rejections: rejections.clone(),
         metrics: metrics.clone(),
@@ -493,8 +504,8 @@ fn entries(
         limit,
     });
     let outbound = outbound::stack(outbound::Parts {
-        rate_limits: Arc::new(outbound::ratelimit::RateLimits::default()),
-        cache: Arc::new(outbound::cache::ResultCache::new(config.cache_max_entries, config.cache_max_bytes)),
+        rate_limits,
+        cache,
         router: outbound::router::RouterParts {
             tenant: config.tenant.as_str().into(),
             deadline_reserve: config.deadline_reserve,

@@ -104,6 +104,11 @@ impl Pool {
         slot.open.store(Some(Arc::new(opened)));
         Ok(conn)
     }
+
+    /// Slots kept now, with a connection or not (read by /metrics at scrape time).
+    pub(crate) fn slots(&self) -> usize {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
 }
 
 fn open(slot: &Slot) -> Option<Conn> {

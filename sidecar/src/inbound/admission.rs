@@ -307,8 +307,7 @@ impl Gates {
         out
     }
 
-    /// Gates kept now.
-    #[cfg(test)]
+    /// Gates kept now (read by /metrics at scrape time).
     pub(crate) fn len(&self) -> usize {
         self.gates.load().len()
     }

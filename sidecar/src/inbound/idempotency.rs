@@ -114,6 +114,11 @@ impl Store {
         self.stored_bytes.load(Ordering::Relaxed)
     }
 
+    /// Keys kept now, running or answered (read by /metrics at scrape time).
+    pub(crate) fn keys(&self) -> usize {
+        self.entries().len()
+    }
+
     /// Accounts for `entry` leaving the map.
     fn forget(&self, entry: Option<&Entry>) {
         let size = stored_size(entry);

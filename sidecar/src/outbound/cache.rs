@@ -118,9 +118,14 @@ impl<H: BuildHasher> ResultCache<H> {
         }
     }
 
-    #[cfg(test)]
+    /// Entries kept now, fresh or expired (read by /metrics at scrape time).
     pub(crate) fn len(&self) -> usize {
         self.lock().entries.len()
+    }
+
+    /// Bytes the entries hold: their keys' and answers' (what `max_bytes` bounds).
+    pub(crate) fn bytes(&self) -> usize {
+        self.lock().bytes
     }
 
     #[cfg(test)]

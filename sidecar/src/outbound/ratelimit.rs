@@ -144,6 +144,11 @@ impl RateLimits {
         }
         Ok(())
     }
+
+    /// Caller → target buckets kept now (read by /metrics at scrape time).
+    pub(crate) fn pair_buckets(&self) -> usize {
+        self.pairs.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
 }
 
 /// Service: token buckets.

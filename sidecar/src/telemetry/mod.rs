@@ -37,7 +37,7 @@ use crate::error::DeliveryError;
 
 pub(crate) use inbound_span::{inbound_layer, record_queue_span};
 pub(crate) use outbound_span::outbound_layer;
-pub(crate) use scrape::ScrapeCollector;
+pub(crate) use scrape::{BoundedMaps, ScrapeCollector};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct CallLabels {

@@ -1,5 +1,7 @@
 //! Counters kept elsewhere in the sidecar (refusals by mechanism, calls in flight, the
-//! watch's state, port limits), read at each scrape by [`ScrapeCollector`].
+//! watch's state, port limits, the sizes of the bounded maps), read at each scrape by
+//! [`ScrapeCollector`]. Nothing here runs on the call path: a scrape reads atomics and
+//! takes each map's lock once, briefly, for its length.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,6 +25,43 @@ pub(crate) struct ScrapeCollector {
     pub inbound_in_flight: Box<dyn Fn() -> u32 + Send + Sync>,
     /// Refusals by limit, per port ("local", "mesh").
     pub limits: [(&'static str, Arc<crate::limits::LimitStats>); 2],
+    /// The maps that grow with input, each bounded.
+    pub bounded: BoundedMaps,
+}
+
+/// The maps that grow with input (each has a cap; README "Limits on input"), whose sizes
+/// `/metrics` reports as `agent_reach_bounded_entries{map}` and
+/// `agent_reach_bounded_bytes{map}`.
+pub(crate) struct BoundedMaps {
+    /// Caller → target token buckets (`map="rate_buckets"`).
+    pub rate_limits: Arc<crate::outbound::ratelimit::RateLimits>,
+    /// Admission gates of local instances (`map="admission_gates"`).
+    pub gates: Arc<crate::inbound::admission::Gates>,
+    /// Connection pools (to local agents, and to other sidecars when that is another pool):
+    /// their slots together (`map="pool_slots"`).
+    pub pools: Vec<Arc<crate::pool::Pool>>,
+    /// The result cache (`map="result_cache"`, entries and bytes).
+    pub cache: Arc<crate::outbound::cache::ResultCache>,
+    /// Idempotency keys and their stored answers (`map="idempotency"`, entries and bytes).
+    pub idempotency: Arc<crate::inbound::idempotency::Store>,
+}
+
+impl BoundedMaps {
+    /// (map, entries) of every map.
+    fn entries(&self) -> [(&'static str, usize); 5] {
+        [
+            ("rate_buckets", self.rate_limits.pair_buckets()),
+            ("admission_gates", self.gates.len()),
+            ("pool_slots", self.pools.iter().map(|p| p.slots()).sum()),
+            ("result_cache", self.cache.len()),
+            ("idempotency", self.idempotency.keys()),
+        ]
+    }
+
+    /// (map, bytes) of the maps bounded in bytes.
+    fn bytes(&self) -> [(&'static str, usize); 2] {
+        [("result_cache", self.cache.bytes()), ("idempotency", self.idempotency.stored_bytes())]
+    }
 }
 
 impl std::fmt::Debug for ScrapeCollector {
@@ -139,6 +178,25 @@ impl Collector for ScrapeCollector {
         )?;
         for (state, value) in [("open", open), ("half_open", half_open)] {
             ConstGauge::new(value).encode(breakers.encode_family(&[("state", state)])?)?;
+        }
+        let as_gauge = |n: usize| ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX));
+        let mut entries = encoder.encode_descriptor(
+            "bounded_entries",
+            "Entries held by a map that grows with input (each has a cap)",
+            None,
+            ConstGauge::new(0i64).metric_type(),
+        )?;
+        for (map, n) in self.bounded.entries() {
+            as_gauge(n).encode(entries.encode_family(&[("map", map)])?)?;
+        }
+        let mut bytes = encoder.encode_descriptor(
+            "bounded_bytes",
+            "Bytes held by a map bounded in bytes",
+            None,
+            ConstGauge::new(0i64).metric_type(),
+        )?;
+        for (map, n) in self.bounded.bytes() {
+            as_gauge(n).encode(bytes.encode_family(&[("map", map)])?)?;
         }
         Ok(())
     }

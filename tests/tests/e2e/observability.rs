@@ -1,11 +1,12 @@
 //! Observability end to end: spans of a three-agent chain exported over OTLP to a real
-//! OTLP/gRPC receiver, metrics scraped from the admin port, health and readiness.
+//! OTLP/gRPC receiver, metrics scraped from the admin port (traffic, and the sizes of the
+//! maps that grow with input), health and readiness.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agent_reach::policy::{PolicySpec, Strategy};
+use agent_reach::policy::{PolicySpec, RateLimit, Strategy};
 use agent_reach::{Agent, Client, HandlerError, Reply};
 use agent_reach_e2e::{
     Backend, TestStore, capability_policy, echo_agent, init_logging, listener, put_policy, secure, sidecar_config,
@@ -235,6 +236,110 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     // The admin server answers small bodies with a content length (no chunking).
     assert!(head.to_ascii_lowercase().contains("content-length"), "{head}");
     (status, body.to_string())
+}
+
+/// The value of the gauge `name{map=...}` on the sidecar's /metrics at `admin`.
+async fn bounded(admin: std::net::SocketAddr, name: &str, map: &str) -> f64 {
+    let (status, text) = http_get(admin, "/metrics").await;
+    assert_eq!(status, 200);
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).expect("valid");
+    let sample = scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == name && s.labels.get("map") == Some(map))
+        .unwrap_or_else(|| panic!("no {name}{{map=\"{map}\"}} in\n{text}"));
+    match sample.value {
+        prometheus_parse::Value::Gauge(v) => v,
+        ref other => panic!("{name}{{map=\"{map}\"}} is not a gauge: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_report_the_size_of_every_bounded_map() {
+    init_logging();
+    let ts = TestStore::start(Backend::Embedded).await;
+    let control = start_control(ts.store.clone(), Duration::from_secs(15)).await;
+    let admin = listener().await;
+    let admin_addr = admin.local_addr().unwrap();
+    let sc = Sidecar::start_with_admin(
+        secure::sidecar_identity(sidecar_config(&control.endpoint(), "bounded")).await,
+        listener().await,
+        listener().await,
+        Some(admin),
+    )
+    .await
+    .unwrap();
+    let entries = |map: &'static str| bounded(admin_addr, "agent_reach_bounded_entries", map);
+    let bytes = |map: &'static str| bounded(admin_addr, "agent_reach_bounded_bytes", map);
+    let target = echo_agent(sc.local_addr(), "store", &[("echo", &[]), ("lookup", &[])]).await;
+    let callers = [
+        echo_agent(sc.local_addr(), "caller-0", &[("noop", &[])]).await,
+        echo_agent(sc.local_addr(), "caller-1", &[("noop", &[])]).await,
+        echo_agent(sc.local_addr(), "caller-2", &[("noop", &[])]).await,
+    ];
+    let mut ids = vec![target.instance_id()];
+    ids.extend(callers.iter().map(|c| c.instance_id()));
+    wait_for_instances(&sc, &ids).await;
+    let limit = PolicySpec { rate_limit: Some(RateLimit { per_second: 100.0, burst: 100 }), ..Default::default() };
+    put_policy(&ts.store, &[&sc], capability_policy("echo", limit)).await;
+    let cached = PolicySpec { read_only: true, cache_ttl_ms: 60_000, ..Default::default() };
+    put_policy(&ts.store, &[&sc], capability_policy("lookup", cached)).await;
+    for map in ["rate_buckets", "admission_gates", "pool_slots", "result_cache", "idempotency"] {
+        assert_eq!(entries(map).await, 0.0, "{map} before any call");
+    }
+    for map in ["result_cache", "idempotency"] {
+        assert_eq!(bytes(map).await, 0.0, "{map} before any call");
+    }
+
+    // One bucket per verified caller of the rate-limited target; a second call from the
+    // same caller reuses its bucket.
+    for caller in &callers {
+        caller.client().invoke("echo").text("x").send().await.unwrap();
+    }
+    callers[0].client().invoke("echo").text("x").send().await.unwrap();
+    assert_eq!(entries("rate_buckets").await, 3.0);
+    // One local instance received calls: one admission gate, one pooled connection to it.
+    assert_eq!(entries("admission_gates").await, 1.0);
+    assert_eq!(entries("pool_slots").await, 1.0);
+
+    // One cache entry per distinct payload, whatever the repeats; payloads and answers of
+    // the same length take the same bytes, so twice the keys hold twice the bytes.
+    let client = callers[0].client();
+    for key in ["k0", "k1", "k0", "k1", "k0"] {
+        client.invoke("lookup").text(key).send().await.unwrap();
+    }
+    assert_eq!(entries("result_cache").await, 2.0);
+    let two = bytes("result_cache").await;
+    assert!(two > 0.0);
+    for key in ["k2", "k3", "k2"] {
+        client.invoke("lookup").text(key).send().await.unwrap();
+    }
+    assert_eq!(entries("result_cache").await, 4.0);
+    assert_eq!(bytes("result_cache").await, 2.0 * two);
+    assert_eq!(target.handled(), 4 + 4, "four echo calls and four distinct lookups reached the agent");
+
+    // One idempotency key per distinct key; duplicates are replayed, not stored again (to a
+    // capability that is not cached, so every call reaches the target's inbound stack).
+    for key in ["key-0", "key-1", "key-0"] {
+        client.invoke("echo").idempotency_key(key).text("same").send().await.unwrap();
+    }
+    assert_eq!(entries("idempotency").await, 2.0);
+    let two = bytes("idempotency").await;
+    assert!(two > 0.0);
+    for key in ["key-2", "key-3", "key-3"] {
+        client.invoke("echo").idempotency_key(key).text("same").send().await.unwrap();
+    }
+    assert_eq!(entries("idempotency").await, 4.0);
+    assert_eq!(bytes("idempotency").await, 2.0 * two);
+    assert_eq!(target.handled(), 8 + 4, "the duplicate keys were replayed");
+    assert_eq!(entries("rate_buckets").await, 3.0, "lookup has no rate limit; caller-0 keeps its bucket");
+
+    target.abort();
+    for c in callers {
+        c.abort();
+    }
+    sc.stop().await;
+    control.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
