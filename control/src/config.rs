@@ -43,6 +43,12 @@ pub struct ControlArgs {
     #[arg(long, env = "AGENT_REACH_DASHBOARD_LISTEN", default_value = "127.0.0.1:7802")]
     pub dashboard_listen: String,
 
+    /// Link each trace of the dashboard's traces view to the tracing backend: a URL
+    /// template with `{trace_id}` (replaced by the trace id, URL-encoded), e.g.
+    /// `http://jaeger:16686/trace/{trace_id}`. Must be http:// or https://. Unset: no link.
+    #[arg(long, env = "AGENT_REACH_DASHBOARD_TRACE_URL")]
+    pub dashboard_trace_url: Option<String>,
+
     /// Alert when an agent has fewer healthy (UP, DEGRADED, STARTING or operator-held)
     /// instances than this; 0 disables the rule.
     #[arg(long, env = "AGENT_REACH_ALERT_MIN_HEALTHY", default_value_t = 1)]
@@ -268,6 +274,9 @@ pub struct ControlConfig {
     pub task_limits: crate::tasks::TaskLimits,
     /// Limits of the gRPC port.
     pub grpc_limits: crate::limits::GrpcLimits,
+    /// The dashboard's link from a trace to the tracing backend (`--dashboard-trace-url`),
+    /// validated; `None`: no link.
+    pub dashboard_trace_url: Option<String>,
 }
 
 /// The bootstrap admin token (never printed).
@@ -324,6 +333,7 @@ impl Default for ControlConfig {
             session_store: None,
             task_limits: crate::tasks::TaskLimits::default(),
             grpc_limits: crate::limits::GrpcLimits::default(),
+            dashboard_trace_url: None,
         }
     }
 }
@@ -481,8 +491,31 @@ impl TryFrom<&ControlArgs> for ControlConfig {
                 ..crate::tasks::TaskLimits::default()
             },
             grpc_limits,
+            dashboard_trace_url: a.dashboard_trace_url.as_deref().map(trace_url_template).transpose()?,
         })
     }
+}
+
+/// Checks a `--dashboard-trace-url` template: an http:// or https:// URL with a host,
+/// holding `{trace_id}`, without spaces or control characters (the page puts it in a link's
+/// `href`, so nothing but a web address may come out of it).
+pub fn trace_url_template(url: &str) -> Result<String, String> {
+    let flag = "--dashboard-trace-url";
+    let lower = url.to_ascii_lowercase();
+    let Some(rest) = lower.strip_prefix("https://").or_else(|| lower.strip_prefix("http://")) else {
+        return Err(format!("{flag} {url:?}: must be an http:// or https:// URL"));
+    };
+    let host = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if host.is_empty() || host.starts_with(':') || host.contains("{trace_id}") {
+        return Err(format!("{flag} {url:?}: names no host"));
+    }
+    if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!("{flag} {url:?}: holds a space or a control character"));
+    }
+    if !url.contains("{trace_id}") {
+        return Err(format!("{flag} {url:?}: must contain {{trace_id}}, where the trace id goes"));
+    }
+    Ok(url.to_string())
 }
 
 /// The bootstrap admin token the flags ask for: read from `--admin-token-file`, generated
@@ -573,6 +606,35 @@ mod tests {
             let a = ControlArgs::parse_from(["control", flag, value]);
             let error = ControlConfig::try_from(&a).unwrap_err();
             assert!(error.contains(flag), "{flag} {value}: {error}");
+        }
+    }
+
+    #[test]
+    fn the_dashboard_trace_url_is_an_http_template_with_the_trace_id() {
+        let a = ControlArgs::parse_from(["control"]);
+        assert_eq!(ControlConfig::try_from(&a).unwrap().dashboard_trace_url, None);
+        for good in [
+            "http://jaeger:16686/trace/{trace_id}",
+            "https://tempo.example/explore?trace={trace_id}&orgId=1",
+            "HTTPS://grafana.example/{trace_id}",
+        ] {
+            let a = ControlArgs::parse_from(["control", "--dashboard-trace-url", good]);
+            assert_eq!(ControlConfig::try_from(&a).unwrap().dashboard_trace_url.as_deref(), Some(good));
+        }
+        for (bad, why) in [
+            ("http://jaeger:16686/trace/", "must contain {trace_id}"),
+            ("ftp://jaeger/{trace_id}", "http:// or https://"),
+            ("javascript:alert(1)//{trace_id}", "http:// or https://"),
+            ("jaeger:16686/trace/{trace_id}", "http:// or https://"),
+            ("http:///trace/{trace_id}", "names no host"),
+            ("http://{trace_id}/", "names no host"),
+            ("http://:16686/{trace_id}", "names no host"),
+            ("http://jaeger/trace/{trace_id} x", "space or a control character"),
+            ("http://jaeger/trace/{trace_id}\n", "space or a control character"),
+        ] {
+            let a = ControlArgs::parse_from(["control", "--dashboard-trace-url", bad]);
+            let error = ControlConfig::try_from(&a).unwrap_err();
+            assert!(error.starts_with("--dashboard-trace-url ") && error.contains(why), "{bad:?}: {error}");
         }
     }
 

@@ -272,7 +272,8 @@ pub async fn serve_parts(
                 Some(_) => dashboard::auth::Access::Tokens(operator_auth.clone()),
                 None => dashboard::auth::Access::LoopbackOnly,
             },
-        );
+        )
+        .with_trace_url(config.dashboard_trace_url.clone());
         tokio::spawn(dashboard::serve(listener, Arc::new(page), stop_rx.clone()));
     }
     let session_store: Arc<dyn agent_reach_session::SessionStore> = match &config.session_store {

@@ -13,7 +13,8 @@
 //! follows, so the page of any replica shows the whole mesh; `/api/traces?q=` finds recent
 //! traces by trace id or session id in the reports' span summaries. `/api/search` suggests
 //! capability and agent names close to what was typed, with the code `AGENT_NOT_FOUND`
-//! uses.
+//! uses. With `--dashboard-trace-url`, `/api/session` names the tracing backend's URL
+//! template and the traces view links each trace there.
 //!
 //! Access: [`auth`]. Without operator tokens the dashboard is loopback-only and changes
 //! nothing; with them, people log in with their token (kept in an HttpOnly cookie), viewers
@@ -86,6 +87,9 @@ pub struct Dashboard {
     /// Every sidecar's traffic report, whichever replica it talks to.
     pub reports: Arc<Reports>,
     pub access: Access,
+    /// The tracing backend's URL template (`--dashboard-trace-url`, with `{trace_id}`), for
+    /// the page's link from each trace; `None`: no link.
+    pub trace_url: Option<String>,
     /// Event streams open now.
     streams: AtomicUsize,
 }
@@ -98,7 +102,14 @@ impl Dashboard {
         reports: Arc<Reports>,
         access: Access,
     ) -> Self {
-        Dashboard { feeds, registry, alerts, reports, access, streams: AtomicUsize::new(0) }
+        Dashboard { feeds, registry, alerts, reports, access, trace_url: None, streams: AtomicUsize::new(0) }
+    }
+
+    /// Links each trace of the traces view to `template` (a validated
+    /// [`crate::config::trace_url_template`]); `None`: no link.
+    pub fn with_trace_url(mut self, template: Option<String>) -> Self {
+        self.trace_url = template;
+        self
     }
 }
 
@@ -192,8 +203,9 @@ async fn policy_body(body: Incoming, tenant: &str) -> Result<agent_reach::policy
     Ok(policy)
 }
 
-/// What `/api/session` and a login answer.
-fn session_view(caller: &Caller, login: bool) -> serde_json::Value {
+/// What `/api/session` and a login answer; `trace_url` is the tracing backend's URL
+/// template the traces view links to (`null` without one).
+fn session_view(caller: &Caller, login: bool, trace_url: Option<&str>) -> serde_json::Value {
     let who = caller.principal();
     serde_json::json!({
         "authenticated": true,
@@ -202,6 +214,7 @@ fn session_view(caller: &Caller, login: bool) -> serde_json::Value {
         "role": who.role.as_str(),
         "tenants": who.tenants,
         "may_edit": matches!(caller, Caller::Operator(..)) && who.role >= crate::identity::Role::Operator,
+        "trace_url": trace_url,
     })
 }
 
@@ -390,7 +403,8 @@ impl Dashboard {
         match self.access.login(&login.token).await {
             Ok((who, cookie)) => {
                 tracing::info!(target: "audit", who = %who.name, role = who.role.as_str(), "dashboard login");
-                let mut response = json(&session_view(&Caller::Operator(who, String::new()), true));
+                let mut response =
+                    json(&session_view(&Caller::Operator(who, String::new()), true, self.trace_url.as_deref()));
                 response.headers_mut().insert(header::SET_COOKIE, cookie);
                 response
             }
@@ -404,7 +418,7 @@ impl Dashboard {
     /// `GET /api/session`: who is logged in, and whether a login is needed.
     async fn session(&self, headers: &http::HeaderMap) -> Response<Body> {
         match self.access.caller(headers).await {
-            Ok(caller) => json(&session_view(&caller, self.access.has_login())),
+            Ok(caller) => json(&session_view(&caller, self.access.has_login(), self.trace_url.as_deref())),
             Err(denied) if denied.status == StatusCode::UNAUTHORIZED => {
                 json(&serde_json::json!({ "authenticated": false, "login": true }))
             }
@@ -571,6 +585,15 @@ mod tests {
         assert!(check_listen_address("[::1]:7802".parse().unwrap()).is_ok());
         let refused = check_listen_address("0.0.0.0:7802".parse().unwrap()).unwrap_err();
         assert!(refused.contains("--dashboard-listen"), "{refused}");
+    }
+
+    #[test]
+    fn the_session_names_the_trace_url_template_or_null() {
+        let with = session_view(&Caller::Loopback, false, Some("http://jaeger:16686/trace/{trace_id}"));
+        assert_eq!(with["trace_url"], "http://jaeger:16686/trace/{trace_id}");
+        assert_eq!(with["may_edit"], false);
+        let without = session_view(&Caller::Loopback, false, None);
+        assert_eq!(without["trace_url"], serde_json::Value::Null);
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! The dashboard's whole-mesh picture with two control replicas on one etcd: two sidecars,
 //! each connected to a different replica, report their traffic with their heartbeats; the
 //! page of either replica shows every edge (calls, errors, fallbacks, reporting sidecar),
-//! the instances' last heartbeats, a traced call's hops on both sidecars, and the two
-//! alerts that need the sidecars' reports (served by its fallback, breakers open), in a
-//! real headless Chromium.
+//! the instances' last heartbeats, a traced call's hops on both sidecars (with its link to
+//! the tracing backend where `--dashboard-trace-url` is set), and the two alerts that need
+//! the sidecars' reports (served by its fallback, breakers open), in a real headless
+//! Chromium.
 
 use std::time::Duration;
 
@@ -83,6 +84,9 @@ fn expected_edges() -> Vec<(String, String, u64, u64, u64, String)> {
     .collect()
 }
 
+/// Where replica one's traces view links each trace (`--dashboard-trace-url`).
+const TRACE_URL: &str = "http://tracing.example:16686/trace/{trace_id}?from=agent-reach";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn any_replica_shows_every_sidecars_edges_heartbeats_traces_and_alerts() {
     init_logging();
@@ -90,8 +94,9 @@ async fn any_replica_shows_every_sidecars_edges_heartbeats_traces_and_alerts() {
     let config = ControlConfig { lease_ttl: Duration::from_secs(20), ..ControlConfig::default() };
     let (page_one, page_two) = (listener().await, listener().await);
     let (addr_one, addr_two) = (page_one.local_addr().unwrap(), page_two.local_addr().unwrap());
-    let one =
-        ControlHandle::spawn_with_dashboard(ts.store.clone(), config.clone(), listener().await, page_one).unwrap();
+    // Replica one links traces to a tracing backend (--dashboard-trace-url), two does not.
+    let linked = ControlConfig { dashboard_trace_url: Some(TRACE_URL.into()), ..config.clone() };
+    let one = ControlHandle::spawn_with_dashboard(ts.store.clone(), linked, listener().await, page_one).unwrap();
     let two = ControlHandle::spawn_with_dashboard(ts.store.clone(), config, listener().await, page_two).unwrap();
     let a = start_sidecar(reporting(&one, "host-a")).await;
     let b = start_sidecar(reporting(&two, "host-b")).await;
@@ -222,6 +227,20 @@ async fn any_replica_shows_every_sidecars_edges_heartbeats_traces_and_alerts() {
     assert_eq!(spans[0], json!(["invoke capability audit.check", "host-a"]), "{trace}");
     let sidecars: std::collections::BTreeSet<&str> = spans.iter().map(|s| s[1].as_str().unwrap()).collect();
     assert_eq!(sidecars, ["host-a", "host-b"].into_iter().collect(), "{trace}");
+    // Each trace links to it in the tracing backend, in a new tab without an opener.
+    let link = b_
+        .client
+        .execute(
+            "const a = document.querySelector('section.trace a.trace-backend'); \
+             return a ? [a.getAttribute('href'), a.getAttribute('rel'), a.getAttribute('target')] : null;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let href = format!("http://tracing.example:16686/trace/{trace_id}?from=agent-reach");
+    assert_eq!(link, json!([href, "noopener noreferrer", "_blank"]), "{trace}");
+    assert_eq!(get_json(addr_one, "/api/session").await["trace_url"], TRACE_URL);
+    assert_eq!(get_json(addr_two, "/api/session").await["trace_url"], Value::Null);
     b_.screenshot(&dir.join("traces.png")).await;
     // The same trace by its id, through the JSON endpoint.
     let by_id = get_json(addr_two, &format!("/api/traces?tenant=default&q={trace_id}")).await;

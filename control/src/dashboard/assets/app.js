@@ -194,10 +194,19 @@ function viewTopology() {
     el('p', { class: 'muted' }, `Sidecars reporting: ${reporting}`)];
 }
 
+// A link to the trace in the configured tracing backend (control's --dashboard-trace-url), if any.
+function backendLink(traceId) {
+  const template = session && session.trace_url;
+  if (!template) return null;
+  return el('a', { class: 'trace-backend', href: template.split('{trace_id}').join(encodeURIComponent(traceId)),
+    target: '_blank', rel: 'noopener noreferrer' }, 'open in the tracing backend');
+}
+
 function traceRows(found) {
   if (!found.traces.length) return [el('p', { class: 'muted', id: 'trace-none' }, `No recent trace with id or session ${found.query}.`)];
   return found.traces.map((t) => el('section', { class: 'trace', 'data-trace': t.trace_id },
     el('h3', {}, `Trace ${t.trace_id}`, t.session ? ` · session ${t.session}` : '', ` · ${(t.duration_us / 1000).toFixed(2)} ms · ${time(t.start_unix_us / 1000)}`),
+    backendLink(t.trace_id),
     table(['Span', 'Sidecar', 'Start', 'Duration', 'Status', 'Instance'], t.spans.map((s) =>
       el('tr', { 'data-span': s.span_id },
         el('td', { class: 'span-name' }, '· '.repeat(s.depth), s.name),
