@@ -25,7 +25,7 @@
 //! (which method of the local and mesh APIs goes where) and `shared` (what their handlers
 //! share).
 //!
-//! Durable tasks ([`tasks`]): the local API's task methods and the dispatch of the tasks
+//! Durable tasks (`tasks/`): the local API's task methods and the dispatch of the tasks
 //! this sidecar claims, through its own local API like any call.
 //!
 //! [`Sidecar::start`] takes already-bound listeners, so tests run sidecars on port 0.
@@ -39,7 +39,7 @@ pub mod config;
 pub mod control;
 mod credentials;
 mod error;
-pub mod grace;
+mod grace;
 mod grpc;
 mod http_client;
 pub mod identity;
@@ -58,9 +58,9 @@ mod serve;
 mod session;
 mod session_writer;
 mod shared;
-pub mod tasks;
+mod tasks;
 mod telemetry;
-pub mod workload;
+mod workload;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -79,6 +79,9 @@ pub use error::StartError;
 pub use limits::PortLimits;
 pub use registry::{Registry, RegistryStats};
 pub use session::{MAX_CACHED as MAX_CACHED_SESSIONS, SessionCache, SessionStats};
+pub use tasks::sign as sign_task_push;
+pub use tasks::{TaskStats, Tasks};
+pub use workload::IdentityStats;
 
 use api::{local_api, mesh_api};
 use inbound::deliver::MeshEntry;

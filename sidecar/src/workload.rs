@@ -29,15 +29,16 @@ use crate::identity_file::{IdentityFile, Issued, fresh};
 pub struct IdentityStats {
     /// Certificates received (the first one and every renewal).
     pub issued: AtomicU64,
+    /// Renewals that failed (each is retried).
     pub renewal_failures: AtomicU64,
 }
 
 /// A sidecar's identity at run time: its TLS toward control (and the mesh), its id and
 /// certificate counters.
-pub struct Workload {
-    pub tls: Arc<ControlTls>,
-    pub id: WorkloadId,
-    pub stats: Arc<IdentityStats>,
+pub(crate) struct Workload {
+    pub(crate) tls: Arc<ControlTls>,
+    pub(crate) id: WorkloadId,
+    pub(crate) stats: Arc<IdentityStats>,
     /// Where every certificate received is kept (`--identity-file`).
     file: Option<Arc<IdentityFile>>,
 }
@@ -45,7 +46,9 @@ pub struct Workload {
 impl Workload {
     /// Buys the first certificate for the sidecar `config` describes, when it has identity
     /// settings; `None` (with a warning) when it has none.
-    pub async fn start(config: &crate::config::SidecarConfig) -> Result<Option<Workload>, crate::error::StartError> {
+    pub(crate) async fn start(
+        config: &crate::config::SidecarConfig,
+    ) -> Result<Option<Workload>, crate::error::StartError> {
         let Some(settings) = &config.identity else {
             tracing::warn!(
                 "no identity (--trust-bundle-file, --join-token-file): plaintext to control and on the mesh \
@@ -99,7 +102,7 @@ impl Workload {
     }
 
     /// Renews the certificate until `shutdown` (see [`run_renewals`]).
-    pub fn renewals(
+    pub(crate) fn renewals(
         &self,
         control: Arc<ControlClients>,
         shutdown: watch::Receiver<bool>,

@@ -29,9 +29,6 @@ use crate::proto::sidecar_client::SidecarClient;
 use crate::proto::{self, TaskState};
 use crate::{Call, Client, InvokeError};
 
-/// The metadata key naming the task of a dispatched call ([`crate::headers::TASK_ID`]).
-pub const META_TASK_ID: &str = crate::headers::TASK_ID;
-
 /// Whether a task in `state` is finished for good.
 pub fn is_final(state: TaskState) -> bool {
     matches!(state, TaskState::Completed | TaskState::Failed | TaskState::Canceled | TaskState::Rejected)
@@ -223,7 +220,7 @@ pub struct TaskContext {
 impl Call {
     /// The task this call works on, when the mesh dispatched a task to the handler.
     pub fn task(&self) -> Option<TaskContext> {
-        let id = self.metadata().get(META_TASK_ID)?.clone();
+        let id = self.metadata().get(crate::headers::TASK_ID)?.clone();
         Some(TaskContext {
             handle: TaskHandle { id, sidecar: self.sidecar_client()? },
             instance_id: self.instance_id().to_string(),

@@ -19,7 +19,7 @@
 //! whose claim lapsed (their dispatcher died), and, after a restart, this sidecar's own.
 //! An attempt left open by a dead dispatcher is recorded as "lost".
 //!
-//! Push notifications are in [`super::push`] (re-exported here).
+//! Push notifications are in [`super::push`].
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -36,16 +36,15 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-pub use super::push::{PUSH_GIVE_UP, SIGNATURE_HEADER, check_push, push_body, sign};
 use super::{EventStream, RESULT_ARTIFACT, Tasks, lock};
 
 /// Most attempts of one task.
-pub const MAX_ATTEMPTS: u32 = 20;
+pub(crate) const MAX_ATTEMPTS: u32 = 20;
 /// Longest pause between two attempts (and between two deliveries of a push).
-pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
@@ -54,7 +53,7 @@ fn state_of(t: &proto::Task) -> TaskState {
 }
 
 /// Whether a task in `state` is finished for good.
-pub fn is_final(state: TaskState) -> bool {
+pub(crate) fn is_final(state: TaskState) -> bool {
     matches!(state, TaskState::Completed | TaskState::Failed | TaskState::Canceled | TaskState::Rejected)
 }
 
@@ -477,7 +476,7 @@ impl Tasks {
     }
 
     /// One recovery pass; returns how many tasks it took over.
-    pub async fn recover_once(self: &Arc<Self>) -> Result<usize, Status> {
+    pub(crate) async fn recover_once(self: &Arc<Self>) -> Result<usize, Status> {
         let mut token = String::new();
         let mut taken = 0;
         loop {

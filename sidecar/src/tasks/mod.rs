@@ -11,8 +11,10 @@
 //! reasons come from control unchanged (TASK_NOT_FOUND, TASK_FINISHED, ...).
 
 mod caller;
-pub mod dispatch;
+pub(crate) mod dispatch;
 mod push;
+
+pub use push::sign;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -31,10 +33,10 @@ use tonic::transport::Channel;
 use crate::control::{Failover, Rules};
 
 /// The name of the artifact holding the agent's reply.
-pub const RESULT_ARTIFACT: &str = "result";
+pub(crate) const RESULT_ARTIFACT: &str = "result";
 
 /// A task's changes as the local API streams them.
-pub type EventStream = Pin<Box<dyn Stream<Item = Result<proto::TaskEvent, Status>> + Send>>;
+pub(crate) type EventStream = Pin<Box<dyn Stream<Item = Result<proto::TaskEvent, Status>> + Send>>;
 
 /// Counters of the dispatcher (read by tests and the benchmark).
 #[derive(Debug, Default)]
@@ -70,7 +72,7 @@ pub struct Tasks {
 
 impl Tasks {
     /// Clients of every control endpoint on `channels`; nothing is dialled until used.
-    pub fn new(
+    pub(crate) fn new(
         config: &crate::config::SidecarConfig,
         channels: Vec<(String, Channel)>,
         shutdown: watch::Receiver<bool>,
@@ -96,6 +98,7 @@ impl Tasks {
         let _ = self.invoker.set(caller::TaskInvoker::new(entry, reply_limit));
     }
 
+    /// The dispatcher's counters.
     pub fn stats(&self) -> &TaskStats {
         &self.stats
     }
@@ -152,7 +155,7 @@ impl Tasks {
         let id = if r.task_id.is_empty() { new_id("task") } else { r.task_id };
         let push_secret: bytes::Bytes = match &r.push {
             Some(push) => {
-                dispatch::check_push(push)?;
+                push::check_push(push)?;
                 rand::random::<[u8; 32]>().to_vec().into()
             }
             None => bytes::Bytes::new(),
@@ -196,7 +199,7 @@ impl Tasks {
     }
 
     /// `GetTask`.
-    pub async fn get(&self, task_id: &str) -> Result<proto::Task, Status> {
+    pub(crate) async fn get(&self, task_id: &str) -> Result<proto::Task, Status> {
         let r = proto::GetTaskRequest { tenant: self.tenant.clone(), task_id: task_id.to_string() };
         self.call(|mut c| {
             let r = r.clone();
@@ -206,7 +209,7 @@ impl Tasks {
     }
 
     /// `ListTasks`.
-    pub async fn list(&self, mut r: proto::ListTasksRequest) -> Result<proto::ListTasksReply, Status> {
+    pub(crate) async fn list(&self, mut r: proto::ListTasksRequest) -> Result<proto::ListTasksReply, Status> {
         r.tenant = self.check_tenant(&r.tenant)?;
         self.call(|mut c| {
             let r = r.clone();
@@ -216,7 +219,7 @@ impl Tasks {
     }
 
     /// `CancelTask`: the task ends CANCELED; its dispatcher then cancels the agent's call.
-    pub async fn cancel(&self, r: proto::CancelTaskRequest) -> Result<proto::Task, Status> {
+    pub(crate) async fn cancel(&self, r: proto::CancelTaskRequest) -> Result<proto::Task, Status> {
         self.update(proto::UpdateTaskRequest {
             task_id: r.task_id,
             status: Some(proto::TaskStatus {
@@ -232,12 +235,12 @@ impl Tasks {
 
     /// `SubscribeTask`: control's watch, reconnected from the last version seen when it
     /// breaks (a control restart), so the subscriber misses nothing.
-    pub async fn subscribe(&self, r: proto::SubscribeTaskRequest) -> Result<EventStream, Status> {
+    pub(crate) async fn subscribe(&self, r: proto::SubscribeTaskRequest) -> Result<EventStream, Status> {
         self.watch_stream(&r.task_id, r.after_version, false).await
     }
 
     /// `ReportTask` by `instance` (registered here): progress, a question, or the end.
-    pub async fn report(&self, r: proto::ReportTaskRequest, agent: &str) -> Result<proto::Task, Status> {
+    pub(crate) async fn report(&self, r: proto::ReportTaskRequest, agent: &str) -> Result<proto::Task, Status> {
         let state = TaskState::try_from(r.state).unwrap_or_default();
         if !matches!(
             state,
@@ -273,7 +276,7 @@ impl Tasks {
     }
 
     /// `AnswerTask`: only a task waiting for input (or authentication) takes an answer.
-    pub async fn answer(&self, r: proto::AnswerTaskRequest) -> Result<proto::Task, Status> {
+    pub(crate) async fn answer(&self, r: proto::AnswerTaskRequest) -> Result<proto::Task, Status> {
         let mut message = r.message.unwrap_or_default();
         if message.parts.is_empty() {
             return Err(reason::invalid_argument("message.parts", "an answer needs at least one part"));
@@ -311,7 +314,7 @@ impl Tasks {
 }
 
 /// A new random id with `prefix`.
-pub fn new_id(prefix: &str) -> String {
+pub(crate) fn new_id(prefix: &str) -> String {
     format!("{prefix}-{:032x}", rand::random::<u128>())
 }
 

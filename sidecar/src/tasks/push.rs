@@ -20,13 +20,13 @@ use super::caller;
 use super::dispatch::backoff;
 
 /// A push notification not delivered for this long is dropped.
-pub const PUSH_GIVE_UP: Duration = Duration::from_secs(600);
+pub(crate) const PUSH_GIVE_UP: Duration = Duration::from_secs(600);
 /// Header of a webhook push's signature (a push to a mesh target carries it as
 /// [`headers::TASK_SIGNATURE`]).
-pub const SIGNATURE_HEADER: &str = "x-agent-reach-signature";
+pub(crate) const SIGNATURE_HEADER: &str = "x-agent-reach-signature";
 
 /// Checks a push target when a task is submitted.
-pub fn check_push(push: &proto::TaskPush) -> Result<(), Status> {
+pub(crate) fn check_push(push: &proto::TaskPush) -> Result<(), Status> {
     match &push.kind {
         Some(proto::task_push::Kind::Url(url)) => {
             let uri: http::Uri = url.parse().map_err(|_| reason::invalid_argument("push.url", "is not a URL"))?;
@@ -52,7 +52,7 @@ pub fn sign(secret: &[u8], body: &[u8]) -> String {
 }
 
 /// The JSON body of a webhook push: the task's status after one change.
-pub fn push_body(event: &proto::TaskEvent) -> Vec<u8> {
+pub(crate) fn push_body(event: &proto::TaskEvent) -> Vec<u8> {
     let task = event.task.clone().unwrap_or_default();
     let status = task.status.clone().unwrap_or_default();
     serde_json::json!({

@@ -462,7 +462,7 @@ async fn push_is_signed_and_retried_while_the_receiver_is_down() {
     let mut versions = Vec::new();
     for (headers, body) in &received {
         let signature = headers.get("x-agent-reach-signature").expect("signed");
-        assert_eq!(signature, &agent_reach_sidecar::tasks::dispatch::sign(&task.push_secret, body), "signature");
+        assert_eq!(signature, &agent_reach_sidecar::sign_task_push(&task.push_secret, body), "signature");
         assert_eq!(headers.get("x-agent-reach-task"), Some(&task.id().to_string()));
         let v: serde_json::Value = serde_json::from_slice(body).unwrap();
         assert_eq!(v["taskId"], task.id());
@@ -474,7 +474,7 @@ async fn push_is_signed_and_retried_while_the_receiver_is_down() {
     assert_eq!(versions.last().copied(), Some(done.version));
     // A forged body does not verify.
     assert_ne!(
-        agent_reach_sidecar::tasks::dispatch::sign(b"other secret", &received[0].1),
+        agent_reach_sidecar::sign_task_push(b"other secret", &received[0].1),
         received[0].0["x-agent-reach-signature"]
     );
     serving.abort();
