@@ -862,27 +862,12 @@ async fn deliver(
 
 #[cfg(test)]
 mod tests {
-    use agent_reach::model::{InstanceRecord, Load, Registration, StateHold};
+    use agent_reach::model::{StateHold, fixture};
 
     use super::*;
 
     fn instance(agent: &str, id: &str, state: HealthState) -> InstanceStatus {
-        InstanceStatus {
-            record: InstanceRecord {
-                instance_id: id.into(),
-                tenant: "t".into(),
-                registration: Registration { agent: agent.into(), ..Default::default() },
-                sidecar_id: "s".into(),
-                sidecar_address: "127.0.0.1:1".into(),
-                state,
-                load: Load::default(),
-                registered_at_ms: 0,
-            },
-            revision: 1,
-            reported_state: state,
-            holds: vec![],
-            generation: 1,
-        }
+        fixture::instance(id).tenant("t").agent(agent).sidecar("s", "127.0.0.1:1").state(state).status()
     }
 
     fn fired(findings: &[Finding]) -> Vec<(Rule, String, Vec<String>)> {

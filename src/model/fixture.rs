@@ -5,7 +5,8 @@
 //!
 //! Defaults: tenant `default`, no version, no capabilities, endpoint
 //! `http://127.0.0.1:1` (gRPC), sidecar `s` at `127.0.0.1:2`, state UP, no load,
-//! registered at 0, revision 1.
+//! registered at 0, revision 1. `build()` gives the [`Instance`] routing sees, `record()`
+//! the [`InstanceRecord`], `status()` the [`InstanceStatus`] control reports.
 //!
 //! ```
 //! use agent_reach::model::{HealthState, fixture};
@@ -19,7 +20,7 @@
 //! assert!(inst.record.registration.capabilities[0].has_tags(&["zh".to_string()]));
 //! ```
 
-use super::{Capability, HealthState, Instance, InstanceRecord, Load, Registration, Transport};
+use super::{Capability, HealthState, Instance, InstanceRecord, InstanceStatus, Load, Registration, Transport};
 
 /// An instance record with id `instance_id` and the defaults of the module documentation.
 pub fn instance(instance_id: &str) -> InstanceBuilder {
@@ -128,6 +129,12 @@ impl InstanceBuilder {
     }
     pub fn record(self) -> InstanceRecord {
         self.instance.record
+    }
+    /// The record as control reports it: reported state = its state, no holds, first
+    /// registration of its id, at its revision.
+    pub fn status(self) -> InstanceStatus {
+        let Instance { record, revision } = self.instance;
+        InstanceStatus { reported_state: record.state, record, revision, holds: Vec::new(), generation: 1 }
     }
     pub fn registration(self) -> Registration {
         self.instance.record.registration

@@ -236,31 +236,13 @@ fn search_in(instances: &[InstanceStatus], query: &str) -> Search {
 
 #[cfg(test)]
 mod tests {
-    use agent_reach::model::{Capability, HealthState, InstanceRecord, Load, Registration};
+    use agent_reach::model::fixture;
 
     use super::*;
 
     fn instance(agent: &str, caps: &[&str]) -> InstanceStatus {
-        InstanceStatus {
-            record: InstanceRecord {
-                instance_id: format!("{agent}-1"),
-                tenant: "t".into(),
-                registration: Registration {
-                    agent: agent.into(),
-                    capabilities: caps.iter().map(|c| Capability { name: c.to_string(), tags: vec![] }).collect(),
-                    ..Default::default()
-                },
-                sidecar_id: "s".into(),
-                sidecar_address: "127.0.0.1:1".into(),
-                state: HealthState::Up,
-                load: Load::default(),
-                registered_at_ms: 0,
-            },
-            revision: 1,
-            reported_state: HealthState::Up,
-            holds: vec![],
-            generation: 1,
-        }
+        let builder = fixture::instance(&format!("{agent}-1")).tenant("t").agent(agent).sidecar("s", "127.0.0.1:1");
+        caps.iter().fold(builder, |b, c| b.capability(c, &[])).status()
     }
 
     #[test]
