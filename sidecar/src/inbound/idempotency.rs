@@ -1,6 +1,7 @@
 //! At-most-once execution of calls that carry an idempotency key, in the target's sidecar.
 //!
-//! Per tenant and key, within a window (default 10 minutes): the first call runs; a
+//! Per tenant, target agent and key (as control scopes its claims: one agent's answer never
+//! answers a call to another agent of the sidecar), within a window (default 10 minutes): the first call runs; a
 //! duplicate that arrives while it runs waits for it and gets the same answer; a duplicate
 //! that arrives later gets the stored answer without running anything. Answers larger than
 //! the size limit are not stored; a later duplicate is then refused with
@@ -132,11 +133,12 @@ impl Store {
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Claims `key` of `tenant`.
-    pub(crate) fn claim(self: &Arc<Self>, tenant: &str, key: &str) -> Claim {
+    /// Claims `key` of `agent` in `tenant`.
+    pub(crate) fn claim(self: &Arc<Self>, tenant: &str, agent: &str, key: &str) -> Claim {
         let now = Instant::now();
         self.expire(now);
-        let id = (tenant.to_string(), key.to_string());
+        // Tenant names hold no '/', so "tenant/agent" names one scope.
+        let id = (format!("{tenant}/{agent}"), key.to_string());
         let mut entries = self.entries();
         match entries.get(&id) {
             Some(Entry::Running(rx)) => return Claim::Wait(rx.clone()),
@@ -303,7 +305,8 @@ where
             };
             let mut call = Some(call);
             loop {
-                match store.claim(&call.as_ref().map(|c| c.tenant.clone()).unwrap_or_default(), &key) {
+                let scope = call.as_ref().map(|c| (c.tenant.as_str(), c.local.registration.agent.as_str()));
+                match store.claim(scope.map_or("", |s| s.0), scope.map_or("", |s| s.1), &key) {
                     Claim::Done(outcome) => {
                         if let Some(r) = replay(outcome) {
                             return r;
@@ -440,7 +443,7 @@ mod tests {
     /// Runs one call of `key` the way the sidecar does: claim, then run or wait or replay.
     async fn call(store: &Arc<Store>, tenant: &str, key: &str, runs: &AtomicU32) -> Result<Bytes, &'static str> {
         loop {
-            match store.claim(tenant, key) {
+            match store.claim(tenant, "agent", key) {
                 Claim::First(done) => {
                     let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -479,6 +482,18 @@ mod tests {
         tokio::time::advance(Duration::from_secs(601)).await;
         store.expire(Instant::now());
         assert_eq!(store.stored_bytes(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_is_scoped_by_tenant_and_target_agent() {
+        let store = Store::new(Duration::from_secs(600), 1024, 10_000);
+        let Claim::First(done) = store.claim("t", "payments", "order-1") else { panic!("first call of the key") };
+        done.finish(answer("charged", "0"));
+        assert!(matches!(store.claim("t", "payments", "order-1"), Claim::Done(Outcome::Answer(_))));
+        // The same key sent to another agent of the sidecar is that agent's own first call,
+        // not a replay of the payments agent's answer.
+        assert!(matches!(store.claim("t", "shipping", "order-1"), Claim::First(_)));
+        assert!(matches!(store.claim("u", "payments", "order-1"), Claim::First(_)));
     }
 
     #[tokio::test(start_paused = true)]
@@ -525,23 +540,23 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn errors_are_shared_with_waiters_but_not_stored() {
         let store = Store::new(Duration::from_secs(600), 1024, 10_000);
-        let Claim::First(first) = store.claim("t", "k") else { panic!("first claim") };
-        let Claim::Wait(rx) = store.claim("t", "k") else { panic!("second claim waits") };
+        let Claim::First(first) = store.claim("t", "a", "k") else { panic!("first claim") };
+        let Claim::Wait(rx) = store.claim("t", "a", "k") else { panic!("second claim waits") };
         first.finish(answer("boom", "14"));
         match wait(rx).await {
             Outcome::Answer(a) => assert_eq!(a.data, "boom"),
             other => panic!("unexpected {other:?}"),
         }
-        assert!(matches!(store.claim("t", "k"), Claim::First(_)), "an error is not replayed");
+        assert!(matches!(store.claim("t", "a", "k"), Claim::First(_)), "an error is not replayed");
     }
 
     #[tokio::test(start_paused = true)]
     async fn an_abandoned_first_call_frees_the_key() {
         let store = Store::new(Duration::from_secs(600), 1024, 10_000);
-        let Claim::First(first) = store.claim("t", "k") else { panic!("first claim") };
-        let Claim::Wait(rx) = store.claim("t", "k") else { panic!("waits") };
+        let Claim::First(first) = store.claim("t", "a", "k") else { panic!("first claim") };
+        let Claim::Wait(rx) = store.claim("t", "a", "k") else { panic!("waits") };
         drop(first);
         assert!(matches!(wait(rx).await, Outcome::Abandoned));
-        assert!(matches!(store.claim("t", "k"), Claim::First(_)));
+        assert!(matches!(store.claim("t", "a", "k"), Claim::First(_)));
     }
 }
