@@ -10,10 +10,42 @@ pub mod task;
 
 /// The SDK's connection to its sidecar: a channel whose every request carries the
 /// sidecar's local API token when `AGENT_REACH_API_TOKEN` is set (`--local-token-file` on
-/// the sidecar).
+/// the sidecar). [`Client::raw`](crate::Client::raw) hands out a generated client on it,
+/// for the local API methods the SDK does not wrap.
+///
+/// # Examples
+///
+/// ```no_run
+/// use agent_reach::SidecarChannel;
+/// use agent_reach::proto::{self, sidecar_client::SidecarClient};
+///
+/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+/// let mesh = agent_reach::Client::connect_local().await?;
+/// let mut sidecar: SidecarClient<SidecarChannel> = mesh.raw();
+/// let page = sidecar.list_tasks(proto::ListTasksRequest::default()).await?.into_inner();
+/// println!("{} tasks", page.tasks.len());
+/// # Ok(())
+/// # }
+/// ```
 pub type SidecarChannel = tonic::service::interceptor::InterceptedService<tonic::transport::Channel, ApiToken>;
 
-/// Adds the local API token (`ar-api-token`) to every request to the sidecar.
+/// Adds the local API token (`ar-api-token`) to every request to the sidecar: the
+/// interceptor of [`SidecarChannel`], for a channel of your own.
+///
+/// # Examples
+///
+/// ```no_run
+/// use agent_reach::ApiToken;
+/// use agent_reach::proto::sidecar_client::SidecarClient;
+///
+/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+/// let channel = tonic::transport::Channel::from_static("http://127.0.0.1:7700").connect().await?;
+/// // Presents $AGENT_REACH_API_TOKEN, if set, on every request.
+/// let sidecar = SidecarClient::with_interceptor(channel, ApiToken::from_env());
+/// # drop(sidecar);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Debug, Default)]
 pub struct ApiToken(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
 

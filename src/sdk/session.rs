@@ -26,6 +26,25 @@ use crate::reason::{self, Reason};
 pub type SessionField = proto::SessionField;
 
 /// Why a session call failed.
+///
+/// Each refusal the mesh gives a reason for is a variant with the reason's details; match
+/// on them to decide what to do (read again after a [`Conflict`](SessionError::Conflict),
+/// accept a [`FieldLocked`](SessionError::FieldLocked) value, ...).
+///
+/// # Examples
+///
+/// ```no_run
+/// use agent_reach::{Session, SessionError};
+///
+/// # async fn example(session: Session) -> Result<(), SessionError> {
+/// match session.put_first("user_id", "u-42").await {
+///     Ok(version) => println!("user_id set at version {version}"),
+///     Err(SessionError::FieldLocked { writer_agent, .. }) => println!("{writer_agent} set it first"),
+///     Err(e) => return Err(e),
+/// }
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
     /// The field was set by a first writer and cannot change.
@@ -114,6 +133,13 @@ impl From<Status> for SessionError {
 
 impl SessionError {
     /// The gRPC code of the failure.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let e = agent_reach::SessionError::Conflict { field: "count".into(), current_version: 7 };
+    /// assert_eq!(e.code(), tonic::Code::Aborted);
+    /// ```
     pub fn code(&self) -> Code {
         match self {
             SessionError::FieldLocked { .. } | SessionError::PolicyOverride { .. } => Code::FailedPrecondition,
@@ -140,6 +166,22 @@ pub struct SessionSnapshot {
 /// A session of the caller's tenant, addressed as one instance (the writer of its puts).
 /// Writes and deletes present the agent credential when there is one, so the writer is
 /// verified (fields the tenant policy's `session_writers` rules cover need that).
+///
+/// A handler gets the call's session from [`Call::session`](crate::Call::session); a
+/// client addresses one by id with [`Client::session`](crate::Client::session).
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+/// let mesh = agent_reach::Client::connect_local().await?;
+/// let session = mesh.session("s-42");
+/// session.set("language", "zh").await?;
+/// let snapshot = session.read().await?;
+/// println!("session {} at version {}: {} fields", session.id(), snapshot.version, snapshot.fields.len());
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct Session {
     /// `None` for a call built by hand (no sidecar to ask).
@@ -160,6 +202,18 @@ impl std::fmt::Debug for Session {
 }
 
 /// How a [`Session::put`] treats a field's current value.
+///
+/// # Examples
+///
+/// ```no_run
+/// use agent_reach::{Policy, Session};
+///
+/// # async fn example(session: Session) -> Result<(), agent_reach::SessionError> {
+/// // Both fields or neither: the order id only once, the status whatever it was.
+/// session.put([("order_id", "o-7", Policy::FirstWriter), ("status", "paid", Policy::LastWriter)]).await?;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
     /// The policy the tenant's agent or capability policies declare for the field (the
@@ -205,12 +259,38 @@ impl Session {
     }
 
     /// Reads the whole session.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(session: agent_reach::Session) -> Result<(), agent_reach::SessionError> {
+    /// let snapshot = session.read().await?;
+    /// if snapshot.found {
+    ///     for (name, field) in &snapshot.fields {
+    ///         println!("{name} = {:?} (by {})", field.value, field.writer_agent);
+    ///     }
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn read(&self) -> Result<SessionSnapshot, SessionError> {
         self.read_at_least(0).await
     }
 
     /// Reads the whole session, at least at `version` (e.g. a version a write returned on
     /// another host).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(session: agent_reach::Session) -> Result<(), agent_reach::SessionError> {
+    /// let version = session.set("step", "2").await?;
+    /// // Elsewhere, a reader that must see that write:
+    /// let snapshot = session.read_at_least(version).await?;
+    /// assert!(snapshot.version >= version);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn read_at_least(&self, version: u64) -> Result<SessionSnapshot, SessionError> {
         let request = proto::GetSessionRequest {
             session_id: self.session_id.clone(),
@@ -227,6 +307,17 @@ impl Session {
     }
 
     /// One field, or `None` when the session or the field does not exist.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(session: agent_reach::Session) -> Result<(), agent_reach::SessionError> {
+    /// if let Some(field) = session.get("order_id").await? {
+    ///     println!("order {:?}, version {}", field.value, field.version);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn get(&self, name: &str) -> Result<Option<SessionField>, SessionError> {
         let request = proto::GetSessionRequest {
             session_id: self.session_id.clone(),
@@ -239,6 +330,26 @@ impl Session {
 
     /// Writes fields atomically (all or none), each with its policy; returns the version
     /// of the write.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(session: agent_reach::Session) -> Result<(), agent_reach::SessionError> {
+    /// use agent_reach::{Policy, SessionError};
+    ///
+    /// // A counter by compare-and-set: read, then write only if no one wrote in between.
+    /// loop {
+    ///     let field = session.get("count").await?;
+    ///     let (count, version) = field.map_or((0, 0), |f| (String::from_utf8_lossy(&f.value).parse().unwrap_or(0), f.version));
+    ///     match session.put([("count", (count + 1u64).to_string(), Policy::CompareAndSet(version))]).await {
+    ///         Ok(_) => break,
+    ///         Err(SessionError::Conflict { .. }) => continue,
+    ///         Err(e) => return Err(e),
+    ///     }
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn put<I, N, V>(&self, fields: I) -> Result<u64, SessionError>
     where
         I: IntoIterator<Item = (N, V, Policy)>,
@@ -277,17 +388,47 @@ impl Session {
 
     /// Sets one field with its declared policy ([`Policy::Declared`]): last writer wins
     /// unless a policy declares otherwise for the field.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(session: agent_reach::Session) -> Result<(), agent_reach::SessionError> {
+    /// let version = session.set("language", "zh").await?;
+    /// println!("written at version {version}");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn set(&self, name: &str, value: impl Into<Bytes>) -> Result<u64, SessionError> {
         self.put([(name, value.into(), Policy::Declared)]).await
     }
 
     /// Sets one field only if no one has: the first value stands.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(session: agent_reach::Session) -> Result<(), agent_reach::SessionError> {
+    /// session.put_first("user_id", "u-42").await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn put_first(&self, name: &str, value: impl Into<Bytes>) -> Result<u64, SessionError> {
         self.put([(name, value.into(), Policy::FirstWriter)]).await
     }
 
     /// Deletes fields, or the whole session when `fields` is empty. Returns whether
     /// anything was deleted.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(session: agent_reach::Session) -> Result<(), agent_reach::SessionError> {
+    /// let removed = session.delete(&["draft"]).await?; // one field
+    /// session.delete(&[]).await?; // the whole session
+    /// # let _ = removed;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn delete(&self, fields: &[&str]) -> Result<bool, SessionError> {
         let request = proto::DeleteSessionRequest {
             session_id: self.session_id.clone(),
@@ -300,6 +441,18 @@ impl Session {
 
     /// The session's changes after `version`, then live ones. The stream fails when the
     /// sidecar goes away (see [`Session::follow`] for a stream that resumes by itself).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(session: agent_reach::Session) -> Result<(), agent_reach::SessionError> {
+    /// let mut changes = session.watch(0).await?;
+    /// while let Some(change) = changes.message().await.map_err(agent_reach::SessionError::from)? {
+    ///     println!("version {}: {} fields written", change.version, change.put.len());
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn watch(&self, version: u64) -> Result<tonic::Streaming<proto::SessionChange>, SessionError> {
         let request = proto::WatchSessionRequest {
             session_id: self.session_id.clone(),
@@ -316,6 +469,23 @@ impl Session {
     /// last error and ends. It also ends after the change that ends the session, and on any
     /// refusal that a retry cannot fix (e.g. `CONTEXT_HISTORY_COMPACTED`: read the session
     /// again and follow from its version).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(session: agent_reach::Session) -> Result<(), agent_reach::SessionError> {
+    /// use futures_util::StreamExt;
+    /// use std::time::Duration;
+    ///
+    /// let from = session.read().await?.version;
+    /// let mut changes = std::pin::pin!(session.follow(from, Duration::from_secs(60)));
+    /// while let Some(change) = changes.next().await {
+    ///     let change = change?;
+    ///     println!("version {}{}", change.version, if change.ended { " (ended)" } else { "" });
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn follow(
         &self,
         version: u64,

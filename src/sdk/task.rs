@@ -73,6 +73,26 @@ impl Client {
 }
 
 /// A task being built by [`Client::submit`]; [`send`](SubmitBuilder::send) stores it.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn example() -> Result<(), agent_reach::InvokeError> {
+/// let mesh = agent_reach::Client::connect_local().await?;
+/// let submitted = mesh
+///     .submit("research.report")
+///     .id("report-2026-12") // submitting the same id again returns the existing task
+///     .text("state of A2A adoption")
+///     .session("s-42")
+///     .priority(agent_reach::Priority::High)
+///     .run_once()
+///     .push_url("http://127.0.0.1:9000/hooks/tasks")
+///     .send()
+///     .await?;
+/// println!("task {} created: {}, push secret {} bytes", submitted.id(), submitted.created, submitted.push_secret.len());
+/// # Ok(())
+/// # }
+/// ```
 #[must_use = "a task is only submitted by send()"]
 pub struct SubmitBuilder {
     sidecar: SidecarClient<super::SidecarChannel>,
@@ -157,7 +177,31 @@ impl std::ops::Deref for Submitted {
     }
 }
 
-/// A task of the client's tenant, by id.
+/// A task of the client's tenant, by id: from [`SubmitBuilder::send`] or, for a task
+/// submitted earlier (by anyone of the tenant), [`Client::task`].
+///
+/// # Examples
+///
+/// ```no_run
+/// use futures_util::StreamExt;
+/// use agent_reach::proto::TaskState;
+///
+/// # async fn example(mesh: agent_reach::Client) -> Result<(), agent_reach::InvokeError> {
+/// let task = mesh.task("report-2026-12");
+/// let mut updates = task.updates().await?;
+/// while let Some(update) = updates.next().await {
+///     let update = update?;
+///     let state = TaskState::try_from(update.status.as_ref().map_or(0, |s| s.state)).unwrap_or_default();
+///     if state == TaskState::InputRequired {
+///         task.answer("only Europe").await?;
+///     }
+///     println!("version {}: {state:?}", update.version);
+/// }
+/// let done = task.wait().await?; // returns at once: the stream above ended at the final state
+/// # let _ = done;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct TaskHandle {
     id: String,
@@ -211,6 +255,28 @@ impl TaskHandle {
 }
 
 /// The task a handler is working on (from [`Call::task`]).
+///
+/// # Examples
+///
+/// ```no_run
+/// use agent_reach::{Agent, Reply};
+///
+/// # async fn example() -> Result<(), agent_reach::AgentError> {
+/// Agent::builder("researcher")
+///     .capability("research.report", ["en"])
+///     .handle("research.report", |call| async move {
+///         let topic = call.text()?.to_string();
+///         if let Some(task) = call.task() {
+///             task.progress("collecting sources").await?;
+///             let region = task.ask("which region?").await?;
+///             return Ok(Reply::text(format!("{topic} in {region}: ...")));
+///         }
+///         Ok(Reply::text(format!("{topic}: ...")))
+///     })
+///     .serve()
+///     .await
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct TaskContext {
     handle: TaskHandle,
