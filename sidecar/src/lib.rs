@@ -39,6 +39,8 @@ pub mod config;
 pub mod control;
 mod credentials;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod grace;
 mod grpc;
 mod http_client;

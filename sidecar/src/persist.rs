@@ -98,19 +98,30 @@ fn dir_of(path: &Path) -> &Path {
 /// fsynced. The directory is created (mode 0700) when missing and refused when others
 /// may write to it.
 pub(crate) fn save(path: &Path, tenant: &str, table: &RoutingTable) -> std::io::Result<()> {
-    let saving = SavingTable {
+    let saving = saving(tenant, table, table.revision, crate::control::unix_ms());
+    write_private_with(path, |out| serde_json::to_writer(out, &saving).map_err(std::io::Error::other))
+}
+
+/// What [`save`] writes of `table`, at `revision` and `saved_at_ms`.
+fn saving<'a>(tenant: &'a str, table: &'a RoutingTable, revision: i64, saved_at_ms: u64) -> SavingTable<'a> {
+    SavingTable {
         format: FORMAT,
         tenant,
-        revision: table.revision,
-        saved_at_ms: crate::control::unix_ms(),
+        revision,
+        saved_at_ms,
         instances: table
             .instances
             .values()
             .map(|m| SavingInstance { record: &m.instance.record, revision: m.instance.revision })
             .collect(),
         policies: table.policies.values().map(|p| &**p).collect(),
-    };
-    write_private_with(path, |out| serde_json::to_writer(out, &saving).map_err(std::io::Error::other))
+    }
+}
+
+/// The file [`save`] would write of `table` at `revision` and `saved_at_ms`, in memory
+/// (for the round trip of the fuzz target, [`crate::fuzzing::table_file`]).
+pub(crate) fn encode(tenant: &str, table: &RoutingTable, revision: i64, saved_at_ms: u64) -> Vec<u8> {
+    serde_json::to_vec(&saving(tenant, table, revision, saved_at_ms)).expect("a table serializes")
 }
 
 /// Writes `bytes` to `path` atomically and durably, readable by this user only (see
@@ -233,7 +244,7 @@ pub(crate) fn load(path: &Path, tenant: &str) -> Result<Option<(RoutingTable, u6
 
 /// A table file's content as a table of `tenant` at revision 0 and when it was saved;
 /// the first bad thing in it otherwise. Never panics, whatever the bytes.
-fn parse(bytes: &[u8], tenant: &str) -> Result<(RoutingTable, u64), String> {
+pub(crate) fn parse(bytes: &[u8], tenant: &str) -> Result<(RoutingTable, u64), String> {
     let saved: SavedTable = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
     if saved.format != FORMAT {
         return Err(format!("unknown format {}", saved.format));

@@ -312,14 +312,14 @@ fn grpc_ok(frames: Frames) -> Response<Body> {
 
 /// The lines of an HTTP agent's NDJSON answer as they arrive, each a chunk.
 #[derive(Default)]
-struct NdjsonLines {
+pub(crate) struct NdjsonLines {
     buf: BytesMut,
 }
 
 impl NdjsonLines {
     /// Adds bytes of the answer; RESOURCE_EXHAUSTED when a line grows past
     /// [`MAX_ANSWER_BYTES`].
-    fn push(&mut self, data: &[u8]) -> Result<(), Status> {
+    pub(crate) fn push(&mut self, data: &[u8]) -> Result<(), Status> {
         self.buf.extend_from_slice(data);
         if self.buf.len() > MAX_ANSWER_BYTES && !self.buf.contains(&b'\n') {
             return Err(Status::resource_exhausted(format!(
@@ -330,7 +330,7 @@ impl NdjsonLines {
     }
 
     /// The next complete line's chunk (blank lines are skipped), or its error.
-    fn next_chunk(&mut self) -> Option<Result<proto::Chunk, Status>> {
+    pub(crate) fn next_chunk(&mut self) -> Option<Result<proto::Chunk, Status>> {
         loop {
             let pos = self.buf.iter().position(|b| *b == b'\n')?;
             let line = self.buf.split_to(pos + 1);
