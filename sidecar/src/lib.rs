@@ -15,18 +15,21 @@
 //!   routing with retries and fallbacks, and per attempt a circuit breaker and the dispatch
 //!   to the instance's sidecar;
 //! - `inbound/` in the target's sidecar: the `Mesh/Deliver` entry, then idempotency,
-//!   admission by priority, and delivery to the local agent (gRPC or HTTP/JSON).
+//!   authorization, admission by priority, and delivery to the local agent (gRPC, HTTP/JSON
+//!   or A2A).
 //!
-//! Each is a chain of tower layers, each layer holding its own state. Beneath them: the
-//! call types every layer passes along (`call`), the gRPC framing (`grpc`), connections
-//! (`pool`), errors and their one mapping to statuses (`error`), telemetry, the registry
-//! of local agents, and the watch of control. Nothing beneath imports what is above it.
-//! The ports themselves: `serve` (HTTP/2 settings, accept loop, graceful shutdown), `api`
-//! (which method of the local and mesh APIs goes where) and `shared` (what their handlers
-//! share).
-//!
-//! Durable tasks (`tasks/`): the local API's task methods and the dispatch of the tasks
-//! this sidecar claims, through its own local API like any call.
+//! Each is a chain of tower layers, each layer holding its own state. Above them, the
+//! front ends that send calls through the outbound stack: durable tasks (`tasks/`: the
+//! local API's task methods and the dispatch of the tasks this sidecar claims, through its
+//! own local API like any call) and the A2A bindings ([`a2a`]). Beneath them: session
+//! context and its cache (`session`, which the mesh entry prewarms), telemetry, the call
+//! types every layer passes along (`call`), the registry of local agents, the
+//! configuration, the gRPC framing (`grpc`), connections (`pool`), errors and their one
+//! mapping to statuses (`error`), and the watch of control. Nothing beneath imports what
+//! is above it, except telemetry's scrape (`telemetry/scrape.rs`), which names the
+//! outbound and inbound maps whose sizes it reads. The ports themselves: `serve` (HTTP/2
+//! settings, accept loop, graceful shutdown), `api` (which method of the local and mesh
+//! APIs goes where) and `shared` (what their handlers share).
 //!
 //! [`Sidecar::start`] takes already-bound listeners, so tests run sidecars on port 0.
 
