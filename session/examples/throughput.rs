@@ -2,8 +2,12 @@
 //! same operation: starts its own etcd and redis-server (like the tests), then prints
 //! put p50/p99 (one writer), puts/s (32 writers, each on its own session) and get p50/p99,
 //! for `KvSessions` on etcd vs a raw etcd put of the same bytes, and `RedisSessions` vs a
-//! raw `HSET` + `PEXPIRE` pipeline. Run: `cargo run --release -p agent-reach-session
-//! --features test-util --example throughput` (numbers, not a pass/fail test).
+//! raw `HSET` + `PEXPIRE` pipeline. Two more rows say where the difference goes: a raw etcd
+//! transaction of the shape a session write commits (a compare on one key, two puts on a
+//! lease), and Redis's own time per command (`INFO commandstats`: the session script's
+//! `EVALSHA` against the raw `HSET`) over each Redis phase. Run: `cargo run --release -p
+//! agent-reach-session --features test-util --example throughput` (numbers, not a
+//! pass/fail test).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,7 +15,7 @@ use std::time::{Duration, Instant};
 use agent_reach_session::testing::RedisServer;
 use agent_reach_session::{FieldWrite, KvSessions, Limits, RedisSessions, SessionStore, WritePolicy, Writer};
 use agent_reach_store::testing::EtcdServer;
-use agent_reach_store::{EtcdOptions, EtcdStore, Store};
+use agent_reach_store::{Compare, EtcdOptions, EtcdStore, Op, Store, Txn};
 use bytes::Bytes;
 
 const VALUE: &[u8] = &[b'x'; 256];
@@ -136,10 +140,28 @@ async fn main() {
     })
     .await;
     println!("{:<22} put p50 {p50:6.3} ms  p99 {p99:6.3} ms  {rate:8.0} puts/s", "raw etcd put");
+    let lease = raw_etcd.grant_lease(Duration::from_secs(86_400)).await.expect("lease").id;
+    for session in std::iter::once("lat".to_string()).chain((0..WRITERS).map(|w| format!("tp-{w}"))) {
+        raw_etcd.put(&format!("/raw/{session}/meta"), Bytes::from_static(b"{}"), Some(lease)).await.unwrap();
+    }
+    let e = raw_etcd.clone();
+    let (p50, p99) = latency(move |i| {
+        let e = e.clone();
+        async move { raw_txn(&*e, "lat", i, lease).await }
+    })
+    .await;
+    let e = raw_etcd.clone();
+    let rate = throughput(move |w, i| {
+        let e = e.clone();
+        async move { raw_txn(&*e, &format!("tp-{w}"), i, lease).await }
+    })
+    .await;
+    println!("{:<22} put p50 {p50:6.3} ms  p99 {p99:6.3} ms  {rate:8.0} puts/s", "raw etcd txn 2 puts");
     sessions("sessions on etcd", Arc::new(KvSessions::new(raw_etcd.clone(), limits.clone()))).await;
 
     let client = redis::Client::open(redis.url()).unwrap();
     let conn = redis::aio::ConnectionManager::new(client).await.unwrap();
+    reset_stats(&conn).await;
     let c = conn.clone();
     let (p50, p99) = latency(move |i| {
         let mut c = c.clone();
@@ -174,6 +196,52 @@ async fn main() {
     })
     .await;
     println!("{:<22} put p50 {p50:6.3} ms  p99 {p99:6.3} ms  {rate:8.0} puts/s", "raw redis hset+pexpire");
+    println!("{:<22} {}", "  redis server time", server_time(&conn, &["hset", "pexpire"]).await);
+    reset_stats(&conn).await;
     let sessions_on_redis = RedisSessions::connect(&redis.url(), limits).await.expect("redis sessions");
     sessions("sessions on redis", Arc::new(sessions_on_redis)).await;
+    println!("{:<22} {}", "  redis server time", server_time(&conn, &["evalsha", "hgetall"]).await);
+}
+
+/// What a session write on etcd commits, raw, in one round trip: a compare on the session's
+/// `meta` key (on its value, so no revision has to be tracked; the key is created first),
+/// then `meta` and one field put on a lease.
+async fn raw_txn(e: &dyn Store, session: &str, i: usize, lease: agent_reach_store::LeaseId) {
+    let meta = format!("/raw/{session}/meta");
+    let txn = Txn {
+        compares: vec![Compare::Value(meta.clone(), Bytes::from_static(b"{}"))],
+        success: vec![
+            Op::Put { key: meta, value: Bytes::from_static(b"{}"), lease: Some(lease) },
+            Op::Put {
+                key: format!("/raw/{session}/f/f{}", i % 8),
+                value: Bytes::from_static(VALUE),
+                lease: Some(lease),
+            },
+        ],
+        failure: vec![],
+    };
+    assert!(e.txn(txn).await.unwrap().succeeded, "the raw transaction's compare failed");
+}
+
+async fn reset_stats(conn: &redis::aio::ConnectionManager) {
+    let mut c = conn.clone();
+    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut c).await.unwrap();
+}
+
+/// Redis's own microseconds per call of `commands` since the last reset.
+async fn server_time(conn: &redis::aio::ConnectionManager, commands: &[&str]) -> String {
+    let mut c = conn.clone();
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut c).await.unwrap();
+    let mut out = Vec::new();
+    for command in commands {
+        let prefix = format!("cmdstat_{command}:");
+        if let Some(line) = info.lines().find(|l| l.starts_with(&prefix)) {
+            let field = |name: &str| {
+                line.split(',').find_map(|kv| kv.strip_prefix(name)).unwrap_or("?").trim_start_matches('=').to_string()
+            };
+            let calls = field(&format!("{prefix}calls"));
+            out.push(format!("{command} {} µs/call ({calls} calls)", field("usec_per_call")));
+        }
+    }
+    out.join(", ")
 }

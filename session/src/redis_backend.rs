@@ -11,7 +11,8 @@
 //!   expiry time, for the cap on live sessions (exact: checked inside the script).
 //!
 //! Each write and delete is one Lua script, so its policy checks, limits and effects are
-//! atomic; Redis expires the hash and the log together `ttl` after the last write. A watch
+//! atomic (a write reads the session's counters and the written fields' metadata with one
+//! `HMGET` and writes them with one `HSET`: six commands for any number of fields); Redis expires the hash and the log together `ttl` after the last write. A watch
 //! uses a connection of its own (its `XREAD BLOCK` would stall shared requests) and, when
 //! the session's hash disappears without a delete entry, reports the session ended
 //! (expired). Versions of one session are consecutive, so a watch that finds a hole
@@ -41,17 +42,20 @@ local h, log, idx = KEYS[1], KEYS[2], KEYS[3]
 local now, ttl = tonumber(ARGV[1]), tonumber(ARGV[2])
 local max_session, max_fields, max_sessions = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local log_len, sid, agent, inst, n = tonumber(ARGV[6]), ARGV[7], ARGV[8], ARGV[9], tonumber(ARGV[10])
-local exists = redis.call('EXISTS', h) == 1
+local want = {'_v', '_size', '_n'}
+for k = 0, n - 1 do want[4 + k] = 'm:' .. ARGV[11 + k * 5] end
+local got = redis.call('HMGET', h, unpack(want))
+local exists = got[1] ~= false
 if not exists then
   redis.call('ZREMRANGEBYSCORE', idx, '-inf', now)
   if redis.call('ZCARD', idx) >= max_sessions then return {'sessions'} end
 end
-local size = tonumber(redis.call('HGET', h, '_size') or '0')
-local count = tonumber(redis.call('HGET', h, '_n') or '0')
+local size = tonumber(got[2] or '0')
+local count = tonumber(got[3] or '0')
 for k = 0, n - 1 do
   local b = 11 + k * 5
   local name, pol, exp, ct, val = ARGV[b], ARGV[b + 1], tonumber(ARGV[b + 2]), ARGV[b + 3], ARGV[b + 4]
-  local cur = redis.call('HGET', h, 'm:' .. name)
+  local cur = got[4 + k]
   if cur then
     local m = cjson.decode(cur)
     if m.l or pol == 'f' then return {'locked', name, m.a, m.i, tostring(m.v)} end
@@ -66,17 +70,21 @@ end
 if count > max_fields then return {'fields', tostring(count)} end
 if size > max_session then return {'size', tostring(size)} end
 if not exists then redis.call('DEL', log) end
-local v = redis.call('HINCRBY', h, '_v', 1)
+local v = tonumber(got[1] or '0') + 1
 local entry = {'a', agent, 'i', inst, 't', tostring(now)}
+local sets = {'_v', v, '_size', size, '_n', count}
 for k = 0, n - 1 do
   local b = 11 + k * 5
   local name, pol, ct, val = ARGV[b], ARGV[b + 1], ARGV[b + 3], ARGV[b + 4]
   local locked = pol == 'f'
   local meta = {v = v, a = agent, i = inst, t = now, ct = ct, l = locked, s = #name + #ct + #val}
-  redis.call('HSET', h, 'm:' .. name, cjson.encode(meta), 'd:' .. name, val)
-  for _, x in ipairs({'f', name, 'c', ct, 'd', val, 'l', locked and '1' or '0'}) do table.insert(entry, x) end
+  local at = #sets
+  sets[at + 1], sets[at + 2], sets[at + 3], sets[at + 4] = 'm:' .. name, cjson.encode(meta), 'd:' .. name, val
+  at = #entry
+  entry[at + 1], entry[at + 2], entry[at + 3], entry[at + 4] = 'f', name, 'c', ct
+  entry[at + 5], entry[at + 6], entry[at + 7], entry[at + 8] = 'd', val, 'l', locked and '1' or '0'
 end
-redis.call('HSET', h, '_size', size, '_n', count)
+redis.call('HSET', h, unpack(sets))
 redis.call('PEXPIRE', h, ttl)
 redis.call('XADD', log, 'MAXLEN', '~', log_len, '0-' .. v, unpack(entry))
 redis.call('PEXPIRE', log, ttl)
