@@ -13,11 +13,12 @@
 //! Each write and delete is one Lua script, so its policy checks, limits and effects are
 //! atomic (a write reads the session's counters and the written fields' metadata with one
 //! `HMGET` and writes them with one `HSET`: six commands for any number of fields, three
-//! more when it creates the session); Redis expires the hash and the log together `ttl` after the last write. A watch
-//! uses a connection of its own (its `XREAD BLOCK` would stall shared requests) and, when
-//! the session's hash disappears without a delete entry, reports the session ended
-//! (expired). Versions of one session are consecutive, so a watch that finds a hole
-//! (entries trimmed from the log) fails with `Compacted` instead of skipping changes.
+//! more when it creates the session); Redis expires the hash and the log together `ttl`
+//! after the last write. A watch uses a connection of its own (its `XREAD BLOCK` would
+//! stall shared requests) and, when the session's hash disappears without a delete entry,
+//! reports the session ended (expired). Versions of one session are consecutive, so a
+//! watch that finds a hole (entries trimmed from the log) fails with `Compacted` instead
+//! of skipping changes.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
