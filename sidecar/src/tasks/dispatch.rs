@@ -28,7 +28,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use agent_reach::headers;
 use agent_reach::proto::tasks_client::TasksClient;
 use agent_reach::proto::{self, TaskState};
-use agent_reach::reason::{self, Reason};
+use agent_reach::reason::Reason;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
@@ -36,6 +36,7 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
+use super::failure::{Failure, classify, reason_of, transient};
 use super::{EventStream, RESULT_ARTIFACT, Tasks, lock};
 
 /// Most attempts of one task.
@@ -61,58 +62,37 @@ pub(super) fn backoff(n: u32) -> Duration {
     (Duration::from_millis(100) * 2u32.saturating_pow(n.min(10))).min(MAX_BACKOFF)
 }
 
-fn reason_of(status: &Status) -> String {
-    match reason::error_info(status) {
-        Some(info) => info.reason,
-        None => {
-            let mut name = String::new();
-            for (i, c) in format!("{:?}", status.code()).chars().enumerate() {
-                if c.is_ascii_uppercase() && i > 0 {
-                    name.push('_');
-                }
-                name.push(c.to_ascii_uppercase());
-            }
-            name
-        }
+/// What the dispatch loop does after a step.
+enum Next {
+    /// Go on with the task as it now is.
+    Again(Box<proto::Task>),
+    /// The dispatch is over (the task finished, or another dispatcher or a stop took it).
+    Done,
+}
+
+/// How starting an attempt went.
+enum Begun {
+    /// The attempt is recorded; the task as it now is.
+    Started(proto::Task),
+    /// Another writer changed the task first: look at it again.
+    Again(proto::Task),
+    Done,
+}
+
+/// `attempt`, ended now by `instance` of `agent` with `outcome`.
+fn ended(attempt: &proto::TaskAttempt, instance: &str, agent: &str, outcome: &str) -> proto::TaskAttempt {
+    proto::TaskAttempt {
+        instance_id: instance.to_string(),
+        agent: agent.to_string(),
+        ended_at_ms: now_ms(),
+        outcome: outcome.to_string(),
+        ..attempt.clone()
     }
 }
 
-/// Whether control (or the store behind it) could not be reached: worth retrying.
-fn transient(status: &Status) -> bool {
-    matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled)
-}
-
-/// How an attempt's call failed.
-#[derive(Debug, PartialEq, Eq)]
-enum Failure {
-    /// Never reached an agent: try again later.
-    NotDelivered,
-    /// The instance (or its sidecar) went away, maybe mid-work.
-    Lost,
-    /// The agent answered an error: the task fails (or is rejected).
-    Agent,
-}
-
-fn classify(status: &Status) -> Failure {
-    if let Some(info) = reason::error_info(status) {
-        return match Reason::parse(&info.reason) {
-            Some(
-                Reason::NoHealthyInstance
-                | Reason::AgentNotFound
-                | Reason::CircuitOpen
-                | Reason::AgentOverloaded
-                | Reason::RateLimited
-                | Reason::ShuttingDown
-                | Reason::ControlUnavailable,
-            ) => Failure::NotDelivered,
-            Some(Reason::InstanceUnreachable | Reason::SidecarUnreachable) => Failure::Lost,
-            _ => Failure::Agent,
-        };
-    }
-    match status.code() {
-        Code::Unavailable | Code::Unknown | Code::Cancelled => Failure::Lost,
-        _ => Failure::Agent,
-    }
+/// The task's state as an attempt's outcome: `canceled`, `completed`, ...
+fn state_name(task: &proto::Task) -> String {
+    state_of(task).as_str_name().trim_start_matches("TASK_STATE_").to_lowercase()
 }
 
 /// How one attempt ended.
@@ -237,26 +217,9 @@ impl Tasks {
             }
             // An attempt left open by a dispatcher that died: its instance may have run it.
             if let Some(open) = task.attempts.iter().find(|a| a.ended_at_ms == 0).cloned() {
-                let lost = proto::TaskAttempt { ended_at_ms: now_ms(), outcome: "lost".into(), ..open };
-                if task.run_once {
-                    let detail = format!("attempt {} was cut off and the task must not run twice", lost.number);
-                    self.finish(&task, TaskState::Failed, "INSTANCE_LOST", detail, Some(lost)).await;
-                    return;
-                }
-                let (dispatcher, claim_until_ms) = self.claim();
-                let r = proto::UpdateTaskRequest {
-                    task_id: task.id.clone(),
-                    attempt: Some(lost),
-                    dispatcher,
-                    claim_until_ms,
-                    ..Default::default()
-                };
-                match self.update_retrying(r).await {
-                    Ok(t) => task = t,
-                    Err(s) => {
-                        tracing::warn!(task = %task.id, "cannot record a lost attempt: {s}");
-                        return;
-                    }
+                match self.record_lost(&task, open).await {
+                    Next::Again(t) => task = *t,
+                    Next::Done => return,
                 }
                 continue;
             }
@@ -267,132 +230,167 @@ impl Tasks {
                 return;
             }
             let attempt = proto::TaskAttempt { number, started_at_ms: now_ms(), ..Default::default() };
-            let (dispatcher, claim_until_ms) = self.claim();
-            let r = proto::UpdateTaskRequest {
-                task_id: task.id.clone(),
-                expected_version: task.version,
-                status: Some(proto::TaskStatus { state: TaskState::Working as i32, ..Default::default() }),
-                attempt: Some(attempt.clone()),
-                dispatcher,
-                claim_until_ms,
-                ..Default::default()
-            };
-            match self.update_retrying(r).await {
-                Ok(t) => task = t,
-                Err(s) if reason_of(&s) == Reason::TaskConflict.as_str() => {
-                    match self.get(&task.id).await {
-                        Ok(t) => task = t,
-                        Err(_) => tokio::time::sleep(backoff(failures)).await,
-                    }
+            match self.begin_attempt(&task, &attempt, failures).await {
+                Begun::Started(t) => task = t,
+                Begun::Again(t) => {
+                    task = t;
                     continue;
                 }
-                Err(s) => {
-                    tracing::debug!(task = %task.id, "not dispatching: {s}");
-                    return;
-                }
+                Begun::Done => return,
             }
             self.stats.attempts.fetch_add(1, Ordering::Relaxed);
             let outcome = self.run_attempt(&task, number).await;
-            let ended = |instance: &str, agent: &str, outcome: &str| proto::TaskAttempt {
-                instance_id: instance.to_string(),
-                agent: agent.to_string(),
-                ended_at_ms: now_ms(),
-                outcome: outcome.to_string(),
-                ..attempt.clone()
-            };
-            match outcome {
-                Outcome::Stopped => return,
-                Outcome::Ended(t) => {
-                    let state = state_of(&t).as_str_name().trim_start_matches("TASK_STATE_").to_lowercase();
-                    self.end_attempt(&t, Some(ended("", "", &state))).await;
-                    return;
+            match self.conclude(&task, &attempt, outcome).await {
+                Next::Again(t) => task = *t,
+                Next::Done => return,
+            }
+            tokio::time::sleep(backoff(failures)).await;
+            failures += 1;
+        }
+    }
+
+    /// Records an attempt a dead dispatcher left open as lost (and claims the task), or
+    /// fails a task that must not run twice.
+    async fn record_lost(&self, task: &proto::Task, open: proto::TaskAttempt) -> Next {
+        let lost = proto::TaskAttempt { ended_at_ms: now_ms(), outcome: "lost".into(), ..open };
+        if task.run_once {
+            let detail = format!("attempt {} was cut off and the task must not run twice", lost.number);
+            self.finish(task, TaskState::Failed, "INSTANCE_LOST", detail, Some(lost)).await;
+            return Next::Done;
+        }
+        let (dispatcher, claim_until_ms) = self.claim();
+        let r = proto::UpdateTaskRequest {
+            task_id: task.id.clone(),
+            attempt: Some(lost),
+            dispatcher,
+            claim_until_ms,
+            ..Default::default()
+        };
+        match self.update_retrying(r).await {
+            Ok(t) => Next::Again(Box::new(t)),
+            Err(s) => {
+                tracing::warn!(task = %task.id, "cannot record a lost attempt: {s}");
+                Next::Done
+            }
+        }
+    }
+
+    /// Marks the task WORKING with `attempt` open, at the version read; on a conflict the
+    /// task is read again (after a pause when it cannot be).
+    async fn begin_attempt(&self, task: &proto::Task, attempt: &proto::TaskAttempt, failures: u32) -> Begun {
+        let (dispatcher, claim_until_ms) = self.claim();
+        let r = proto::UpdateTaskRequest {
+            task_id: task.id.clone(),
+            expected_version: task.version,
+            status: Some(proto::TaskStatus { state: TaskState::Working as i32, ..Default::default() }),
+            attempt: Some(attempt.clone()),
+            dispatcher,
+            claim_until_ms,
+            ..Default::default()
+        };
+        match self.update_retrying(r).await {
+            Ok(t) => Begun::Started(t),
+            Err(s) if reason_of(&s) == Reason::TaskConflict.as_str() => match self.get(&task.id).await {
+                Ok(t) => Begun::Again(t),
+                Err(_) => {
+                    tokio::time::sleep(backoff(failures)).await;
+                    Begun::Again(task.clone())
                 }
-                Outcome::Replied(reply) => {
-                    let artifact = proto::TaskArtifact {
-                        artifact_id: RESULT_ARTIFACT.into(),
-                        name: RESULT_ARTIFACT.into(),
-                        parts: vec![proto::TaskPart {
-                            data: reply.payload.clone(),
-                            content_type: reply.content_type.clone(),
-                            ..Default::default()
-                        }],
-                        metadata: reply.metadata.clone(),
-                        ..Default::default()
-                    };
-                    let a = ended(&reply.instance_id, &reply.agent, "completed");
-                    let r = proto::UpdateTaskRequest {
-                        task_id: task.id.clone(),
-                        status: Some(proto::TaskStatus { state: TaskState::Completed as i32, ..Default::default() }),
-                        artifacts: vec![artifact],
-                        attempt: Some(a.clone()),
-                        ..Default::default()
-                    };
-                    match self.update_retrying(r).await {
-                        Ok(_) => {
-                            self.stats.finished.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(s) if reason_of(&s) == Reason::TaskResultTooLarge.as_str() => {
-                            let a = proto::TaskAttempt { outcome: Reason::TaskResultTooLarge.as_str().into(), ..a };
-                            self.finish(
-                                &task,
-                                TaskState::Failed,
-                                Reason::TaskResultTooLarge.as_str(),
-                                s.message().into(),
-                                Some(a),
-                            )
-                            .await;
-                        }
-                        // Canceled meanwhile, or the agent reported its own end.
-                        Err(s) if reason_of(&s) == Reason::TaskFinished.as_str() => {
-                            self.end_attempt(&task, Some(a)).await
-                        }
-                        Err(s) => tracing::warn!(task = %task.id, "cannot complete the task: {s}"),
-                    }
-                    return;
-                }
-                Outcome::Failed(status) => {
-                    // Ended meanwhile (a cancel, the agent's own report): the call's error
-                    // is only the consequence.
-                    if let Ok(t) = self.get(&task.id).await
-                        && is_final(state_of(&t))
-                    {
-                        let state = state_of(&t).as_str_name().trim_start_matches("TASK_STATE_").to_lowercase();
-                        self.end_attempt(&t, Some(ended("", "", &state))).await;
-                        return;
-                    }
-                    let why = reason_of(&status);
-                    match classify(&status) {
-                        Failure::Agent => {
-                            let state = if matches!(status.code(), Code::PermissionDenied | Code::Unauthenticated) {
-                                TaskState::Rejected
-                            } else {
-                                TaskState::Failed
-                            };
-                            let a = ended("", "", &why);
-                            self.finish(&task, state, &why, status.message().to_string(), Some(a)).await;
-                            return;
-                        }
-                        Failure::Lost if task.run_once => {
-                            let a = ended("", "", "lost");
-                            let detail = format!("{why}: {}; the task must not run twice", status.message());
-                            self.finish(&task, TaskState::Failed, "INSTANCE_LOST", detail, Some(a)).await;
-                            return;
-                        }
-                        kind => {
-                            let outcome = if kind == Failure::Lost { format!("lost: {why}") } else { why };
-                            let r = proto::UpdateTaskRequest {
-                                task_id: task.id.clone(),
-                                attempt: Some(ended("", "", &outcome)),
-                                ..Default::default()
-                            };
-                            match self.update_retrying(r).await {
-                                Ok(t) => task = t,
-                                Err(_) => return,
-                            }
-                            tokio::time::sleep(backoff(failures)).await;
-                            failures += 1;
-                        }
-                    }
+            },
+            Err(s) => {
+                tracing::debug!(task = %task.id, "not dispatching: {s}");
+                Begun::Done
+            }
+        }
+    }
+
+    /// Records how `attempt` ended; [`Next::Again`] when the task is to be tried again.
+    async fn conclude(&self, task: &proto::Task, attempt: &proto::TaskAttempt, outcome: Outcome) -> Next {
+        match outcome {
+            Outcome::Stopped => {}
+            Outcome::Ended(t) => self.end_attempt(&t, Some(ended(attempt, "", "", &state_name(&t)))).await,
+            Outcome::Replied(reply) => {
+                self.complete(task, ended(attempt, &reply.instance_id, &reply.agent, "completed"), &reply).await
+            }
+            Outcome::Failed(status) => return self.after_failure(task, attempt, status).await,
+        }
+        Next::Done
+    }
+
+    /// Completes the task with the agent's reply as its result artifact.
+    async fn complete(&self, task: &proto::Task, a: proto::TaskAttempt, reply: &proto::InvokeReply) {
+        let artifact = proto::TaskArtifact {
+            artifact_id: RESULT_ARTIFACT.into(),
+            name: RESULT_ARTIFACT.into(),
+            parts: vec![proto::TaskPart {
+                data: reply.payload.clone(),
+                content_type: reply.content_type.clone(),
+                ..Default::default()
+            }],
+            metadata: reply.metadata.clone(),
+            ..Default::default()
+        };
+        let r = proto::UpdateTaskRequest {
+            task_id: task.id.clone(),
+            status: Some(proto::TaskStatus { state: TaskState::Completed as i32, ..Default::default() }),
+            artifacts: vec![artifact],
+            attempt: Some(a.clone()),
+            ..Default::default()
+        };
+        match self.update_retrying(r).await {
+            Ok(_) => {
+                self.stats.finished.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(s) if reason_of(&s) == Reason::TaskResultTooLarge.as_str() => {
+                let a = proto::TaskAttempt { outcome: Reason::TaskResultTooLarge.as_str().into(), ..a };
+                let too_large = Reason::TaskResultTooLarge.as_str();
+                self.finish(task, TaskState::Failed, too_large, s.message().into(), Some(a)).await;
+            }
+            // Canceled meanwhile, or the agent reported its own end.
+            Err(s) if reason_of(&s) == Reason::TaskFinished.as_str() => self.end_attempt(task, Some(a)).await,
+            Err(s) => tracing::warn!(task = %task.id, "cannot complete the task: {s}"),
+        }
+    }
+
+    /// After a failed call: ends the task when the agent refused it (or it must not run
+    /// twice), else records the attempt and answers [`Next::Again`].
+    async fn after_failure(&self, task: &proto::Task, attempt: &proto::TaskAttempt, status: Status) -> Next {
+        // Ended meanwhile (a cancel, the agent's own report): the call's error is only the
+        // consequence.
+        if let Ok(t) = self.get(&task.id).await
+            && is_final(state_of(&t))
+        {
+            self.end_attempt(&t, Some(ended(attempt, "", "", &state_name(&t)))).await;
+            return Next::Done;
+        }
+        let why = reason_of(&status);
+        match classify(&status) {
+            Failure::Agent => {
+                let state = if matches!(status.code(), Code::PermissionDenied | Code::Unauthenticated) {
+                    TaskState::Rejected
+                } else {
+                    TaskState::Failed
+                };
+                let a = ended(attempt, "", "", &why);
+                self.finish(task, state, &why, status.message().to_string(), Some(a)).await;
+                Next::Done
+            }
+            Failure::Lost if task.run_once => {
+                let a = ended(attempt, "", "", "lost");
+                let detail = format!("{why}: {}; the task must not run twice", status.message());
+                self.finish(task, TaskState::Failed, "INSTANCE_LOST", detail, Some(a)).await;
+                Next::Done
+            }
+            kind => {
+                let outcome = if kind == Failure::Lost { format!("lost: {why}") } else { why };
+                let r = proto::UpdateTaskRequest {
+                    task_id: task.id.clone(),
+                    attempt: Some(ended(attempt, "", "", &outcome)),
+                    ..Default::default()
+                };
+                match self.update_retrying(r).await {
+                    Ok(t) => Next::Again(Box::new(t)),
+                    Err(_) => Next::Done,
                 }
             }
         }
@@ -570,21 +568,5 @@ pub(crate) async fn relay(
             }
             Err(_) => {}
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn failures_are_classified_by_reason() {
-        let s = reason::status(Reason::NoHealthyInstance, "none", &[]);
-        assert_eq!(classify(&s), Failure::NotDelivered);
-        let s = reason::status(Reason::InstanceUnreachable, "gone", &[]);
-        assert_eq!(classify(&s), Failure::Lost);
-        assert_eq!(classify(&Status::unavailable("connection reset")), Failure::Lost);
-        assert_eq!(classify(&Status::invalid_argument("bad input")), Failure::Agent);
-        assert_eq!(reason_of(&Status::invalid_argument("x")), "INVALID_ARGUMENT");
     }
 }

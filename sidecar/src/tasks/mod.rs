@@ -12,6 +12,7 @@
 
 mod caller;
 pub(crate) mod dispatch;
+mod failure;
 mod push;
 
 pub use push::sign;
