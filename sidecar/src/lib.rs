@@ -26,8 +26,8 @@
 //! types every layer passes along (`call`), the registry of local agents, the
 //! configuration, the gRPC framing (`grpc`), connections (`pool`), errors and their one
 //! mapping to statuses (`error`), and the watch of control. Nothing beneath imports what
-//! is above it, except telemetry's scrape (`telemetry/scrape.rs`), which names the
-//! outbound and inbound maps whose sizes it reads. The ports themselves: `serve` (HTTP/2
+//! is above it (telemetry's scrape reads the sizes of the stacks' maps through closures
+//! handed in at start). The ports themselves: `serve` (HTTP/2
 //! settings, accept loop, graceful shutdown), `api` (which method of the local and mesh
 //! APIs goes where) and `shared` (what their handlers share).
 //!
@@ -482,13 +482,7 @@ fn entries(
                 table: inner.table.clone(),
                 inbound_in_flight: Box::new(move || in_flight.total_in_flight()),
                 limits: [("local", inner.limit_stats[0].clone()), ("mesh", inner.limit_stats[1].clone())],
-                bounded: telemetry::BoundedMaps {
-                    rate_limits: rate_limits.clone(),
-                    gates: gates.clone(),
-                    pools,
-                    cache: cache.clone(),
-                    idempotency: idempotency.clone(),
-                },
+                bounded: bounded_maps(&rate_limits, &gates, pools, &cache, &idempotency),
             })
             .with(Box::new(session::SessionMetrics(inner.sessions.clone()))),
     );
@@ -554,6 +548,32 @@ fn entries(
         body_read(&inner.limit_stats[1]),
     );
     (invoke, mesh, metrics)
+}
+
+/// How `/metrics` reads the sizes of the maps the stacks bound (telemetry sits below the
+/// stacks, so it gets closures rather than the maps' types).
+fn bounded_maps(
+    rate_limits: &Arc<outbound::ratelimit::RateLimits>,
+    gates: &Arc<inbound::admission::Gates>,
+    pools: Vec<Arc<pool::Pool>>,
+    cache: &Arc<outbound::cache::ResultCache>,
+    idempotency: &Arc<inbound::idempotency::Store>,
+) -> telemetry::BoundedMaps {
+    let (r, g, c, i) = (rate_limits.clone(), gates.clone(), cache.clone(), idempotency.clone());
+    let (cb, ib) = (cache.clone(), idempotency.clone());
+    telemetry::BoundedMaps {
+        entries: vec![
+            ("rate_buckets", Box::new(move || r.pair_buckets())),
+            ("admission_gates", Box::new(move || g.len())),
+            ("pool_slots", Box::new(move || pools.iter().map(|p| p.slots()).sum())),
+            ("result_cache", Box::new(move || c.len())),
+            ("idempotency", Box::new(move || i.keys())),
+        ],
+        bytes: vec![
+            ("result_cache", Box::new(move || cb.bytes())),
+            ("idempotency", Box::new(move || ib.stored_bytes())),
+        ],
+    }
 }
 
 /// `/readyz`: a routing table, and control reachable or the table fresh enough.

@@ -29,38 +29,31 @@ pub(crate) struct ScrapeCollector {
     pub bounded: BoundedMaps,
 }
 
+/// A size read at scrape time.
+pub(crate) type Size = Box<dyn Fn() -> usize + Send + Sync>;
+
 /// The maps that grow with input (each has a cap; README "Limits on input"), whose sizes
 /// `/metrics` reports as `agent_reach_bounded_entries{map}` and
-/// `agent_reach_bounded_bytes{map}`.
+/// `agent_reach_bounded_bytes{map}`. The sizes are read through closures the sidecar hands
+/// in at start, so telemetry imports none of the layers above it that own the maps.
 pub(crate) struct BoundedMaps {
-    /// Caller → target token buckets (`map="rate_buckets"`).
-    pub rate_limits: Arc<crate::outbound::ratelimit::RateLimits>,
-    /// Admission gates of local instances (`map="admission_gates"`).
-    pub gates: Arc<crate::inbound::admission::Gates>,
-    /// Connection pools (to local agents, and to other sidecars when that is another pool):
-    /// their slots together (`map="pool_slots"`).
-    pub pools: Vec<Arc<crate::pool::Pool>>,
-    /// The result cache (`map="result_cache"`, entries and bytes).
-    pub cache: Arc<crate::outbound::cache::ResultCache>,
-    /// Idempotency keys and their stored answers (`map="idempotency"`, entries and bytes).
-    pub idempotency: Arc<crate::inbound::idempotency::Store>,
+    /// (map, entries): caller → target token buckets (`rate_buckets`), admission gates of
+    /// local instances (`admission_gates`), connection-pool slots (`pool_slots`), the result
+    /// cache (`result_cache`), idempotency keys (`idempotency`).
+    pub entries: Vec<(&'static str, Size)>,
+    /// (map, bytes) of the maps bounded in bytes (`result_cache`, `idempotency`).
+    pub bytes: Vec<(&'static str, Size)>,
 }
 
 impl BoundedMaps {
     /// (map, entries) of every map.
-    fn entries(&self) -> [(&'static str, usize); 5] {
-        [
-            ("rate_buckets", self.rate_limits.pair_buckets()),
-            ("admission_gates", self.gates.len()),
-            ("pool_slots", self.pools.iter().map(|p| p.slots()).sum()),
-            ("result_cache", self.cache.len()),
-            ("idempotency", self.idempotency.keys()),
-        ]
+    fn entries(&self) -> impl Iterator<Item = (&'static str, usize)> + '_ {
+        self.entries.iter().map(|(map, size)| (*map, size()))
     }
 
     /// (map, bytes) of the maps bounded in bytes.
-    fn bytes(&self) -> [(&'static str, usize); 2] {
-        [("result_cache", self.cache.bytes()), ("idempotency", self.idempotency.stored_bytes())]
+    fn bytes(&self) -> impl Iterator<Item = (&'static str, usize)> + '_ {
+        self.bytes.iter().map(|(map, size)| (*map, size()))
     }
 }
 
