@@ -279,6 +279,22 @@ async fn a_faulty_mesh_link_loses_no_idempotent_call_and_a_dead_one_trips_the_br
     put_policy(&ts.store, &[&a], capability_policy("echo", spec(lenient))).await;
 
     link.set(Faults { reset_share: 0.1, ..Faults::latency(Duration::from_millis(50), Duration::from_millis(20)) });
+    // Until B answers through the faulty link: the first new connection after the change is
+    // reset, and while the caller's sidecar reconnects every pick of B goes to C, so without
+    // this the calls below can all end before the first reset of open connections.
+    let warm = Client::connect(&a.local_addr().to_string()).await.unwrap();
+    let warm_until = Instant::now() + Duration::from_secs(15);
+    let mut warm_calls = 0;
+    loop {
+        warm_calls += 1;
+        if let Ok(reply) = warm.invoke("echo").text(format!("warm-{warm_calls}")).send().await
+            && reply.instance() == on_b.instance_id()
+        {
+            break;
+        }
+        assert!(Instant::now() < warm_until, "B answers through the faulty link within 15 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let resetting = Arc::new(AtomicBool::new(true));
     let resets = {
         let resetting = resetting.clone();
@@ -321,11 +337,26 @@ async fn a_faulty_mesh_link_loses_no_idempotent_call_and_a_dead_one_trips_the_br
     assert!(link.stats().reset_on_arrival.load(Ordering::Relaxed) > 0, "some new connections were reset");
     assert!(link.stats().reset_open.load(Ordering::Relaxed) > 0, "open connections were reset");
 
-    // Half-open: B's sidecar gets the calls but its answers never come back.
-    link.set(Faults::half_open());
+    // The link heals, and the strict breaker is in place before B's link turns half-open.
+    // A call answered by B first: the last attempt on B of the reset phase may have failed,
+    // and a breaker counts consecutive failures across a change of policy, so without a
+    // success on B it could open after only two failures of the half-open phase.
+    link.heal();
     let strict = CircuitBreaker { consecutive_failures: 3, open_ms: 60_000, ..Default::default() };
     put_policy(&ts.store, &[&a], capability_policy("echo", spec(strict))).await;
     let client = Client::connect(&a.local_addr().to_string()).await.unwrap();
+    let mut answered_by_b = false;
+    for i in 0..20 {
+        let reply =
+            client.invoke("echo").text(format!("healed-{i}")).send().await.expect("a call over the healed link");
+        if reply.instance() == on_b.instance_id() {
+            answered_by_b = true;
+            break;
+        }
+    }
+    assert!(answered_by_b, "round robin reaches B over the healed link");
+    // Half-open: B's sidecar gets the calls but its answers never come back.
+    link.set(Faults::half_open());
     let mut failed = 0;
     for i in 0..30 {
         match client.invoke("echo").text(format!("{i}")).timeout(Duration::from_millis(500)).send().await {
