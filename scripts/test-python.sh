@@ -22,7 +22,8 @@ echo "==> python: $("$PYTHON" --version)"
 
 echo "==> cargo build (control, sidecar, test-agent)"
 cargo build -q -p agent-reach-control -p agent-reach-sidecar -p agent-reach-e2e --bins
-export AGENT_REACH_BIN_DIR="$ROOT/target/debug"
+# Where cargo put them (a CARGO_TARGET_DIR of the caller included).
+export AGENT_REACH_BIN_DIR="${CARGO_TARGET_DIR:-$ROOT/target}/debug"
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/agent-reach-python.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
