@@ -440,6 +440,7 @@ impl Feeds {
                     if feeds.len() >= self.max_feeds && !feeds.contains_key(tenant) {
                         feeds.retain(|_, (feed, _)| Arc::strong_count(feed) > 1);
                         if feeds.len() >= self.max_feeds {
+                            self.stats.feed_refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             return Err(ControlError::LimitExceeded {
                                 flag: "--max-tenant-feeds",
                                 message: format!(
@@ -584,7 +585,8 @@ mod tests {
     #[tokio::test]
     async fn tenant_feeds_are_capped_and_unused_ones_make_room() {
         let store: Arc<dyn Store> = Arc::new(agent_reach_store::EmbeddedStore::default());
-        let feeds = Feeds::new(store, Arc::default(), 16).with_max_feeds(2);
+        let stats = Arc::new(ControlStats::default());
+        let feeds = Feeds::new(store, stats.clone(), 16).with_max_feeds(2);
         let a = feeds.get("a").await.unwrap();
         let b = feeds.get("b").await.unwrap();
         // Both in use: a third tenant is refused, naming the limit.
@@ -594,6 +596,7 @@ mod tests {
         let info = agent_reach::reason::error_info(&status).unwrap();
         assert_eq!(info.reason, "LIMIT_EXCEEDED");
         assert_eq!(info.metadata.get("limit").map(String::as_str), Some("max-tenant-feeds"));
+        assert_eq!(stats.feed_refusals.load(std::sync::atomic::Ordering::Relaxed), 1, "counted for /metrics");
         // A tenant already followed is still served.
         assert!(Arc::ptr_eq(&a, &feeds.get("a").await.unwrap()));
         // Once b is unused, c takes its place at once.

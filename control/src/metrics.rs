@@ -57,13 +57,15 @@ impl Collector for StatsCollector {
         let refusals = ConstCounter::new(0u64);
         let mut m = encoder.encode_descriptor(
             "limit_refusals",
-            "Connections of the gRPC port refused or closed by a limit, by limit",
+            "Connections of the gRPC port refused or closed by a limit, and Watches refused at --max-tenant-feeds, by limit",
             None,
             refusals.metric_type(),
         )?;
         for (limit, value) in s.conn.counts() {
             ConstCounter::new(value).encode(m.encode_family(&[("limit", limit)])?)?;
         }
+        let feed_refusals = s.feed_refusals.load(Ordering::Relaxed);
+        ConstCounter::new(feed_refusals).encode(m.encode_family(&[("limit", "max_tenant_feeds")])?)?;
         let a = &s.alerts;
         let fired = ConstCounter::new(0u64);
         let mut m = encoder.encode_descriptor("alerts_fired", "Alerts fired, by rule", None, fired.metric_type())?;
@@ -147,5 +149,28 @@ pub fn admin_state(store: Arc<dyn Store>, stats: Arc<ControlStats>, mut shutdown
             if ready.load(Ordering::Relaxed) { Ok(text) } else { Err(text) }
         }),
         spans: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_are_counted_by_limit() {
+        let stats = Arc::new(ControlStats::default());
+        stats.conn.connections.fetch_add(2, Ordering::Relaxed);
+        stats.feed_refusals.fetch_add(3, Ordering::Relaxed);
+        let mut registry = Registry::with_prefix("agent_reach_control");
+        registry.register_collector(Box::new(StatsCollector { stats }));
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+        for line in [
+            "agent_reach_control_limit_refusals_total{limit=\"max_connections\"} 2\n",
+            "agent_reach_control_limit_refusals_total{limit=\"max_control_frames_per_second\"} 0\n",
+            "agent_reach_control_limit_refusals_total{limit=\"max_tenant_feeds\"} 3\n",
+        ] {
+            assert!(out.contains(line), "{line:?} in\n{out}");
+        }
     }
 }

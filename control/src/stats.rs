@@ -43,6 +43,8 @@ pub struct ControlStats {
     pub store_watches_opened: AtomicU64,
     /// Tenant feeds running (each holds one store watch): gauge.
     pub feeds: AtomicI64,
+    /// Watches refused because `--max-tenant-feeds` feeds were running, all in use.
+    pub feed_refusals: AtomicU64,
     /// Sidecar watch streams open: gauge.
     pub watch_streams: AtomicI64,
     /// Snapshots sent to sidecars (including resyncs).
