@@ -10,8 +10,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let descriptors = out.join("lf_a2a_v1_descriptor.bin");
     tonic_prost_build::configure()
         .build_client(true)
-        // Malformed requests answer INVALID_ARGUMENT, as on every other RPC (src/a2a_wire/codec.rs).
-        .codec_path("crate::a2a_wire::codec::A2aCodec")
+        // Malformed requests answer INVALID_ARGUMENT, as on every other RPC (the root crate's
+        // src/codec.rs, which names the one A2A request not called …Request).
+        .codec_path("agent_reach::codec::StrictCodec")
         .file_descriptor_set_path(&descriptors)
         // Struct, Value, Timestamp and Empty with serde support in the JSON mapping.
         .compile_well_known_types(true)

@@ -9,7 +9,10 @@
 //! reply (`…Reply`, `Chunk`, `WatchEvent`) keeps INTERNAL, which is what gRPC specifies for
 //! a peer's bad response. A new service gets the mapping by being generated from `proto/`
 //! with request messages named `…Request`; a hand-written server uses [`StrictCodec`] in
-//! `tonic::server::Grpc::new`.
+//! `tonic::server::Grpc::new`. The vendored A2A service (`lf.a2a.v1.A2AService`, served by
+//! the sidecar) uses it too; its one request not named `…Request` is listed in
+//! [`UNSUFFIXED_REQUESTS`]. That message is also an A2A reply, so an A2A *client* that cannot
+//! decode it sees INVALID_ARGUMENT rather than INTERNAL (the sidecar never sends one).
 
 use std::marker::PhantomData;
 
@@ -17,6 +20,10 @@ use prost::Message;
 use tonic::Status;
 use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
 use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
+
+/// Request messages whose names do not end in `Request`: A2A's
+/// `CreateTaskPushNotificationConfig` takes a bare `TaskPushNotificationConfig`.
+pub const UNSUFFIXED_REQUESTS: &[&str] = &["TaskPushNotificationConfig"];
 
 /// At most this many bytes of a decode error's text are quoted in the status.
 const MAX_QUOTED: usize = 128;
@@ -76,7 +83,7 @@ fn short_name<U>() -> &'static str {
 /// Maps a decode failure of a `U`: INVALID_ARGUMENT for requests, unchanged otherwise.
 pub fn decode_error<U>(status: Status) -> Status {
     let name = short_name::<U>();
-    if !name.ends_with("Request") {
+    if !name.ends_with("Request") && !UNSUFFIXED_REQUESTS.contains(&name) {
         return status;
     }
     let detail = crate::reason::truncate(status.message(), MAX_QUOTED);

@@ -4,6 +4,7 @@
 
 use bytes::Bytes;
 
+#[cfg(test)]
 mod codec;
 
 /// The `lf.a2a.v1` messages and service (vendored `proto/lf/a2a/v1/a2a.proto`), with serde

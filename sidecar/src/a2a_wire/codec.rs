@@ -1,100 +1,23 @@
-//! The codec of the generated `lf.a2a.v1.A2AService` server and client (`build.rs` sets it
-//! with `codec_path`): [`agent_reach::codec::StrictCodec`], so a request that is not a valid
-//! protobuf message answers INVALID_ARGUMENT with an `ErrorInfo` (reason `INVALID_ARGUMENT`,
-//! `field: request`) like every other RPC of the sidecar, instead of tonic's bare INTERNAL.
-//!
-//! The strict codec recognises requests by their `…Request` name. Every A2A request follows
-//! that, except `CreateTaskPushNotificationConfig`, whose request is a bare
-//! `TaskPushNotificationConfig`; this codec maps that message's decode failures too. The same
-//! message is also the reply of `Create`/`GetTaskPushNotificationConfig`, so an A2A *client*
-//! that cannot decode such a reply sees INVALID_ARGUMENT rather than INTERNAL (this sidecar
-//! never sends one: it does not support push notifications).
+//! Malformed A2A requests answer INVALID_ARGUMENT: the generated `lf.a2a.v1.A2AService`
+//! uses the root crate's [`agent_reach::codec::StrictCodec`] (`build.rs` sets it with
+//! `codec_path`), which also knows A2A's one request not named `…Request`
+//! (`TaskPushNotificationConfig`). These tests check that mapping on the A2A messages.
 
-use agent_reach::codec::{StrictCodec, StrictDecoder};
-use prost::Message;
-use tonic::Status;
-use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
-use tonic_prost::ProstEncoder;
-
-/// The A2A request message whose name does not end in `Request`.
-const UNSUFFIXED_REQUEST: &str = "TaskPushNotificationConfig";
-
-/// At most this many bytes of a decode error's text are quoted (as the strict codec does).
-const MAX_QUOTED: usize = 128;
-
-/// [`StrictCodec`] that also maps [`UNSUFFIXED_REQUEST`] (module doc).
-#[derive(Debug, Clone)]
-pub struct A2aCodec<T, U>(StrictCodec<T, U>);
-
-impl<T, U> Default for A2aCodec<T, U> {
-    fn default() -> Self {
-        A2aCodec(StrictCodec::default())
-    }
-}
-
-impl<T, U> Codec for A2aCodec<T, U>
-where
-    T: Message + Send + 'static,
-    U: Message + Default + Send + 'static,
-{
-    type Encode = T;
-    type Decode = U;
-    type Encoder = ProstEncoder<T>;
-    type Decoder = A2aDecoder<U>;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        self.0.encoder()
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        A2aDecoder(self.0.decoder())
-    }
-}
-
-/// The decoder of [`A2aCodec`].
-#[derive(Debug, Clone)]
-pub struct A2aDecoder<U>(StrictDecoder<U>);
-
-impl<U: Message + Default> Decoder for A2aDecoder<U> {
-    type Item = U;
-    type Error = Status;
-
-    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
-        self.0.decode(buf).map_err(decode_error::<U>)
-    }
-
-    fn buffer_settings(&self) -> BufferSettings {
-        self.0.buffer_settings()
-    }
-}
-
-/// What [`A2aDecoder`] answers when a `U` does not decode: the strict codec's mapping
-/// (already applied to `status` for `…Request` messages), and the same for
-/// [`UNSUFFIXED_REQUEST`].
-fn decode_error<U>(status: Status) -> Status {
-    let full = std::any::type_name::<U>();
-    let name = full.rsplit("::").next().unwrap_or(full);
-    if name != UNSUFFIXED_REQUEST || status.code() != tonic::Code::Internal {
-        return status;
-    }
-    let detail = agent_reach::reason::truncate(status.message(), MAX_QUOTED);
-    agent_reach::reason::invalid_argument("request", &format!("not a valid {name} protobuf message ({detail})"))
-}
-
-#[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::a2a_wire::proto;
+    use agent_reach::codec::decode_error;
     use agent_reach::reason::error_info;
+    use tonic::Status;
+
+    use crate::a2a_wire::proto;
 
     /// What the prost decoder answers for a message that does not decode.
     fn prost_failure() -> Status {
         Status::internal("failed to decode Protobuf message: buffer underflow")
     }
 
-    /// The status a malformed `U` ends with: the strict codec's mapping, then this codec's.
+    /// The status a malformed `U` ends with: the strict codec's mapping.
     fn mapped<U>() -> Status {
-        decode_error::<U>(agent_reach::codec::decode_error::<U>(prost_failure()))
+        decode_error::<U>(prost_failure())
     }
 
     #[test]
