@@ -382,6 +382,7 @@ impl From<&PolicySpec> for proto::PolicySpec {
             authorization: s.authorization.as_ref().map(|a| proto::Authorization {
                 allowed_agents: a.allowed_agents.clone(),
                 allow_anonymous: a.allow_anonymous,
+                allowed_tenants: a.allowed_tenants.clone(),
             }),
             session: s
                 .session
@@ -396,6 +397,7 @@ impl From<&PolicySpec> for proto::PolicySpec {
                 .collect(),
             alerts: (!s.alerts.is_empty()).then(|| alert_thresholds_to_proto(&s.alerts)),
             session_writers: s.session_writers.iter().map(session_writers_to_proto).collect(),
+            egress: s.egress.clone(),
         }
     }
 }
@@ -499,9 +501,11 @@ pub fn policy_spec_from_proto(s: proto::PolicySpec) -> Result<PolicySpec, FieldE
             queue_length: a.queue_length,
             queue_timeout_ms: a.queue_timeout_ms,
         }),
-        authorization: s
-            .authorization
-            .map(|a| Authorization { allowed_agents: a.allowed_agents, allow_anonymous: a.allow_anonymous }),
+        authorization: s.authorization.map(|a| Authorization {
+            allowed_agents: a.allowed_agents,
+            allow_anonymous: a.allow_anonymous,
+            allowed_tenants: a.allowed_tenants,
+        }),
         session: s
             .session
             .into_iter()
@@ -512,6 +516,7 @@ pub fn policy_spec_from_proto(s: proto::PolicySpec) -> Result<PolicySpec, FieldE
             .collect::<Result<_, FieldError>>()?,
         alerts: s.alerts.as_ref().map(alert_thresholds_from_proto).unwrap_or_default(),
         session_writers: s.session_writers.into_iter().map(session_writers_from_proto).collect(),
+        egress: s.egress,
     })
 }
 
@@ -613,7 +618,11 @@ mod tests {
                 read_only: true,
                 cache_ttl_ms: 100,
                 admission: None,
-                authorization: Some(Authorization { allowed_agents: vec!["planner".into()], allow_anonymous: true }),
+                authorization: Some(Authorization {
+                    allowed_agents: vec!["planner".into()],
+                    allow_anonymous: true,
+                    allowed_tenants: vec!["team-b/auditor".into()],
+                }),
                 session: [(
                     "user_id".to_string(),
                     SessionFieldRule { policy: SessionWritePolicy::FirstWriter, allow_override: true },
@@ -625,6 +634,7 @@ mod tests {
                     agents: vec!["refund".into()],
                     capabilities: vec!["finance.approve".into()],
                 }],
+                egress: vec!["team-b/work".into(), "team-c".into()],
             },
             description: "d".into(),
         };

@@ -211,6 +211,10 @@ pub struct Authorization {
     pub allowed_agents: Vec<String>,
     /// Anonymous calls are allowed too.
     pub allow_anonymous: bool,
+    /// Other tenants whose verified agents may call: "tenant" (any of its agents) or
+    /// "tenant/agent"; empty: none (see [`Authorization::allows_foreign`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub allowed_tenants: Vec<String>,
 }
 
 /// Most agents one authorization may list.
@@ -224,6 +228,49 @@ impl Authorization {
             Some(agent) => self.allowed_agents.is_empty() || self.allowed_agents.iter().any(|a| a == agent),
         }
     }
+
+    /// Whether a call from agent `agent` of another tenant `tenant` is allowed (`None`:
+    /// anonymous, never allowed from another tenant).
+    pub fn allows_foreign(&self, tenant: &str, agent: Option<&str>) -> bool {
+        let Some(agent) = agent else { return false };
+        self.allowed_tenants.iter().any(|entry| match entry.split_once('/') {
+            None => entry == tenant,
+            Some((t, a)) => t == tenant && a == agent,
+        })
+    }
+
+    /// Whether any entry of `allowed_tenants` names `tenant` (with or without an agent).
+    pub fn grants_tenant(&self, tenant: &str) -> bool {
+        self.allowed_tenants.iter().any(|entry| entry.split_once('/').map_or(entry.as_str(), |(t, _)| t) == tenant)
+    }
+}
+
+/// Whether a tenant policy's `egress` lets the tenant's agents call `capability` of
+/// `tenant`.
+pub fn egress_allows(egress: &[String], tenant: &str, capability: &str) -> bool {
+    egress.iter().any(|entry| match entry.split_once('/') {
+        None => entry == tenant,
+        Some((t, c)) => t == tenant && c == capability,
+    })
+}
+
+/// Checks one "tenant" or "tenant/name" entry of a cross-tenant grant.
+fn validate_grant(field: &str, entry: &str, own: &str) -> Result<(), FieldError> {
+    let (tenant, name) = match entry.split_once('/') {
+        Some((t, n)) => (t, Some(n)),
+        None => (entry, None),
+    };
+    validate_tenant(field, tenant)?;
+    if let Some(n) = name {
+        validate_name(field, n)?;
+    }
+    if tenant == own {
+        return Err(FieldError::new(
+            field,
+            format!("names the policy's own tenant {own:?}; a grant is for other tenants"),
+        ));
+    }
+    Ok(())
 }
 
 /// The write policy a session context field gets (see [`SessionFieldRule`]).
@@ -337,6 +384,10 @@ pub struct PolicySpec {
     /// Which agents may write which session context fields (tenant policy).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub session_writers: Vec<SessionWriters>,
+    /// Capabilities of other tenants the tenant's agents may call (tenant policy):
+    /// "tenant/capability" or "tenant".
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub egress: Vec<String>,
 }
 
 /// A policy: kind, name and rules, within a tenant.
@@ -492,6 +543,27 @@ impl Policy {
                 return Err(not_for(field, self.kind));
             }
         }
+        if self.kind != PolicyKind::Tenant && !s.egress.is_empty() {
+            return Err(FieldError::new(
+                "spec.egress",
+                "applies to the tenant policy (what the tenant's agents may call)",
+            ));
+        }
+        if self.kind == PolicyKind::Tenant && s.authorization.as_ref().is_some_and(|a| !a.allowed_tenants.is_empty()) {
+            return Err(FieldError::new(
+                "spec.authorization.allowed_tenants",
+                "applies to capability and agent policies (other tenants are granted a capability)",
+            ));
+        }
+        if s.egress.len() > MAX_ALLOWED_AGENTS {
+            return Err(FieldError::new("spec.egress", format!("at most {MAX_ALLOWED_AGENTS} entries")));
+        }
+        for (i, entry) in s.egress.iter().enumerate() {
+            validate_grant(&format!("spec.egress[{i}]"), entry, &self.tenant)?;
+        }
+        for (i, entry) in s.authorization.iter().flat_map(|a| a.allowed_tenants.iter()).enumerate() {
+            validate_grant(&format!("spec.authorization.allowed_tenants[{i}]"), entry, &self.tenant)?;
+        }
         if self.kind != PolicyKind::Tenant && !s.session_writers.is_empty() {
             return Err(FieldError::new(
                 "spec.session_writers",
@@ -559,6 +631,12 @@ impl Policy {
             }
             for (i, agent) in authz.allowed_agents.iter().enumerate() {
                 validate_name(&format!("spec.authorization.allowed_agents[{i}]"), agent)?;
+            }
+            if authz.allowed_tenants.len() > MAX_ALLOWED_AGENTS {
+                return Err(FieldError::new(
+                    "spec.authorization.allowed_tenants",
+                    format!("at most {MAX_ALLOWED_AGENTS} entries"),
+                ));
             }
         }
         Ok(())
@@ -676,6 +754,62 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(policy(PolicyKind::Capability, "text.summarize", spec).validate(), Ok(()));
+    }
+
+    #[test]
+    fn cross_tenant_grants_name_other_tenants_and_sit_on_their_kinds_of_policy() {
+        let grant = |entries: &[&str]| PolicySpec {
+            authorization: Some(Authorization {
+                allowed_tenants: entries.iter().map(|e| e.to_string()).collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let egress = |entries: &[&str]| PolicySpec {
+            egress: entries.iter().map(|e| e.to_string()).collect(),
+            ..Default::default()
+        };
+        let err = |p: Policy| p.validate().unwrap_err().field;
+        assert_eq!(policy(PolicyKind::Capability, "work", grant(&["team-b", "team-c/planner"])).validate(), Ok(()));
+        assert_eq!(policy(PolicyKind::Agent, "worker", grant(&["team-b"])).validate(), Ok(()));
+        assert_eq!(
+            err(policy(PolicyKind::Tenant, "default", grant(&["team-b"]))),
+            "spec.authorization.allowed_tenants"
+        );
+        assert_eq!(
+            err(policy(PolicyKind::Capability, "work", grant(&["Team_B"]))),
+            "spec.authorization.allowed_tenants[0]"
+        );
+        assert_eq!(
+            err(policy(PolicyKind::Capability, "work", grant(&["team-b/a b"]))),
+            "spec.authorization.allowed_tenants[0]"
+        );
+        let own = policy(PolicyKind::Capability, "work", grant(&["team-b", "default"])).validate().unwrap_err();
+        assert_eq!(own.field, "spec.authorization.allowed_tenants[1]");
+        assert!(own.reason.contains("own tenant"), "{}", own.reason);
+        assert_eq!(policy(PolicyKind::Tenant, "default", egress(&["team-b/work", "team-c"])).validate(), Ok(()));
+        assert_eq!(err(policy(PolicyKind::Capability, "work", egress(&["team-b/work"]))), "spec.egress");
+        assert_eq!(err(policy(PolicyKind::Tenant, "default", egress(&["default/work"]))), "spec.egress[0]");
+        let many: Vec<String> = (0..=MAX_ALLOWED_AGENTS).map(|i| format!("t{i}")).collect();
+        let many = PolicySpec { egress: many, ..Default::default() };
+        assert_eq!(err(policy(PolicyKind::Tenant, "default", many)), "spec.egress");
+
+        let a = Authorization { allowed_tenants: vec!["team-b".into(), "team-c/planner".into()], ..Default::default() };
+        assert!(a.allows_foreign("team-b", Some("anyone")));
+        assert!(!a.allows_foreign("team-b", None), "anonymous callers of another tenant are never allowed");
+        assert!(a.allows_foreign("team-c", Some("planner")));
+        assert!(!a.allows_foreign("team-c", Some("intruder")));
+        assert!(!a.allows_foreign("team-d", Some("planner")));
+        assert!(a.grants_tenant("team-c") && !a.grants_tenant("team-d"));
+        assert!(!a.allows(Some("anyone")) || a.allowed_agents.is_empty());
+        let e = ["team-b/work".to_string(), "team-c".to_string()];
+        assert!(egress_allows(&e, "team-b", "work") && !egress_allows(&e, "team-b", "other"));
+        assert!(egress_allows(&e, "team-c", "anything") && !egress_allows(&e, "team-d", "work"));
+        let spec: PolicySpec =
+            serde_json::from_str(r#"{"egress":["team-b/work"],"authorization":{"allowed_tenants":["team-c"]}}"#)
+                .unwrap();
+        assert_eq!(spec.egress, vec!["team-b/work".to_string()]);
+        assert_eq!(spec.authorization.unwrap().allowed_tenants, vec!["team-c".to_string()]);
     }
 
     #[test]
@@ -1097,10 +1231,14 @@ mod tests {
                 name().prop_map(Fallback::Capability),
                 name().prop_map(Fallback::Agent)
             ]);
-            let authorization = proptest::option::of(
-                (proptest::collection::vec(name(), 0..3), any::<bool>())
-                    .prop_map(|(allowed_agents, allow_anonymous)| Authorization { allowed_agents, allow_anonymous }),
-            );
+            let authorization =
+                proptest::option::of((proptest::collection::vec(name(), 0..3), any::<bool>()).prop_map(
+                    |(allowed_agents, allow_anonymous)| Authorization {
+                        allowed_agents,
+                        allow_anonymous,
+                        allowed_tenants: Vec::new(),
+                    },
+                ));
             (
                 (strategy, proptest::collection::btree_map(name(), count(), 0..3), proptest::option::of(count())),
                 (retry, fallback, rate, breaker),
@@ -1129,6 +1267,7 @@ mod tests {
                             session: std::collections::BTreeMap::new(),
                             alerts: crate::policy_alerts::AlertThresholds::default(),
                             session_writers: Vec::new(),
+                            egress: Vec::new(),
                         }
                     },
                 )

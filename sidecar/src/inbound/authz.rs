@@ -105,6 +105,7 @@ mod tests {
                 authorization: Some(Authorization {
                     allowed_agents: allowed.iter().map(|a| a.to_string()).collect(),
                     allow_anonymous,
+                    allowed_tenants: Vec::new(),
                 }),
                 ..Default::default()
             },

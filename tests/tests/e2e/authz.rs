@@ -76,7 +76,8 @@ async fn an_authorization_policy_lets_planner_call_and_refuses_intruder() {
     assert_eq!(worker.handled(), 2);
 
     // Policies through Admin: capability `work` and agent `archivist` allow only planner.
-    let only_planner = Authorization { allowed_agents: vec!["planner".into()], allow_anonymous: false };
+    let only_planner =
+        Authorization { allowed_agents: vec!["planner".into()], allow_anonymous: false, ..Default::default() };
     for (kind, name) in [(PolicyKind::Capability, "work"), (PolicyKind::Agent, "archivist")] {
         let policy = Policy {
             tenant: "team-a".into(),
@@ -142,7 +143,7 @@ async fn an_authorization_policy_lets_planner_call_and_refuses_intruder() {
         kind: PolicyKind::Capability,
         name: "work".into(),
         spec: PolicySpec {
-            authorization: Some(Authorization { allowed_agents: vec![], allow_anonymous: true }),
+            authorization: Some(Authorization { allowed_agents: vec![], allow_anonymous: true, ..Default::default() }),
             ..Default::default()
         },
         description: String::new(),

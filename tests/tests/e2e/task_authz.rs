@@ -90,7 +90,11 @@ async fn a_task_runs_as_its_verified_submitter_and_the_targets_policy_decides() 
         kind: PolicyKind::Capability,
         name: "work".into(),
         spec: PolicySpec {
-            authorization: Some(Authorization { allowed_agents: vec!["planner".into()], allow_anonymous: false }),
+            authorization: Some(Authorization {
+                allowed_agents: vec!["planner".into()],
+                allow_anonymous: false,
+                ..Default::default()
+            }),
             ..Default::default()
         },
         description: "only the planner".into(),

@@ -113,15 +113,17 @@ class Admission(_message.Message):
     def __init__(self, normal_percent: _Optional[int] = ..., low_percent: _Optional[int] = ..., queue_length: _Optional[int] = ..., queue_timeout_ms: _Optional[int] = ...) -> None: ...
 
 class Authorization(_message.Message):
-    __slots__ = ("allowed_agents", "allow_anonymous")
+    __slots__ = ("allowed_agents", "allow_anonymous", "allowed_tenants")
     ALLOWED_AGENTS_FIELD_NUMBER: _ClassVar[int]
     ALLOW_ANONYMOUS_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_TENANTS_FIELD_NUMBER: _ClassVar[int]
     allowed_agents: _containers.RepeatedScalarFieldContainer[str]
     allow_anonymous: bool
-    def __init__(self, allowed_agents: _Optional[_Iterable[str]] = ..., allow_anonymous: _Optional[bool] = ...) -> None: ...
+    allowed_tenants: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, allowed_agents: _Optional[_Iterable[str]] = ..., allow_anonymous: _Optional[bool] = ..., allowed_tenants: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PolicySpec(_message.Message):
-    __slots__ = ("strategy", "hash_key", "weights", "default_timeout_ms", "retry", "fallback", "rate_limit", "breaker", "split", "read_only", "cache_ttl_ms", "admission", "authorization", "session", "session_writers", "alerts")
+    __slots__ = ("strategy", "hash_key", "weights", "default_timeout_ms", "retry", "fallback", "rate_limit", "breaker", "split", "read_only", "cache_ttl_ms", "admission", "authorization", "session", "session_writers", "egress", "alerts")
     class WeightsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -151,6 +153,7 @@ class PolicySpec(_message.Message):
     AUTHORIZATION_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     SESSION_WRITERS_FIELD_NUMBER: _ClassVar[int]
+    EGRESS_FIELD_NUMBER: _ClassVar[int]
     ALERTS_FIELD_NUMBER: _ClassVar[int]
     strategy: Strategy
     hash_key: str
@@ -167,8 +170,9 @@ class PolicySpec(_message.Message):
     authorization: Authorization
     session: _containers.MessageMap[str, _session_pb2.SessionFieldRule]
     session_writers: _containers.RepeatedCompositeFieldContainer[_session_pb2.SessionWriters]
+    egress: _containers.RepeatedScalarFieldContainer[str]
     alerts: AlertThresholds
-    def __init__(self, strategy: _Optional[_Union[Strategy, str]] = ..., hash_key: _Optional[str] = ..., weights: _Optional[_Mapping[str, int]] = ..., default_timeout_ms: _Optional[int] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., fallback: _Optional[_Union[Fallback, _Mapping]] = ..., rate_limit: _Optional[_Union[RateLimit, _Mapping]] = ..., breaker: _Optional[_Union[CircuitBreaker, _Mapping]] = ..., split: _Optional[_Union[VersionSplit, _Mapping]] = ..., read_only: _Optional[bool] = ..., cache_ttl_ms: _Optional[int] = ..., admission: _Optional[_Union[Admission, _Mapping]] = ..., authorization: _Optional[_Union[Authorization, _Mapping]] = ..., session: _Optional[_Mapping[str, _session_pb2.SessionFieldRule]] = ..., session_writers: _Optional[_Iterable[_Union[_session_pb2.SessionWriters, _Mapping]]] = ..., alerts: _Optional[_Union[AlertThresholds, _Mapping]] = ...) -> None: ...
+    def __init__(self, strategy: _Optional[_Union[Strategy, str]] = ..., hash_key: _Optional[str] = ..., weights: _Optional[_Mapping[str, int]] = ..., default_timeout_ms: _Optional[int] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., fallback: _Optional[_Union[Fallback, _Mapping]] = ..., rate_limit: _Optional[_Union[RateLimit, _Mapping]] = ..., breaker: _Optional[_Union[CircuitBreaker, _Mapping]] = ..., split: _Optional[_Union[VersionSplit, _Mapping]] = ..., read_only: _Optional[bool] = ..., cache_ttl_ms: _Optional[int] = ..., admission: _Optional[_Union[Admission, _Mapping]] = ..., authorization: _Optional[_Union[Authorization, _Mapping]] = ..., session: _Optional[_Mapping[str, _session_pb2.SessionFieldRule]] = ..., session_writers: _Optional[_Iterable[_Union[_session_pb2.SessionWriters, _Mapping]]] = ..., egress: _Optional[_Iterable[str]] = ..., alerts: _Optional[_Union[AlertThresholds, _Mapping]] = ...) -> None: ...
 
 class AlertThresholds(_message.Message):
     __slots__ = ("min_healthy", "lost_count", "lost_window_ms", "fallback_calls", "breakers_open_percent")
