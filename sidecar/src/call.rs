@@ -109,6 +109,9 @@ pub(crate) struct OutboundCall {
     /// The verified caller (`None`: anonymous). The `caller` the message names is not
     /// trusted for anything.
     pub caller: Option<Caller>,
+    /// The one instance the call must reach (it owns what the call names, e.g. an A2A
+    /// task): no other instance is tried and no fallback taken. Set only inside the sidecar.
+    pub pin: Option<Arc<str>>,
 }
 
 impl OutboundCall {

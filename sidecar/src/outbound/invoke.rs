@@ -63,10 +63,31 @@ impl InvokeEntry {
     /// Sends an encoded `InvokeRequest` made inside the sidecar (the A2A endpoints) through
     /// the outbound stack, as if a local agent had sent it with `headers`.
     pub(crate) async fn call(&self, message: bytes::Bytes, headers: http::HeaderMap, shape: Shape) -> Response<Body> {
+        self.call_pinned(message, headers, shape, None).await
+    }
+
+    /// [`InvokeEntry::call`] to the one instance `pin` of the target (the A2A endpoints,
+    /// for a task that instance owns); `None`: any instance.
+    pub(crate) async fn call_pinned(
+        &self,
+        message: bytes::Bytes,
+        headers: http::HeaderMap,
+        shape: Shape,
+        pin: Option<&str>,
+    ) -> Response<Body> {
         // An agent credential on the A2A request is verified as on Invoke; without one the
         // call has no verified caller.
-        match verify_credential(&self.registry, &headers) {
-            Ok(caller) => self.call_as(message, headers, shape, caller).await,
+        let caller = match verify_credential(&self.registry, &headers) {
+            Ok(caller) => caller,
+            Err(e) => return grpc::status_response(e.into_status()),
+        };
+        let mut call = match self.check_call(message, headers, shape, Instant::now(), caller) {
+            Ok(c) => c,
+            Err(e) => return grpc::status_response(e.into_status()),
+        };
+        call.pin = pin.map(Into::into);
+        match self.stack.clone().oneshot(call).await {
+            Ok(resp) => resp,
             Err(e) => grpc::status_response(e.into_status()),
         }
     }
@@ -160,6 +181,7 @@ impl InvokeEntry {
             table,
             trace: opentelemetry::Context::new(),
             caller,
+            pin: None,
         })
     }
 }

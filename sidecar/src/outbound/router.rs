@@ -213,8 +213,11 @@ impl Router {
             Ok(resp) => return Ok(resp),
             Err(Exhausted { error, attempts, tried }) => (error, attempts, tried),
         };
-        // The policy's fallback takes calls no instance of the target could take.
-        let Some(fallback) = call.spec().and_then(|s| s.fallback.clone()) else { return Err(error) };
+        // The policy's fallback takes calls no instance of the target could take (not a
+        // call pinned to one instance).
+        let Some(fallback) = call.spec().and_then(|s| s.fallback.clone()).filter(|_| call.pin.is_none()) else {
+            return Err(error);
+        };
         let fallback_target = Target {
             kind: match fallback {
                 Fallback::Capability(c) => TargetKind::Capability(c),
@@ -260,7 +263,11 @@ impl Router {
                 version: plan.version,
                 now: clock(),
             };
-            let (member, group) = match route::pick(&call.table, &request) {
+            let picked = match call.pin.as_deref() {
+                Some(pin) => super::pin::pick_instance(&call.table, target, pin, &tries.tried, request.now),
+                None => route::pick(&call.table, &request),
+            };
+            let (member, group) = match picked {
                 Ok(p) => p,
                 Err(e) if tries.attempt > 1 => {
                     let why = match e {
