@@ -15,7 +15,17 @@
 //! guard counts empty DATA frames too, in case a future h2 stops doing so.
 //!
 //! The budget is per connection and per second of the tokio clock ([`FloodLimit`]).
+//!
+//! A guard may also enforce [`Timeouts`] (control's gRPC port, whose HTTP/2 server tonic
+//! drives): the time a new connection has to send its first complete request header block
+//! (a client that trickles a HEADERS frame, or sends the preface and nothing more), and
+//! how long a connection may have no stream in flight (streams opened by the client's
+//! HEADERS, ended by the server's END_STREAM or a RST_STREAM either way). Past either the
+//! connection gets GOAWAY NO_ERROR with debug data `header_read_timeout` or
+//! `idle_timeout`, then ends.
 
+use std::collections::HashSet;
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -32,6 +42,117 @@ const PREFACE_LEN: usize = 24;
 const HEAD_LEN: usize = 9;
 /// ENHANCE_YOUR_CALM (RFC 9113 §7).
 const ENHANCE_YOUR_CALM: u32 = 0xb;
+/// NO_ERROR (RFC 9113 §7).
+const NO_ERROR: u32 = 0x0;
+/// Frame types and flags the guard reads.
+const DATA: u8 = 0x0;
+const HEADERS: u8 = 0x1;
+const RST_STREAM: u8 = 0x3;
+const CONTINUATION: u8 = 0x9;
+const END_STREAM: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+/// Streams the idle timeout tracks at most (h2 refuses streams far before this).
+const MAX_TRACKED_STREAMS: usize = 1 << 16;
+
+/// Timeouts a guard enforces on its connection, and the counters of the connections
+/// each closed.
+#[derive(Clone, Debug)]
+pub struct Timeouts {
+    /// Time a new connection has to send its first complete request header block.
+    pub header_read: Duration,
+    /// A connection with no stream in flight for this long is closed.
+    pub idle: Duration,
+    /// Connections closed for the header-read timeout.
+    pub header_read_closed: Arc<AtomicU64>,
+    /// Connections closed for the idle timeout.
+    pub idle_closed: Arc<AtomicU64>,
+}
+
+/// A connection's progress against its [`Timeouts`].
+#[derive(Debug)]
+struct Clock {
+    timeouts: Timeouts,
+    /// A complete request header block arrived.
+    headers_done: bool,
+    /// The frame being read ends a header block (END_HEADERS).
+    block_ending: bool,
+    /// Streams the client opened that the server has not ended.
+    open: HashSet<u32>,
+    /// The header-read deadline, then the next idle check.
+    deadline: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Clock {
+    fn new(timeouts: Timeouts) -> Clock {
+        let deadline = Box::pin(tokio::time::sleep(timeouts.header_read));
+        Clock { timeouts, headers_done: false, block_ending: false, open: HashSet::new(), deadline }
+    }
+
+    /// A frame the client sent; `opened` is whether a HEADERS frame opened a new stream.
+    fn client_frame(&mut self, head: &Head, opened: bool) {
+        if self.block_ending {
+            // The frame that ended a header block was read whole.
+            self.block_ending = false;
+            self.headers_done = true;
+        }
+        match head.kind {
+            HEADERS if opened && self.open.len() < MAX_TRACKED_STREAMS => {
+                self.open.insert(head.stream);
+            }
+            RST_STREAM => self.end(head.stream),
+            _ => {}
+        }
+        if matches!(head.kind, HEADERS | CONTINUATION) && head.flags & END_HEADERS != 0 {
+            self.block_ending = true;
+        }
+    }
+
+    /// The client's bytes so far end in the middle of a frame's payload or not.
+    fn read_done(&mut self, in_payload: bool) {
+        if self.block_ending && !in_payload {
+            self.block_ending = false;
+            self.headers_done = true;
+        }
+    }
+
+    /// A frame the server wrote.
+    fn server_frame(&mut self, head: &Head) {
+        let ends = match head.kind {
+            DATA | HEADERS => head.flags & END_STREAM != 0,
+            RST_STREAM => true,
+            _ => false,
+        };
+        if ends {
+            self.end(head.stream);
+        }
+    }
+
+    fn end(&mut self, stream: u32) {
+        if self.open.remove(&stream) && self.open.is_empty() && self.headers_done {
+            self.deadline.as_mut().reset(Instant::now() + self.timeouts.idle);
+        }
+    }
+
+    /// Whether a timeout has closed the connection: the debug data naming it.
+    fn poll_expired(&mut self, cx: &mut Context<'_>) -> Option<&'static str> {
+        loop {
+            if self.deadline.as_mut().poll(cx).is_pending() {
+                return None;
+            }
+            if !self.headers_done {
+                self.timeouts.header_read_closed.fetch_add(1, Ordering::Relaxed);
+                return Some("header_read_timeout");
+            }
+            if self.open.is_empty() {
+                self.timeouts.idle_closed.fetch_add(1, Ordering::Relaxed);
+                return Some("idle_timeout");
+            }
+            // Streams in flight: check again one idle timeout later (the last to end
+            // restarts it).
+            self.deadline.as_mut().reset(Instant::now() + self.timeouts.idle);
+        }
+    }
+}
 
 /// How many control frames a client may send.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -191,8 +312,12 @@ pub struct FrameGuard<IO> {
     last_stream: u32,
     flood: Option<Flood>,
     closing: Closing,
+    /// Why the guard closed the connection (the GOAWAY's debug data).
+    closed_for: &'static str,
     /// Connections closed for a flood, shared by the port.
     closed: Arc<AtomicU64>,
+    /// The header-read and idle timeouts, if enforced.
+    clock: Option<Clock>,
 }
 
 impl<IO> FrameGuard<IO> {
@@ -206,8 +331,16 @@ impl<IO> FrameGuard<IO> {
             last_stream: 0,
             flood: None,
             closing: Closing::No,
+            closed_for: "",
             closed,
+            clock: None,
         }
+    }
+
+    /// Also closes the connection for `timeouts` (see the module doc).
+    pub fn with_timeouts(mut self, timeouts: Timeouts) -> FrameGuard<IO> {
+        self.clock = Some(Clock::new(timeouts));
+        self
     }
 
     /// The guarded I/O.
@@ -227,10 +360,14 @@ impl<IO> FrameGuard<IO> {
         // The clock is read only when a control frame is counted, not on every read.
         let mut now = None;
         let (budget, last_stream, mut flood) = (&mut self.budget, &mut self.last_stream, None);
+        let clock = &mut self.clock;
         self.read.feed(bytes, |head| {
-            const HEADERS: u8 = 0x1;
-            if head.kind == HEADERS && head.stream % 2 == 1 {
-                *last_stream = (*last_stream).max(head.stream);
+            let opened = head.kind == HEADERS && head.stream % 2 == 1 && head.stream > *last_stream;
+            if opened {
+                *last_stream = head.stream;
+            }
+            if let Some(clock) = clock.as_mut() {
+                clock.client_frame(&head, opened);
             }
             if let Some(kind) = control_frame(&head)
                 && flood.is_none()
@@ -239,34 +376,53 @@ impl<IO> FrameGuard<IO> {
                 flood = Some(kind);
             }
         });
+        if let Some(clock) = self.clock.as_mut() {
+            clock.read_done(self.read.payload_left > 0);
+        }
         if let Some(kind) = flood {
             self.flood = Some(kind);
             self.closed.fetch_add(1, Ordering::Relaxed);
-            // The GOAWAY can only go in between the server's own frames.
-            self.closing = if self.write.at_boundary() {
-                Closing::GoAway(goaway(self.last_stream, kind.debug_data()))
-            } else {
-                Closing::Shutdown
-            };
+            self.close(ENHANCE_YOUR_CALM, kind.debug_data());
         }
+    }
+
+    /// Starts closing the connection with GOAWAY `code` and `debug`.
+    fn close(&mut self, code: u32, debug: &'static str) {
+        self.closed_for = debug;
+        // The GOAWAY can only go in between the server's own frames.
+        self.closing = if self.write.at_boundary() {
+            Closing::GoAway(goaway(self.last_stream, code, debug))
+        } else {
+            Closing::Shutdown
+        };
+    }
+
+    /// Walks what the server wrote.
+    fn wrote(&mut self, bytes: &[u8]) {
+        let clock = &mut self.clock;
+        self.write.feed(bytes, |head| {
+            if let Some(clock) = clock.as_mut() {
+                clock.server_frame(&head);
+            }
+        });
     }
 }
 
-/// A GOAWAY frame with ENHANCE_YOUR_CALM and `debug` as its debug data.
-fn goaway(last_stream: u32, debug: &str) -> Vec<u8> {
+/// A GOAWAY frame with error `code` and `debug` as its debug data.
+fn goaway(last_stream: u32, code: u32, debug: &str) -> Vec<u8> {
     const GOAWAY: u8 = 0x7;
     let len = 8 + debug.len();
     let mut frame = Vec::with_capacity(HEAD_LEN + len);
     frame.extend_from_slice(&u32::try_from(len).unwrap_or(8).to_be_bytes()[1..]);
     frame.extend_from_slice(&[GOAWAY, 0, 0, 0, 0, 0]);
     frame.extend_from_slice(&(last_stream & 0x7fff_ffff).to_be_bytes());
-    frame.extend_from_slice(&ENHANCE_YOUR_CALM.to_be_bytes());
+    frame.extend_from_slice(&code.to_be_bytes());
     frame.extend_from_slice(debug.as_bytes());
     frame
 }
 
-fn flooded() -> io::Error {
-    io::Error::new(io::ErrorKind::ConnectionAborted, "HTTP/2 control frame flood")
+fn closed_error(why: &'static str) -> io::Error {
+    io::Error::new(io::ErrorKind::ConnectionAborted, format!("HTTP/2 connection closed by the guard: {why}"))
 }
 
 impl<IO: AsyncWrite + Unpin> FrameGuard<IO> {
@@ -289,7 +445,7 @@ impl<IO: AsyncWrite + Unpin> FrameGuard<IO> {
                     let _ = ready!(Pin::new(&mut self.io).poll_shutdown(cx));
                     self.closing = Closing::Closed;
                 }
-                Closing::Closed => return Poll::Ready(flooded()),
+                Closing::Closed => return Poll::Ready(closed_error(self.closed_for)),
             }
         }
     }
@@ -299,6 +455,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for FrameGuard<IO> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = &mut *self;
         if !matches!(this.closing, Closing::No) {
+            return this.poll_close(cx).map(Err);
+        }
+        if let Some(why) = this.clock.as_mut().and_then(|c| c.poll_expired(cx)) {
+            this.close(NO_ERROR, why);
             return this.poll_close(cx).map(Err);
         }
         let before = buf.filled().len();
@@ -315,7 +475,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for FrameGuard<IO> {
             return this.poll_close(cx).map(Err);
         }
         let n = ready!(Pin::new(&mut this.io).poll_write(cx, buf))?;
-        this.write.feed(&buf[..n], |_| {});
+        this.wrote(&buf[..n]);
         Poll::Ready(Ok(n))
     }
 
@@ -335,7 +495,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for FrameGuard<IO> {
                 break;
             }
             let take = left.min(b.len());
-            this.write.feed(&b[..take], |_| {});
+            this.wrote(&b[..take]);
             left -= take;
         }
         Poll::Ready(Ok(n))
@@ -506,6 +666,83 @@ mod tests {
         assert_eq!(drain(&mut server).await.1.unwrap().kind(), io::ErrorKind::ConnectionAborted);
         assert_eq!(server.flood(), Some(Flood::Priority));
         assert_eq!(closed.load(Ordering::Relaxed), 1);
+    }
+
+    /// A guarded pair with a header-read timeout of 10 s and an idle timeout of 30 s.
+    fn timed_pair() -> (FrameGuard<tokio::io::DuplexStream>, tokio::io::DuplexStream, [Arc<AtomicU64>; 2]) {
+        let (server, client, _) = pair(1000);
+        let counters = [Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0))];
+        let timeouts = Timeouts {
+            header_read: Duration::from_secs(10),
+            idle: Duration::from_secs(30),
+            header_read_closed: counters[0].clone(),
+            idle_closed: counters[1].clone(),
+        };
+        (server.with_timeouts(timeouts), client, counters)
+    }
+
+    /// The GOAWAY NO_ERROR with `debug` the client reads, then the end.
+    async fn assert_goaway(client: &mut tokio::io::DuplexStream, last_stream: u8, debug: &str) {
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).await.unwrap();
+        let mut payload = vec![0, 0, 0, last_stream, 0, 0, 0, 0];
+        payload.extend_from_slice(debug.as_bytes());
+        assert_eq!(got, frame(7, 0, 0, &payload));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_header_block_trickled_past_the_header_read_timeout_closes_the_connection() {
+        let (mut server, mut client, [header_read, idle]) = timed_pair();
+        let headers = frame(1, 5, 1, &[0x82; 40]);
+        let mut out = PREFACE.to_vec();
+        out.extend(frame(4, 0, 0, &[]));
+        out.extend_from_slice(&headers[..30]);
+        client.write_all(&out).await.unwrap();
+        // A byte every second: the frame is still incomplete at 10 s.
+        for i in 0..9 {
+            client.write_all(&headers[30 + i..31 + i]).await.unwrap();
+            assert!(drain(&mut server).await.1.is_none());
+            tokio::time::advance(Duration::from_millis(950)).await;
+        }
+        // (Each drain waits 50 ms: 9.05 s have passed.)
+        assert!(drain(&mut server).await.1.is_none(), "open before 10 s");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let (_, err) = drain(&mut server).await;
+        assert_eq!(err.unwrap().kind(), io::ErrorKind::ConnectionAborted);
+        assert_eq!((header_read.load(Ordering::Relaxed), idle.load(Ordering::Relaxed)), (1, 0));
+        assert!(server.write_all(&ping()).await.is_err());
+        // (The GOAWAY names stream 1, whose frame header arrived.)
+        assert_goaway(&mut client, 1, "header_read_timeout").await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_idles_out_only_with_no_stream_in_flight() {
+        let (mut server, mut client, [header_read, idle]) = timed_pair();
+        let mut out = PREFACE.to_vec();
+        out.extend(frame(4, 0, 0, &[]));
+        out.extend(frame(1, 5, 1, &[0x82; 40]));
+        client.write_all(&out).await.unwrap();
+        assert!(drain(&mut server).await.1.is_none());
+        // Stream 1 in flight for far longer than both timeouts: the connection stays.
+        tokio::time::advance(Duration::from_secs(100)).await;
+        assert!(drain(&mut server).await.1.is_none());
+        // The server ends it (trailers with END_STREAM): idle from now.
+        server.write_all(&frame(1, 5, 1, &[0x88])).await.unwrap();
+        tokio::time::advance(Duration::from_millis(29_900)).await;
+        assert!(drain(&mut server).await.1.is_none(), "open before the idle timeout");
+        // A client reset of a stream it never opened changes nothing.
+        client.write_all(&frame(3, 0, 7, &[0, 0, 0, 8])).await.unwrap();
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert_eq!(drain(&mut server).await.1.unwrap().kind(), io::ErrorKind::ConnectionAborted);
+        assert_eq!((header_read.load(Ordering::Relaxed), idle.load(Ordering::Relaxed)), (0, 1));
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).await.unwrap();
+        // The server's own frame first, then the GOAWAY.
+        let mut want = frame(1, 5, 1, &[0x88]);
+        let mut payload = vec![0, 0, 0, 1, 0, 0, 0, 0];
+        payload.extend_from_slice(b"idle_timeout");
+        want.extend(frame(7, 0, 0, &payload));
+        assert_eq!(got, want);
     }
 
     #[tokio::test(start_paused = true)]
