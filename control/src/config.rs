@@ -227,13 +227,25 @@ pub struct ControlArgs {
     #[arg(long, env = "AGENT_REACH_MAX_CONCURRENT_REQUESTS", default_value_t = 256)]
     pub max_concurrent_requests: usize,
 
-    /// Largest request header list on the gRPC port, in bytes (answered with HTTP 431).
+    /// Largest request header list on the gRPC port, in bytes; a larger one is refused on
+    /// its stream with LIMIT_EXCEEDED (past eight times it, HTTP 431).
     #[arg(long, env = "AGENT_REACH_MAX_HEADER_LIST_BYTES", default_value_t = 16 * 1024)]
     pub max_header_list_bytes: u32,
 
-    /// Time a gRPC request may take until its answer starts (streams: their first message).
+    /// Time a gRPC request may take until its answer starts (streams: their first message);
+    /// past it the request is refused with LIMIT_EXCEEDED.
     #[arg(long, env = "AGENT_REACH_REQUEST_TIMEOUT", default_value = "60s", value_parser = agent_reach_support::duration::parse)]
     pub request_timeout: Duration,
+
+    /// Time a new connection to the gRPC port has to send its first complete request
+    /// headers before it is closed (GOAWAY); with TLS, counted after the handshake.
+    #[arg(long, env = "AGENT_REACH_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = agent_reach_support::duration::parse)]
+    pub header_read_timeout: Duration,
+
+    /// A connection to the gRPC port with no request in flight for this long is closed
+    /// (GOAWAY).
+    #[arg(long, env = "AGENT_REACH_IDLE_TIMEOUT", default_value = "5m", value_parser = agent_reach_support::duration::parse)]
+    pub idle_timeout: Duration,
 
     /// Connections open at once on the gRPC port; one more is closed as soon as it is
     /// accepted (with TLS, a connection counts from its accept, its handshake included).
@@ -347,6 +359,8 @@ impl TryFrom<&ControlArgs> for ControlConfig {
             max_concurrent_requests: a.max_concurrent_requests,
             max_header_list_bytes: a.max_header_list_bytes,
             request_timeout: a.request_timeout,
+            header_read_timeout: a.header_read_timeout,
+            idle_timeout: a.idle_timeout,
             max_connections: a.max_connections,
             max_control_frames_per_second: a.max_control_frames_per_second,
         };

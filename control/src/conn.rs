@@ -1,9 +1,12 @@
 //! Connections of the control service's gRPC port before tonic serves them: a cap on the
 //! connections open at once (`--max-connections`; one more is closed as soon as it is
 //! accepted, and with TLS a connection holds its slot from the accept, its handshake
-//! included) and the guard against HTTP/2 control-frame floods
-//! (`--max-control-frames-per-second`, [`agent_reach_support::h2guard`]). Refusals are
-//! counted in [`ConnStats`] (`/metrics`: `limit_refusals{limit=...}`).
+//! included), the guard against HTTP/2 control-frame floods
+//! (`--max-control-frames-per-second`, [`agent_reach_support::h2guard`]) and, through the
+//! same guard, the header-read and idle timeouts (`--header-read-timeout`,
+//! `--idle-timeout`: GOAWAY NO_ERROR naming the timeout). Refusals are counted in
+//! [`ConnStats`] (`/metrics`: `limit_refusals{limit=...}`), with those of
+//! [`crate::refusals`] (header list, request timeout).
 
 use std::io;
 use std::pin::Pin;
@@ -11,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
-use agent_reach_support::h2guard::{FloodLimit, FrameGuard};
+use agent_reach_support::h2guard::{FloodLimit, FrameGuard, Timeouts};
 use futures_util::{Stream, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -27,15 +30,33 @@ pub struct ConnStats {
     pub connections: AtomicU64,
     /// Connections closed for a control-frame flood.
     pub control_frames: Arc<AtomicU64>,
+    /// Connections closed for sending no complete request headers in time.
+    pub header_read_timeout: Arc<AtomicU64>,
+    /// Connections closed for having no request in flight for the idle timeout.
+    pub idle_timeout: Arc<AtomicU64>,
+    /// Requests refused for their header list.
+    pub header_list: AtomicU64,
+    /// Requests refused for not being answered within the request timeout.
+    pub request_timeout: AtomicU64,
 }
 
 impl ConnStats {
     /// `(limit label, count)` for each limit.
-    pub fn counts(&self) -> [(&'static str, u64); 2] {
+    pub fn counts(&self) -> [(&'static str, u64); 6] {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         [
-            ("max_connections", self.connections.load(Ordering::Relaxed)),
-            ("max_control_frames_per_second", self.control_frames.load(Ordering::Relaxed)),
+            ("max_connections", load(&self.connections)),
+            ("max_control_frames_per_second", load(&self.control_frames)),
+            ("header_read_timeout", load(&self.header_read_timeout)),
+            ("idle_timeout", load(&self.idle_timeout)),
+            ("max_header_list_bytes", load(&self.header_list)),
+            ("request_timeout", load(&self.request_timeout)),
         ]
+    }
+
+    /// The count of `limit` (a label of [`ConnStats::counts`]).
+    pub fn count(&self, limit: &str) -> u64 {
+        self.counts().into_iter().find(|(l, _)| *l == limit).map_or(0, |(_, n)| n)
     }
 }
 
@@ -45,6 +66,8 @@ pub(crate) struct Gate {
     slots: Arc<Semaphore>,
     max: usize,
     flood: FloodLimit,
+    header_read_timeout: std::time::Duration,
+    idle_timeout: std::time::Duration,
     stats: Arc<ConnStats>,
 }
 
@@ -54,6 +77,8 @@ impl Gate {
             slots: Arc::new(Semaphore::new(limits.max_connections)),
             max: limits.max_connections,
             flood: FloodLimit { max_control_frames_per_second: limits.max_control_frames_per_second },
+            header_read_timeout: limits.header_read_timeout,
+            idle_timeout: limits.idle_timeout,
             stats,
         }
     }
@@ -68,9 +93,16 @@ impl Gate {
         slot
     }
 
-    /// `io` with its slot, guarded against floods.
+    /// `io` with its slot, guarded against floods and within the timeouts.
     pub(crate) fn guarded<IO>(&self, io: IO, slot: OwnedSemaphorePermit) -> Guarded<IO> {
-        Guarded { io: FrameGuard::new(io, self.flood, self.stats.control_frames.clone()), _slot: slot }
+        let timeouts = Timeouts {
+            header_read: self.header_read_timeout,
+            idle: self.idle_timeout,
+            header_read_closed: self.stats.header_read_timeout.clone(),
+            idle_closed: self.stats.idle_timeout.clone(),
+        };
+        let io = FrameGuard::new(io, self.flood, self.stats.control_frames.clone()).with_timeouts(timeouts);
+        Guarded { io, _slot: slot }
     }
 
     /// The plaintext connections of `listener`, within the cap.

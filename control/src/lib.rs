@@ -37,6 +37,7 @@ pub mod limits;
 pub mod load;
 pub mod metrics;
 pub mod record;
+pub mod refusals;
 pub mod registry;
 pub mod report_leases;
 pub mod reports;
@@ -297,7 +298,7 @@ pub async fn serve_parts(
     health_reporter.set_serving::<IdentityServer<identity::IdentityService>>().await;
     let router = config
         .grpc_limits
-        .apply(tonic::transport::Server::builder())
+        .apply(tonic::transport::Server::builder(), stats_conn.clone())
         .tcp_nodelay(true)
         .add_service(agent_reach::strict::Strict::<_, tonic_health::pb::HealthCheckRequest>::new(health))
         .add_service(routes::ControlRoutes::new(control))

@@ -3,14 +3,19 @@
 //! the request header list, the time a request may take to be answered, and the
 //! protections of hyper/h2 against streams reset by the client (rapid reset,
 //! CVE-2023-44487) or for its protocol errors, which tonic's builder would otherwise switch
-//! off. Applied to the server builder in one place, [`GrpcLimits::apply`]. The connection
-//! cap and the control-frame budget apply to the connections before tonic gets them
-//! ([`crate::conn`]).
+//! off. Applied to the server builder in one place, [`GrpcLimits::apply`], the header list
+//! and request timeout through [`crate::refusals`] (refused with `LIMIT_EXCEEDED`,
+//! counted). The connection cap, the control-frame budget and the header-read and idle
+//! timeouts apply to the connections before tonic gets them ([`crate::conn`]).
 //!
 //! Not here: TLS handshakes (their own timeout in `agent_reach_identity::net`), and the
 //! HTTP/1.1 admin and dashboard ports (`agent_reach_telemetry::http1`).
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use crate::conn::ConnStats;
+use crate::refusals::RefusalLayer;
 
 /// Limits of the gRPC port.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,12 +24,18 @@ pub struct GrpcLimits {
     pub max_concurrent_streams: u32,
     /// Requests handled at once per connection; more wait (`--max-concurrent-requests`).
     pub max_concurrent_requests: usize,
-    /// Largest request header list, in bytes (`--max-header-list-bytes`); h2 answers a
-    /// larger one with HTTP 431 on its stream.
+    /// Largest request header list, in bytes (`--max-header-list-bytes`); a larger one is
+    /// refused on its stream with `LIMIT_EXCEEDED` (past eight times it, h2 answers HTTP
+    /// 431).
     pub max_header_list_bytes: u32,
     /// Time a request may take until its answer starts (`--request-timeout`); a stream
-    /// (Watch, WatchSession) counts until its first message. Past it: CANCELLED.
+    /// (Watch, WatchSession) counts until its first message. Past it: `LIMIT_EXCEEDED`.
     pub request_timeout: Duration,
+    /// Time a new connection has to send its first complete request headers
+    /// (`--header-read-timeout`).
+    pub header_read_timeout: Duration,
+    /// A connection with no request in flight for this long is closed (`--idle-timeout`).
+    pub idle_timeout: Duration,
     /// Connections open at once on the gRPC port (`--max-connections`).
     pub max_connections: usize,
     /// PING, SETTINGS, PRIORITY and empty DATA frames one connection may send within a
@@ -39,6 +50,8 @@ impl Default for GrpcLimits {
             max_concurrent_requests: 256,
             max_header_list_bytes: 16 * 1024,
             request_timeout: Duration::from_secs(60),
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(300),
             max_connections: 8192,
             max_control_frames_per_second: 1000,
         }
@@ -57,8 +70,14 @@ impl GrpcLimits {
         if self.max_header_list_bytes < 1024 {
             return Err("--max-header-list-bytes must be at least 1024".into());
         }
-        if self.request_timeout.is_zero() {
-            return Err("--request-timeout must be greater than 0".into());
+        for (flag, d) in [
+            ("--request-timeout", self.request_timeout),
+            ("--header-read-timeout", self.header_read_timeout),
+            ("--idle-timeout", self.idle_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(format!("{flag} must be greater than 0"));
+            }
         }
         if self.max_connections == 0 || self.max_connections > tokio::sync::Semaphore::MAX_PERMITS {
             return Err("--max-connections must be greater than 0".into());
@@ -69,13 +88,18 @@ impl GrpcLimits {
         Ok(())
     }
 
-    /// The server builder with these limits.
-    pub fn apply(&self, builder: tonic::transport::Server) -> tonic::transport::Server {
+    /// The server builder with these limits; `stats` counts the refusals.
+    pub fn apply(
+        &self,
+        builder: tonic::transport::Server,
+        stats: Arc<ConnStats>,
+    ) -> tonic::transport::Server<tower::layer::util::Stack<RefusalLayer, tower::layer::util::Identity>> {
         builder
             .max_concurrent_streams(self.max_concurrent_streams)
             .concurrency_limit_per_connection(self.max_concurrent_requests)
-            .http2_max_header_list_size(self.max_header_list_bytes)
-            .timeout(self.request_timeout)
+            // Eight times the limit, so that a list up to that reaches the refusal layer
+            // and is refused with a reason; past it h2 answers HTTP 431.
+            .http2_max_header_list_size(self.max_header_list_bytes.saturating_mul(8))
             // tonic passes `None` to hyper unless told, which disables the GOAWAY after
             // 1024 streams reset for the client's protocol errors; these are hyper's and
             // h2's own defaults.
@@ -84,6 +108,7 @@ impl GrpcLimits {
             // Dead peers: a PING unanswered within 10 s closes the connection.
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+            .layer(RefusalLayer::new(self.max_header_list_bytes, self.request_timeout, stats))
     }
 }
 
@@ -98,6 +123,10 @@ mod tests {
         assert!(bad.validate().unwrap_err().contains("--max-concurrent-requests"));
         let bad = GrpcLimits { request_timeout: Duration::ZERO, ..GrpcLimits::default() };
         assert!(bad.validate().unwrap_err().contains("--request-timeout"));
+        let bad = GrpcLimits { header_read_timeout: Duration::ZERO, ..GrpcLimits::default() };
+        assert!(bad.validate().unwrap_err().contains("--header-read-timeout"));
+        let bad = GrpcLimits { idle_timeout: Duration::ZERO, ..GrpcLimits::default() };
+        assert!(bad.validate().unwrap_err().contains("--idle-timeout"));
         let bad = GrpcLimits { max_connections: 0, ..GrpcLimits::default() };
         assert!(bad.validate().unwrap_err().contains("--max-connections"));
         let bad = GrpcLimits { max_control_frames_per_second: 0, ..GrpcLimits::default() };

@@ -57,7 +57,7 @@ impl Collector for StatsCollector {
         let refusals = ConstCounter::new(0u64);
         let mut m = encoder.encode_descriptor(
             "limit_refusals",
-            "Connections of the gRPC port refused or closed by a limit, and Watches refused at --max-tenant-feeds, by limit",
+            "Connections of the gRPC port refused or closed by a limit, requests refused by a limit, and Watches refused at --max-tenant-feeds, by limit",
             None,
             refusals.metric_type(),
         )?;
@@ -161,6 +161,10 @@ mod tests {
         let stats = Arc::new(ControlStats::default());
         stats.conn.connections.fetch_add(2, Ordering::Relaxed);
         stats.feed_refusals.fetch_add(3, Ordering::Relaxed);
+        stats.conn.header_read_timeout.fetch_add(4, Ordering::Relaxed);
+        stats.conn.idle_timeout.fetch_add(5, Ordering::Relaxed);
+        stats.conn.header_list.fetch_add(6, Ordering::Relaxed);
+        stats.conn.request_timeout.fetch_add(7, Ordering::Relaxed);
         let mut registry = Registry::with_prefix("agent_reach_control");
         registry.register_collector(Box::new(StatsCollector { stats }));
         let mut out = String::new();
@@ -169,6 +173,10 @@ mod tests {
             "agent_reach_control_limit_refusals_total{limit=\"max_connections\"} 2\n",
             "agent_reach_control_limit_refusals_total{limit=\"max_control_frames_per_second\"} 0\n",
             "agent_reach_control_limit_refusals_total{limit=\"max_tenant_feeds\"} 3\n",
+            "agent_reach_control_limit_refusals_total{limit=\"header_read_timeout\"} 4\n",
+            "agent_reach_control_limit_refusals_total{limit=\"idle_timeout\"} 5\n",
+            "agent_reach_control_limit_refusals_total{limit=\"max_header_list_bytes\"} 6\n",
+            "agent_reach_control_limit_refusals_total{limit=\"request_timeout\"} 7\n",
         ] {
             assert!(out.contains(line), "{line:?} in\n{out}");
         }
