@@ -53,6 +53,9 @@ pub enum ControlError {
     /// A limit of this replica (`flag`) was reached: RESOURCE_EXHAUSTED `LIMIT_EXCEEDED`.
     #[error("{message}")]
     LimitExceeded { flag: &'static str, message: String },
+    /// A cross-tenant lookup without both grants: PERMISSION_DENIED `NOT_AUTHORIZED`.
+    #[error("{caller} may not call {target}: not granted by policy {policy}")]
+    NotAuthorized { caller: String, target: String, policy: String },
 }
 
 impl From<ControlError> for Status {
@@ -94,6 +97,11 @@ impl From<ControlError> for Status {
             },
             ControlError::JoinTokenNotFound(id) => reason::status(Reason::JoinTokenNotFound, message, &[("id", id)]),
             ControlError::Unauthenticated(_) => reason::status(Reason::Unauthenticated, message, &[]),
+            ControlError::NotAuthorized { caller, target, policy } => reason::status(
+                Reason::NotAuthorized,
+                message,
+                &[("caller", caller), ("target", target), ("policy", policy)],
+            ),
             ControlError::TenantMismatch { field, claimed, verified } => reason::status(
                 Reason::TenantMismatch,
                 message,

@@ -30,6 +30,7 @@ pub mod conn;
 pub mod dashboard;
 pub mod error;
 pub mod feed;
+pub mod grants;
 pub mod idempotency;
 pub mod identity;
 pub mod keys;

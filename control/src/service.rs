@@ -195,6 +195,24 @@ impl Control for ControlService {
         Ok(Response::new(proto::ControlDeregisterReply { revision }))
     }
 
+    async fn lookup_granted(
+        &self,
+        request: Request<proto::LookupGrantedRequest>,
+    ) -> Result<Response<proto::LookupGrantedReply>, Status> {
+        let peer = request_peer(&request);
+        let r = request.into_inner();
+        validate_tenant("tenant", &r.tenant).map_err(ControlError::from)?;
+        let caller = self.authz.sidecar(peer, &r.tenant, r.sidecar.as_ref().map(|s| s.sidecar_id.as_str()))?;
+        // Only a certificate says which tenant asks: without one there is no caller tenant
+        // to hold to the grants.
+        if caller.is_none() {
+            let why = "a cross-tenant lookup needs a sidecar certificate (mutual TLS)".into();
+            return Err(ControlError::Unauthenticated(why).into());
+        }
+        let reply = crate::grants::lookup(&self.registry, &r.tenant, &r.target_tenant, &r.capability).await?;
+        Ok(Response::new(reply))
+    }
+
     type WatchStream = EventStream;
 
     /// The control port answers `Watch` with [`ControlService::watch_wire`] (see

@@ -236,3 +236,23 @@ class WatchEvent(_message.Message):
     snapshot: Snapshot
     delta: Delta
     def __init__(self, snapshot: _Optional[_Union[Snapshot, _Mapping]] = ..., delta: _Optional[_Union[Delta, _Mapping]] = ...) -> None: ...
+
+class LookupGrantedRequest(_message.Message):
+    __slots__ = ("tenant", "sidecar", "target_tenant", "capability")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SIDECAR_FIELD_NUMBER: _ClassVar[int]
+    TARGET_TENANT_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    sidecar: SidecarIdentity
+    target_tenant: str
+    capability: str
+    def __init__(self, tenant: _Optional[str] = ..., sidecar: _Optional[_Union[SidecarIdentity, _Mapping]] = ..., target_tenant: _Optional[str] = ..., capability: _Optional[str] = ...) -> None: ...
+
+class LookupGrantedReply(_message.Message):
+    __slots__ = ("instances", "revision")
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    instances: _containers.RepeatedCompositeFieldContainer[_common_pb2.Instance]
+    revision: int
+    def __init__(self, instances: _Optional[_Iterable[_Union[_common_pb2.Instance, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...

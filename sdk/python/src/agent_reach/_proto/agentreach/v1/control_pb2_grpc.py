@@ -54,6 +54,11 @@ class ControlStub:
                 request_serializer=agentreach_dot_v1_dot_control__pb2.WatchRequest.SerializeToString,
                 response_deserializer=agentreach_dot_v1_dot_control__pb2.WatchEvent.FromString,
                 _registered_method=True)
+        self.LookupGranted = channel.unary_unary(
+                '/agentreach.v1.Control/LookupGranted',
+                request_serializer=agentreach_dot_v1_dot_control__pb2.LookupGrantedRequest.SerializeToString,
+                response_deserializer=agentreach_dot_v1_dot_control__pb2.LookupGrantedReply.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -87,6 +92,17 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LookupGranted(self, request, context):
+        """The instances of another tenant's capability the caller's tenant may call: answered
+        only when both grants exist (the caller tenant's tenant policy `egress` names the
+        target, and the target capability's `authorization.allowed_tenants` names the caller
+        tenant); otherwise PERMISSION_DENIED NOT_AUTHORIZED naming the policy that lacks it.
+        Needs a sidecar certificate; the caller's tenant is the certificate's.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -109,6 +125,11 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.Watch,
                     request_deserializer=agentreach_dot_v1_dot_control__pb2.WatchRequest.FromString,
                     response_serializer=agentreach_dot_v1_dot_control__pb2.WatchEvent.SerializeToString,
+            ),
+            'LookupGranted': grpc.unary_unary_rpc_method_handler(
+                    servicer.LookupGranted,
+                    request_deserializer=agentreach_dot_v1_dot_control__pb2.LookupGrantedRequest.FromString,
+                    response_serializer=agentreach_dot_v1_dot_control__pb2.LookupGrantedReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -219,6 +240,33 @@ class Control:
             '/agentreach.v1.Control/Watch',
             agentreach_dot_v1_dot_control__pb2.WatchRequest.SerializeToString,
             agentreach_dot_v1_dot_control__pb2.WatchEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LookupGranted(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentreach.v1.Control/LookupGranted',
+            agentreach_dot_v1_dot_control__pb2.LookupGrantedRequest.SerializeToString,
+            agentreach_dot_v1_dot_control__pb2.LookupGrantedReply.FromString,
             options,
             channel_credentials,
             insecure,
