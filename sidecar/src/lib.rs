@@ -507,6 +507,7 @@ fn entries(
     });
     let outbound = outbound::stack(outbound::Parts {
         rate_limits,
+        tenant: config.tenant.as_str().into(),
         cache,
         router: outbound::router::RouterParts {
             tenant: config.tenant.as_str().into(),
@@ -524,7 +525,7 @@ fn entries(
             mesh_pool,
             limit,
         ),
-        rejections,
+        rejections: rejections.clone(),
         metrics: metrics.clone(),
     });
     let body_read =
@@ -546,7 +547,15 @@ fn entries(
         inner.sessions.clone(),
         limit,
         body_read(&inner.limit_stats[1]),
-    );
+    )
+    .with_foreign(Arc::new(outbound::foreign::Foreign::new(
+        &config.tenant,
+        proto::SidecarIdentity {
+            sidecar_id: config.sidecar_id.clone(),
+            mesh_address: config.advertise.clone().unwrap_or_default(),
+        },
+        inner.registry.control().clone(),
+    )));
     (invoke, mesh, metrics)
 }
 
@@ -558,6 +567,7 @@ fn bounded_maps(
     pools: Vec<Arc<pool::Pool>>,
     cache: &Arc<outbound::cache::ResultCache>,
     idempotency: &Arc<inbound::idempotency::Store>,
+        (inner.table.clone(), rejections),
 ) -> telemetry::BoundedMaps {
     let (r, g, c, i) = (rate_limits.clone(), gates.clone(), cache.clone(), idempotency.clone());
     let (cb, ib) = (cache.clone(), idempotency.clone());

@@ -6,9 +6,12 @@
 //! and then one of its peer's `--max-connections-per-peer` (peers are sidecar identities).
 //!
 //! The peer's identity travels with each request as [`MeshPeer`]; [`authorize`] refuses a
-//! Deliver whose certificate is of another tenant than this sidecar's, or whose `ar-tenant`
-//! header names another tenant than its certificate (PERMISSION_DENIED `TENANT_MISMATCH`,
-//! naming the certificate or the header). Cross-tenant delivery is not allowed.
+//! request whose `ar-tenant` header names another tenant than its certificate, and one
+//! from another tenant's sidecar unless it is a Deliver naming that tenant
+//! (PERMISSION_DENIED `TENANT_MISMATCH`, naming the certificate or the header). Such a
+//! cross-tenant Deliver goes on only as far as this tenant's policies grant it (the
+//! capability's `allowed_tenants`, checked before the instance is looked up, then in the
+//! inbound stack's authorization).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -87,14 +90,19 @@ pub async fn serve<F>(
     }
 }
 
-/// Refuses a mesh request whose certificate or `ar-tenant` header is not of this sidecar's
-/// tenant (`ours`). Requests without a [`MeshPeer`] (plaintext mesh) pass unchecked.
+/// Refuses a mesh request whose `ar-tenant` header is not its certificate's tenant, or
+/// whose certificate is of another tenant than this sidecar's (`ours`) unless the request
+/// is a Deliver naming that tenant in `ar-tenant` (a cross-tenant call, which the policies
+/// decide next). Requests without a [`MeshPeer`] (plaintext mesh) pass unchecked.
 pub fn authorize(ours: &str, req: &Request<Incoming>) -> Result<(), Status> {
     let Some(MeshPeer(peer)) = req.extensions().get::<MeshPeer>() else { return Ok(()) };
     let PeerId::Sidecar(id) = peer else {
         return Err(reason::status(Reason::Unauthenticated, format!("{peer} is not a sidecar"), &[]));
     };
-    if id.tenant != ours {
+    let deliver = matches!(req.uri().path(), crate::grpc::PATH_DELIVER | crate::grpc::PATH_DELIVER_STREAM);
+    let names_its_tenant =
+        req.headers().get(agent_reach::headers::TENANT).is_some_and(|h| h.as_bytes() == id.tenant.as_bytes());
+    if id.tenant != ours && !(deliver && names_its_tenant) {
         return Err(reason::status(
             Reason::TenantMismatch,
             format!("the caller's certificate is of tenant {:?}; this sidecar serves {ours:?}", id.tenant),

@@ -684,6 +684,7 @@ fn call_from_request(
     let text = |key: &str| request.metadata().get(key).and_then(|v| v.to_str().ok()).map(str::to_string);
     let verified_caller = text(crate::headers::CALLER_AGENT)
         .map(|agent| proto::Caller { agent, instance_id: text(crate::headers::CALLER_INSTANCE).unwrap_or_default() });
+    let verified_tenant = verified_caller.as_ref().and_then(|_| text(crate::headers::CALLER_TENANT));
     Call {
         inner: request.into_inner(),
         sidecar: Some(sidecar.clone()),
@@ -692,6 +693,7 @@ fn call_from_request(
         deadline,
         traceparent,
         verified_caller,
+        verified_tenant,
     }
 }
 
@@ -769,6 +771,7 @@ pub struct Call {
     deadline: Option<Instant>,
     traceparent: Option<String>,
     verified_caller: Option<proto::Caller>,
+    verified_tenant: Option<String>,
 }
 
 impl Call {
@@ -793,6 +796,7 @@ impl Call {
             deadline: None,
             traceparent: None,
             verified_caller: None,
+            verified_tenant: None,
         }
     }
     /// The payload, as the caller sent it.
@@ -859,6 +863,12 @@ impl Call {
     /// credential, vouched for by its sidecar over mutual TLS); `None` for anonymous calls.
     pub fn verified_caller(&self) -> Option<&proto::Caller> {
         self.verified_caller.as_ref()
+    }
+    /// The tenant of [`Call::verified_caller`], as the mesh verified it: this agent's own,
+    /// or another tenant's for a call that tenant was granted (its sidecar's certificate
+    /// names it). `None` for anonymous calls.
+    pub fn verified_caller_tenant(&self) -> Option<&str> {
+        self.verified_tenant.as_deref()
     }
     /// The instance handling the call.
     pub fn instance_id(&self) -> &str {

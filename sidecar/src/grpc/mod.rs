@@ -79,6 +79,7 @@ pub(crate) mod header {
 }
 
 /// A hook on an answer's trailers, held until the answer ends: the target's sidecar writes
+    pub(crate) const CALLER_TENANT: HeaderName = HeaderName::from_static(h::CALLER_TENANT);
 /// its instance's load into them, the caller's sidecar reads it. Dropping the hook ends
 /// what it holds (an admission slot, a call counted in flight).
 pub(crate) trait TrailersHook: Send + Sync + 'static {

@@ -7,6 +7,12 @@
 //! (`InboundCall::caller`), never a name written in the call; without one the call is
 //! anonymous. A refusal is PERMISSION_DENIED `NOT_AUTHORIZED` naming the policy, reaches
 //! no agent, and is not retried on another instance (the same policy holds there).
+//!
+//! A caller of another tenant (its sidecar's certificate names that tenant) is allowed
+//! only by explicit grant ([`check_foreign`]): the call must be routed by capability, the
+//! capability's policy must name the caller's tenant (or tenant/agent) in
+//! `allowed_tenants`, and so must the agent's policy if it has an authorization. No
+//! policy, tenant-wide or absent, ever lets another tenant in.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -50,11 +56,66 @@ pub(crate) fn check(
     }
 }
 
+/// Whether another tenant's caller may be let in for `capability` at all (before the
+/// instance is looked up, so a caller without a grant learns nothing about it): the
+/// capability's policy names `tenant`.
+pub(crate) fn foreign_granted(
+    table: &RoutingTable,
+    tenant: &str,
+    caller: Option<&str>,
+    capability: &str,
+) -> Result<(), SidecarError> {
+    let granted = table
+        .policy(PolicyKind::Capability, capability)
+        .and_then(|p| p.spec.authorization.as_ref())
+        .is_some_and(|a| a.grants_tenant(tenant));
+    if granted {
+        return Ok(());
+    }
+    Err(not_authorized_foreign(tenant, caller, capability, &format!("capability/{capability}")))
+}
+
+/// The refusal of a call agent `caller` (`None`: anonymous) of another tenant `tenant`
+/// makes to an instance of `agent`, routed by `capability` ("" when by agent name).
+pub(crate) fn check_foreign(
+    table: &RoutingTable,
+    tenant: &str,
+    caller: Option<&str>,
+    agent: &str,
+    capability: &str,
+) -> Result<(), SidecarError> {
+    let authz_of = |kind: PolicyKind, name: &str| table.policy(kind, name).and_then(|p| p.spec.authorization.clone());
+    if capability.is_empty() {
+        // Another tenant addresses capabilities; a call by agent name has no grant.
+        return Err(not_authorized_foreign(tenant, caller, capability, &format!("agent/{agent}")));
+    }
+    let policy = format!("capability/{capability}");
+    if !authz_of(PolicyKind::Capability, capability).is_some_and(|a| a.allows_foreign(tenant, caller)) {
+        return Err(not_authorized_foreign(tenant, caller, capability, &policy));
+    }
+    match authz_of(PolicyKind::Agent, agent) {
+        Some(a) if !a.allows_foreign(tenant, caller) => {
+            Err(not_authorized_foreign(tenant, caller, capability, &format!("agent/{agent}")))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn not_authorized_foreign(tenant: &str, caller: Option<&str>, capability: &str, policy: &str) -> SidecarError {
+    SidecarError::NotAuthorized {
+        caller: caller.map_or_else(|| format!("(anonymous) of tenant {tenant}"), |c| format!("agent {tenant}/{c}")),
+        target: format!("capability {capability}"),
+        policy: policy.to_string(),
+    }
+}
+
 /// Service: refuses calls the policies do not allow.
 #[derive(Clone)]
 pub(crate) struct Authorized<S> {
     table: TableHandle,
     rejections: Arc<Rejections>,
+    /// This sidecar's tenant: a call whose caller is of another one needs a grant.
+    tenant: Arc<str>,
     inner: S,
 }
 
@@ -62,8 +123,14 @@ pub(crate) struct Authorized<S> {
 pub(crate) fn layer<S>(
     table: TableHandle,
     rejections: Arc<Rejections>,
+    tenant: Arc<str>,
 ) -> impl tower::Layer<S, Service = Authorized<S>> + Clone {
-    tower::layer::layer_fn(move |inner| Authorized { table: table.clone(), rejections: rejections.clone(), inner })
+    tower::layer::layer_fn(move |inner| Authorized {
+        table: table.clone(),
+        rejections: rejections.clone(),
+        tenant: tenant.clone(),
+        inner,
+    })
 }
 
 impl<S> Service<InboundCall> for Authorized<S>
@@ -81,7 +148,12 @@ where
 
     fn call(&mut self, call: InboundCall) -> Self::Future {
         let caller = call.caller.as_ref().map(|c| &*c.agent);
-        let refused = check(&self.table.load(), caller, &call.local.registration.agent, &call.capability).err();
+        let (table, agent) = (self.table.load(), &call.local.registration.agent);
+        let refused = if *call.tenant == *self.tenant {
+            check(&table, caller, agent, &call.capability).err()
+        } else {
+            check_foreign(&table, &call.tenant, caller, agent, &call.capability).err()
+        };
         if let Some(e) = refused {
             return Rejections::refuse(&self.rejections.not_authorized, Ok(Attempt::Failed(DeliveryError::Sidecar(e))));
         }
@@ -129,6 +201,55 @@ mod tests {
                 }
             }
         }
+    }
+
+    fn granting(kind: PolicyKind, name: &str, allowed_agents: &[&str], tenants: &[&str]) -> Policy {
+        let mut p = policy(kind, name, allowed_agents, false);
+        if let Some(a) = p.spec.authorization.as_mut() {
+            a.allowed_tenants = tenants.iter().map(|t| t.to_string()).collect();
+        }
+        p
+    }
+
+    fn foreign_refused_by(t: &RoutingTable, caller: Option<&str>, agent: &str, capability: &str) -> Option<String> {
+        match check_foreign(t, "team-a", caller, agent, capability) {
+            Ok(()) => None,
+            Err(SidecarError::NotAuthorized { policy, caller: who, .. }) => {
+                assert!(who.contains("team-a"), "the refusal names the caller's tenant: {who}");
+                Some(policy)
+            }
+            Err(other) => panic!("unexpected {other}"),
+        }
+    }
+
+    #[test]
+    fn another_tenant_calls_only_a_capability_that_grants_it() {
+        // No policy, and a tenant policy allowing everyone: neither lets another tenant in.
+        let open = table(vec![policy(PolicyKind::Tenant, "default", &[], true)]);
+        assert_eq!(foreign_refused_by(&open, Some("planner"), "worker", "work").as_deref(), Some("capability/work"));
+        assert_eq!(refused_by(&open, Some("planner"), "worker", "work"), None, "the tenant's own callers may");
+        assert!(foreign_granted(&open, "team-a", Some("planner"), "work").is_err());
+
+        let t = table(vec![
+            granting(PolicyKind::Capability, "work", &["local-only"], &["team-a/planner"]),
+            granting(PolicyKind::Capability, "wide", &[], &["team-a"]),
+            granting(PolicyKind::Agent, "guarded", &[], &["team-c"]),
+        ]);
+        assert_eq!(foreign_refused_by(&t, Some("planner"), "worker", "work"), None);
+        assert!(foreign_granted(&t, "team-a", Some("planner"), "work").is_ok());
+        assert_eq!(foreign_refused_by(&t, Some("intruder"), "worker", "work").as_deref(), Some("capability/work"));
+        assert_eq!(foreign_refused_by(&t, None, "worker", "wide").as_deref(), Some("capability/wide"));
+        assert_eq!(foreign_refused_by(&t, Some("anyone"), "worker", "wide"), None);
+        // The agent's own authorization must grant the tenant too.
+        assert_eq!(foreign_refused_by(&t, Some("anyone"), "guarded", "wide").as_deref(), Some("agent/guarded"));
+        // By agent name there is no grant.
+        assert_eq!(foreign_refused_by(&t, Some("planner"), "worker", "").as_deref(), Some("agent/worker"));
+        // allowed_agents names agents of the tenant itself, never another tenant's.
+        assert_eq!(foreign_refused_by(&t, Some("local-only"), "worker", "work").as_deref(), Some("capability/work"));
+        assert_eq!(
+            foreign_granted(&t, "team-b", Some("planner"), "work").map_err(|e| e.reason()),
+            Err(Reason::NotAuthorized)
+        );
     }
 
     #[test]

@@ -43,6 +43,10 @@ pub(crate) struct MeshEntry {
     limit: usize,
     /// How long the calling sidecar may take to send the call's body.
     body_read: BodyRead,
+    /// Policies, for calls from other tenants, whose grants are checked before the
+    /// instance is looked up (refusals counted with the other authorization ones).
+    table: TableHandle,
+    rejections: Arc<crate::telemetry::Rejections>,
 }
 
 impl MeshEntry {
@@ -56,8 +60,11 @@ impl MeshEntry {
         sessions: Arc<crate::session::SessionCache>,
         limit: usize,
         body_read: BodyRead,
+        (table, rejections): (TableHandle, Arc<crate::telemetry::Rejections>),
     ) -> MeshEntry {
         MeshEntry {
+            table,
+            rejections,
             registry,
             tenant: tenant.into(),
             sidecar_id: sidecar_id.into(),
@@ -82,15 +89,25 @@ impl MeshEntry {
                 .into_status(),
             );
         };
-        // A sidecar serves one tenant; a call from another tenant's sidecar is refused
-        // without saying whether the instance exists.
+        // A sidecar serves one tenant. A call from another tenant's sidecar comes only over
+        // mutual TLS (its certificate's tenant is the header's, `mesh_tls::authorize`
+        // checked) and for a capability whose policy grants that tenant; otherwise it is
+        // refused without saying whether the instance exists.
         let tenant = parts.headers.get(header::TENANT).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
         if *tenant != *self.tenant {
-            return grpc::status_response(reason::status(
-                Reason::PermissionDenied,
-                format!("this sidecar does not serve tenant {tenant:?}"),
-                &[],
-            ));
+            if parts.extensions.get::<crate::mesh_tls::MeshPeer>().is_none() {
+                return grpc::status_response(reason::status(
+                    Reason::PermissionDenied,
+                    format!("this sidecar does not serve tenant {tenant:?}"),
+                    &[],
+                ));
+            }
+            let capability = parts.headers.get(header::CAPABILITY).and_then(|v| v.to_str().ok()).unwrap_or_default();
+            let caller = parts.headers.get(header::CALLER_AGENT).and_then(|v| v.to_str().ok());
+            if let Err(e) = super::authz::foreign_granted(&self.table.load(), &tenant, caller, capability) {
+                crate::telemetry::Rejections::count(&self.rejections.not_authorized);
+                return grpc::status_response(e.into_status());
+            }
         }
         let Some(local) = self.registry.get(instance_id) else {
             return grpc::not_delivered_response(
@@ -111,8 +128,9 @@ impl MeshEntry {
             parts.headers.get(header::IDEMPOTENCY_KEY).and_then(|v| v.to_str().ok()).map(str::to_string);
         let trace = agent_reach_telemetry::trace::extract(&parts.headers);
         // The caller another sidecar vouches for counts only from a mutual-TLS peer (whose
-        // tenant `mesh_tls::authorize` checked); on a plaintext mesh every caller is
-        // anonymous, whatever the headers say.
+        // tenant `mesh_tls::authorize` checked: this one, or the header's for a call from
+        // another tenant); on a plaintext mesh every caller is anonymous, whatever the
+        // headers say.
         let caller = parts.extensions.get::<crate::mesh_tls::MeshPeer>().and_then(|_| {
             let agent = parts.headers.get(header::CALLER_AGENT)?.to_str().ok()?;
             let instance = parts.headers.get(header::CALLER_INSTANCE)?.to_str().ok()?;
@@ -258,6 +276,9 @@ impl Deliver {
             Body::Frames(f) => grpc::frames_data(f),
             other => match collect_chunks(other, self.limit).await {
                 Ok(d) => d,
+            if let Ok(tenant) = http::HeaderValue::from_str(&call.tenant) {
+                headers.insert(header::CALLER_TENANT, tenant);
+            }
                 Err(e) => return Attempt::Failed(DeliveryError::Internal(e)),
             },
         };

@@ -44,6 +44,8 @@ pub(crate) struct Parts {
     pub pool: Arc<Pool>,
     pub gates: Arc<admission::Gates>,
     pub idempotency: Arc<idempotency::Store>,
+    /// This sidecar's tenant (callers of another one need a grant).
+    pub tenant: Arc<str>,
     /// Claims of idempotency keys with control (`None`: per sidecar only).
     pub claims: Option<Arc<claims::Claims>>,
     pub rejections: Arc<Rejections>,
@@ -59,7 +61,7 @@ pub(crate) fn stack(p: Parts) -> InboundService {
         // The server span and hop metric cover everything the target's sidecar does.
         .layer(crate::telemetry::inbound_layer(p.tracing.clone(), p.metrics.clone()))
         // Who may call comes first: a refused caller gets no replay, no slot, no agent.
-        .layer(authz::layer(p.table.clone(), p.rejections.clone()))
+        .layer(authz::layer(p.table.clone(), p.rejections.clone(), p.tenant))
         // Duplicates are answered first: a replay needs no slot and never reaches the agent.
         .layer(idempotency::layer(p.idempotency, p.claims, p.rejections.clone(), p.limit))
         // Then slots by priority: over its share a call waits briefly, then is refused

@@ -118,7 +118,9 @@ impl Service<AttemptRequest> for Dispatch {
         let me = self.clone();
         Box::pin(async move {
             let rec = &req.member.instance.record;
-            if *rec.sidecar_id == *me.sidecar_id {
+            // Sidecar ids are unique within a tenant only: another tenant's instance (a
+            // granted cross-tenant call) is never local.
+            if *rec.sidecar_id == *me.sidecar_id && *rec.tenant == *me.tenant {
                 return Ok(me.local(req).await);
             }
             Ok(me.remote(req).await)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agent_reach::convert::{priority_from_i32, target_from_proto};
-use agent_reach::model::FieldError;
+use agent_reach::model::{FieldError, Target, TargetKind};
 use agent_reach_routing::TableHandle;
 use agent_reach_support::grpc_timeout;
 use http::{Request, Response};
@@ -34,6 +34,9 @@ pub(crate) struct InvokeEntry {
     stack: OutboundService,
     /// Local instances, whose agent credentials verify callers.
     registry: Arc<Registry>,
+    /// Tables of the other tenants' capabilities callers were granted (`None`: such
+    /// targets are refused).
+    foreign: Option<Arc<super::foreign::Foreign>>,
 }
 
 impl InvokeEntry {
@@ -45,12 +48,37 @@ impl InvokeEntry {
         stack: OutboundService,
         registry: Arc<Registry>,
     ) -> InvokeEntry {
-        InvokeEntry { table, max_payload_bytes, default_timeout, body_read, stack, registry }
+        InvokeEntry { table, max_payload_bytes, default_timeout, body_read, stack, registry, foreign: None }
+    }
+
+    /// Routes targets named `tenant/capability` to the other tenant's granted instances.
+    pub(crate) fn with_foreign(mut self, foreign: Arc<super::foreign::Foreign>) -> InvokeEntry {
+        self.foreign = Some(foreign);
+        self
+    }
+
+    /// A call to another tenant's capability (`tenant/capability`) gets that tenant's
+    /// granted instances as its table, and the capability's own name as its target; a
+    /// call within the tenant is left as it is.
+    async fn route_foreign(&self, mut call: OutboundCall) -> Result<OutboundCall, SidecarError> {
+        let TargetKind::Capability(name) = &call.target.kind else { return Ok(call) };
+        let Some((tenant, capability)) = super::foreign::split(name)? else { return Ok(call) };
+        let Some(foreign) = &self.foreign else {
+            return Err(FieldError::new("target.capability", "calls to other tenants are not served here").into());
+        };
+        let (tenant, capability) = (tenant.to_string(), capability.to_string());
+        call.table = foreign.table(&call.table, &tenant, &capability).await?;
+        call.target.kind = TargetKind::Capability(capability);
+        Ok(call)
     }
 
     /// Reads the call and sends it through the outbound stack.
     pub(crate) async fn invoke(&self, req: Request<Incoming>, shape: Shape) -> Response<Body> {
         let call = match self.read_call(req, shape).await {
+            Ok(c) => c,
+            Err(e) => return grpc::status_response(e.into_status()),
+        };
+        let call = match self.route_foreign(call).await {
             Ok(c) => c,
             Err(e) => return grpc::status_response(e.into_status()),
         };
@@ -102,7 +130,8 @@ impl InvokeEntry {
         shape: Shape,
         caller: Option<Caller>,
     ) -> Response<Body> {
-        let call = match self.check_call(message, headers, shape, Instant::now(), caller) {
+        let checked = self.check_call(message, headers, shape, Instant::now(), caller);
+        let call = match async { self.route_foreign(checked?).await }.await {
             Ok(c) => c,
             Err(e) => return grpc::status_response(e.into_status()),
         };
@@ -156,7 +185,7 @@ impl InvokeEntry {
             )
             .into());
         }
-        let target = target_from_proto(head.target.clone())?;
+        let target = target_of(head.target.clone())?;
         let priority = priority_from_i32(head.priority);
         let table = self.table.load_full();
         let timeout = headers
@@ -184,6 +213,22 @@ impl InvokeEntry {
             pin: None,
         })
     }
+}
+
+/// The call's target; a capability of another tenant is named `tenant/capability`
+/// (checked here, routed by [`InvokeEntry::route_foreign`]).
+fn target_of(target: Option<agent_reach::proto::Target>) -> Result<Target, FieldError> {
+    use agent_reach::proto::target::Kind;
+    let foreign = match target.as_ref().and_then(|t| t.kind.as_ref()) {
+        Some(Kind::Capability(c)) => super::foreign::split(c)?.map(|(t, c)| (t.to_string(), c.to_string())),
+        _ => None,
+    };
+    let Some((tenant, capability)) = foreign else { return target_from_proto(target) };
+    let mut checked = target_from_proto(
+        target.map(|t| agent_reach::proto::Target { kind: Some(Kind::Capability(capability.clone())), ..t }),
+    )?;
+    checked.kind = TargetKind::Capability(format!("{tenant}/{capability}"));
+    Ok(checked)
 }
 
 /// The `InvokeReply` of a unary answer of the outbound stack (what [`InvokeEntry::call`]

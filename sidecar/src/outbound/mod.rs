@@ -19,6 +19,7 @@
 pub(crate) mod attempt;
 pub(crate) mod cache;
 pub(crate) mod invoke;
+pub(crate) mod foreign;
 pub(crate) mod pin;
 pub(crate) mod ratelimit;
 pub(crate) mod reply;

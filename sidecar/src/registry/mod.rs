@@ -152,6 +152,11 @@ impl Registry {
         }
     }
 
+    /// The clients of control the registry reports through (shared with other lookups).
+    pub(crate) fn control(&self) -> &Arc<ControlClients> {
+        &self.control
+    }
+
     /// A local instance by id (lock-free; used on the delivery path).
     pub(crate) fn get(&self, instance_id: &str) -> Option<Arc<LocalInstance>> {
         self.instances.load().get(instance_id).cloned()
