@@ -1,6 +1,7 @@
 //! A fault-injecting TCP proxy for end-to-end tests: put it between two parts of the mesh
 //! (a sidecar and control, or two sidecars) and change what the link does while the test
-//! runs — latency with jitter per direction, a blackhole per direction (bytes are read and
+//! runs — latency with jitter per direction, a bandwidth cap per direction, a blackhole per
+//! direction (bytes are read and
 //! dropped, so the link looks open but nothing arrives: both directions for a blackholed
 //! link, one for a half-open one), resets of every open connection, refusal of new
 //! connections (reset at once) and a share of new connections reset (deterministically: the
@@ -32,6 +33,8 @@ pub struct Direction {
     pub jitter: Duration,
     /// Bytes are read and dropped: nothing arrives, nothing fails.
     pub blackhole: bool,
+    /// At most this many bytes per second pass (0: no cap), paced per connection.
+    pub bytes_per_second: u64,
 }
 
 /// The faults of the link, for connections open and new.
@@ -51,7 +54,13 @@ pub struct Faults {
 impl Faults {
     /// The same latency and jitter both ways.
     pub fn latency(delay: Duration, jitter: Duration) -> Faults {
-        let d = Direction { delay, jitter, blackhole: false };
+        let d = Direction { delay, jitter, ..Direction::default() };
+        Faults { upstream: d, downstream: d, ..Faults::default() }
+    }
+
+    /// At most `bytes_per_second` each way, per connection.
+    pub fn bandwidth(bytes_per_second: u64) -> Faults {
+        let d = Direction { bytes_per_second, ..Direction::default() };
         Faults { upstream: d, downstream: d, ..Faults::default() }
     }
 
@@ -92,6 +101,20 @@ fn resets_on_arrival(n: u64, share: f64) -> bool {
     let share = share.clamp(0.0, 1.0);
     share > 0.0 && (n == 0 || (n as f64 * share).floor() != ((n - 1) as f64 * share).floor())
 }
+
+/// When a chunk of `len` bytes due at `due` starts going out on a link capped at `rate`
+/// bytes per second (0: no cap) whose previous chunk leaves it busy until `busy_until`, and
+/// until when it keeps the link busy: (start, busy until).
+fn paced(due: Instant, busy_until: Instant, len: usize, rate: u64) -> (Instant, Instant) {
+    if rate == 0 {
+        return (due, due);
+    }
+    let start = due.max(busy_until);
+    (start, start + Duration::from_secs_f64(len as f64 / rate as f64))
+}
+
+/// Pieces a capped link sends at a time, so a 16 KiB read does not go out as one burst.
+const PACED_PIECE: usize = 1024;
 
 /// A running proxy on 127.0.0.1 port 0 in front of `upstream`; stops when dropped.
 pub struct FaultProxy {
@@ -219,7 +242,7 @@ async fn pump(
     direction: fn(&Faults) -> Direction,
     stats: &FaultStats,
 ) {
-    let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, u64, Vec<u8>)>();
     let reader = async move {
         let mut buf = vec![0u8; 16 * 1024];
         let mut last = Instant::now();
@@ -242,16 +265,22 @@ async fn pump(
             };
             // Bytes keep their order: never delivered before the chunk ahead of them.
             last = last.max(Instant::now() + delay);
-            if tx.send((last, buf[..n].to_vec())).is_err() {
+            if tx.send((last, d.bytes_per_second, buf[..n].to_vec())).is_err() {
                 break;
             }
         }
     };
     let writer = async move {
-        while let Some((at, bytes)) = rx.recv().await {
-            tokio::time::sleep_until(at).await;
-            if to.write_all(&bytes).await.is_err() {
-                return;
+        let mut busy_until = Instant::now();
+        while let Some((at, rate, bytes)) = rx.recv().await {
+            let piece = if rate == 0 { bytes.len().max(1) } else { PACED_PIECE };
+            for chunk in bytes.chunks(piece) {
+                let (start, busy) = paced(at, busy_until, chunk.len(), rate);
+                busy_until = busy;
+                tokio::time::sleep_until(start).await;
+                if to.write_all(chunk).await.is_err() {
+                    return;
+                }
             }
         }
         // The sender closed its side: pass the end on (FIN), leaving the other way open.
@@ -286,6 +315,37 @@ mod tests {
         s.read_exact(&mut buf).await?;
         assert_eq!(&buf, b"ping");
         Ok(t.elapsed())
+    }
+
+    #[test]
+    fn a_capped_link_paces_chunks_back_to_back() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        // No cap: a chunk goes out when due.
+        assert_eq!(paced(t0 + ms(5), t0 + ms(50), 1000, 0), (t0 + ms(5), t0 + ms(5)));
+        // 1,000 bytes at 10,000 B/s keep the link 100 ms.
+        assert_eq!(paced(t0, t0, 1000, 10_000), (t0, t0 + ms(100)));
+        // The next chunk, due earlier than the link is free, waits for it.
+        assert_eq!(paced(t0 + ms(10), t0 + ms(100), 500, 10_000), (t0 + ms(100), t0 + ms(150)));
+        // One due after the link went idle starts when due.
+        assert_eq!(paced(t0 + ms(300), t0 + ms(150), 500, 10_000), (t0 + ms(300), t0 + ms(350)));
+    }
+
+    #[tokio::test]
+    async fn a_bandwidth_cap_slows_a_transfer_to_its_rate() {
+        let proxy = FaultProxy::start(echo_server().await).await;
+        // 32 KiB through a 128 KiB/s cap each way: at least 250 ms to go, and back in parallel.
+        proxy.set(Faults::bandwidth(128 * 1024));
+        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        let data = vec![7u8; 32 * 1024];
+        let t = Instant::now();
+        let (mut r, mut w) = s.split();
+        let send = async { w.write_all(&data).await.unwrap() };
+        let mut back = vec![0u8; data.len()];
+        let recv = async { r.read_exact(&mut back).await.unwrap() };
+        tokio::join!(send, recv);
+        assert_eq!(back, data);
+        assert!(t.elapsed() >= Duration::from_millis(245), "32 KiB at 128 KiB/s: {:?}", t.elapsed());
     }
 
     #[tokio::test]
