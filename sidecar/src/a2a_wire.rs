@@ -21,6 +21,26 @@ use proto::{Message, Part, part};
 /// message of several parts, or of a URL part).
 pub const A2A_MESSAGE_CONTENT_TYPE: &str = "application/a2a-message+json";
 
+/// The content type of a payload that is one `lf.a2a.v1` request or answer in protobuf,
+/// carried through the mesh unchanged to an agent registered with transport A2A: the
+/// request's method is in the call's metadata under [`A2A_METHOD_KEY`]; each answer (a
+/// unary reply, or each chunk of a stream) is the method's answer message.
+pub const A2A_PROTO_CONTENT_TYPE: &str = "application/a2a+proto";
+/// The call metadata key naming the `lf.a2a.v1.A2AService` method of an
+/// [`A2A_PROTO_CONTENT_TYPE`] payload (e.g. `GetTask`).
+pub const A2A_METHOD_KEY: &str = "a2a-method";
+
+/// The methods carried through to an A2A agent: name, gRPC path, and whether the answer is
+/// a stream.
+pub(crate) const PASS_THROUGH_METHODS: [(&str, &str, bool); 6] = [
+    ("SendMessage", "/lf.a2a.v1.A2AService/SendMessage", false),
+    ("SendStreamingMessage", "/lf.a2a.v1.A2AService/SendStreamingMessage", true),
+    ("GetTask", "/lf.a2a.v1.A2AService/GetTask", false),
+    ("ListTasks", "/lf.a2a.v1.A2AService/ListTasks", false),
+    ("CancelTask", "/lf.a2a.v1.A2AService/CancelTask", false),
+    ("SubscribeToTask", "/lf.a2a.v1.A2AService/SubscribeToTask", true),
+];
+
 /// Why a message has no mesh payload: the message is not valid, or it could not be encoded.
 #[derive(Debug)]
 pub(crate) enum WireError {

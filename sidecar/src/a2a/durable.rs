@@ -68,7 +68,15 @@ impl A2a {
     }
 
     /// `GetTask`: this sidecar's direct call, or the durable task.
-    pub(crate) async fn get_task(&self, req: super::proto::GetTaskRequest) -> Result<Task, A2aError> {
+    /// An A2A agent's task is the agent's, at its owner ([`super::forward`]).
+    pub(crate) async fn get_task(
+        &self,
+        req: super::proto::GetTaskRequest,
+        headers: http::HeaderMap,
+    ) -> Result<Task, A2aError> {
+        if self.passes_through(&req.tenant) {
+            return self.pass_get(req, headers).await;
+        }
         let task = match self.tasks.get(&req.id, &req.tenant) {
             Ok(t) => t,
             Err(A2aError::TaskNotFound(_)) => to_a2a(&self.durable_task(&req.id, &req.tenant).await?),
@@ -79,7 +87,14 @@ impl A2a {
 
     /// `CancelTask`: a direct call is aborted; a durable task ends CANCELED and its
     /// dispatcher cancels the agent's call.
-    pub(crate) async fn cancel_task(&self, req: super::proto::CancelTaskRequest) -> Result<Task, A2aError> {
+    pub(crate) async fn cancel_task(
+        &self,
+        req: super::proto::CancelTaskRequest,
+        headers: http::HeaderMap,
+    ) -> Result<Task, A2aError> {
+        if self.passes_through(&req.tenant) {
+            return self.pass_cancel(req, headers).await;
+        }
         match self.cancel_direct(&req) {
             Err(A2aError::TaskNotFound(_)) => {}
             other => return other,
@@ -102,7 +117,11 @@ impl A2a {
     pub(crate) async fn subscribe(
         &self,
         req: super::proto::SubscribeToTaskRequest,
+        headers: http::HeaderMap,
     ) -> Result<std::pin::Pin<Box<dyn Stream<Item = StreamResponse> + Send>>, A2aError> {
+        if self.passes_through(&req.tenant) {
+            return self.pass_subscribe(req, headers).await;
+        }
         match self.subscribe_direct(&req) {
             Err(A2aError::TaskNotFound(_)) => {}
             Ok(events) => return Ok(Box::pin(events)),

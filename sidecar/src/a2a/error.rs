@@ -22,6 +22,8 @@ pub(crate) enum A2aError {
     ParseError(String),
     /// The mesh refused the call or it failed: the mesh's status, reason and all.
     Mesh(Status),
+    /// An A2A agent's own error (its status has the A2A `ErrorInfo`), passed on unchanged.
+    Agent(Status),
     Internal(String),
 }
 
@@ -40,7 +42,7 @@ impl A2aError {
             A2aError::MethodNotFound(_) => ("METHOD_NOT_FOUND", -32601, Code::NotFound),
             A2aError::ParseError(_) => ("INVALID_REQUEST", -32700, Code::InvalidArgument),
             A2aError::Internal(_) => ("INTERNAL_ERROR", -32603, Code::Internal),
-            A2aError::Mesh(_) => return None,
+            A2aError::Mesh(_) | A2aError::Agent(_) => return None,
         })
     }
 
@@ -56,7 +58,7 @@ impl A2aError {
             | A2aError::ParseError(why)
             | A2aError::Internal(why) => why.clone(),
             A2aError::MethodNotFound(m) => format!("method {m:?} not found"),
-            A2aError::Mesh(s) => s.message().to_string(),
+            A2aError::Mesh(s) | A2aError::Agent(s) => s.message().to_string(),
         }
     }
 
@@ -69,7 +71,7 @@ impl A2aError {
                 ErrorDetails::with_error_info(reason, A2A_DOMAIN, std::collections::HashMap::new()),
             ),
             None => match self {
-                A2aError::Mesh(s) => s,
+                A2aError::Mesh(s) | A2aError::Agent(s) => s,
                 _ => unreachable!("only mesh errors lack an A2A reason"),
             },
         }
@@ -96,7 +98,44 @@ impl A2aError {
                 }
                 serde_json::json!({"code": code, "message": status.message(), "data": [info]})
             }
-            (None, _) => unreachable!("only mesh errors lack an A2A reason"),
+            (None, A2aError::Agent(status)) => {
+                let info = agent_reach::reason::error_info(status).unwrap_or_default();
+                let code = JSONRPC_CODES.iter().find(|(r, _)| *r == info.reason).map_or(-32603, |(_, c)| *c);
+                serde_json::json!({
+                    "code": code,
+                    "message": status.message(),
+                    "data": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": info.reason, "domain": info.domain}],
+                })
+            }
+            (None, _) => unreachable!("only mesh and agent errors lack an A2A reason"),
+        }
+    }
+}
+
+/// The JSON-RPC codes of the A2A errors by their `ErrorInfo` reason (A2A v1.0 §5.4).
+const JSONRPC_CODES: [(&str, i64); 13] = [
+    ("TASK_NOT_FOUND", -32001),
+    ("TASK_NOT_CANCELABLE", -32002),
+    ("PUSH_NOTIFICATION_NOT_SUPPORTED", -32003),
+    ("UNSUPPORTED_OPERATION", -32004),
+    ("CONTENT_TYPE_NOT_SUPPORTED", -32005),
+    ("INVALID_AGENT_RESPONSE", -32006),
+    ("EXTENDED_AGENT_CARD_NOT_CONFIGURED", -32007),
+    ("EXTENSION_SUPPORT_REQUIRED", -32008),
+    ("VERSION_NOT_SUPPORTED", -32009),
+    ("INVALID_PARAMS", -32602),
+    ("INVALID_REQUEST", -32600),
+    ("METHOD_NOT_FOUND", -32601),
+    ("INTERNAL_ERROR", -32603),
+];
+
+impl A2aError {
+    /// A failed call's status: the A2A agent's own error when it carries A2A's `ErrorInfo`,
+    /// else the mesh's.
+    pub(crate) fn from_status(status: Status) -> A2aError {
+        match agent_reach::reason::error_info(&status) {
+            Some(info) if info.domain == A2A_DOMAIN => A2aError::Agent(status),
+            _ => A2aError::Mesh(status),
         }
     }
 }
@@ -123,6 +162,23 @@ mod tests {
         let json = A2aError::TaskNotCancelable("done".into()).to_jsonrpc();
         assert_eq!(json["code"], -32002);
         assert_eq!(json["data"][0]["reason"], "TASK_NOT_CANCELABLE");
+    }
+
+    #[test]
+    fn an_agents_a2a_error_passes_on_with_its_code() {
+        let from_agent = Status::with_error_details(
+            Code::NotFound,
+            "Task not found",
+            ErrorDetails::with_error_info("TASK_NOT_FOUND", A2A_DOMAIN, std::collections::HashMap::new()),
+        );
+        let e = A2aError::from_status(from_agent);
+        assert!(matches!(e, A2aError::Agent(_)), "{e:?}");
+        let json = e.to_jsonrpc();
+        assert_eq!((json["code"].as_i64(), json["message"].as_str()), (Some(-32001), Some("Task not found")));
+        assert_eq!(json["data"][0]["reason"], "TASK_NOT_FOUND");
+        assert_eq!(e.into_status().code(), Code::NotFound);
+        let mesh = agent_reach::reason::status(agent_reach::reason::Reason::RateLimited, "slow down", &[]);
+        assert!(matches!(A2aError::from_status(mesh), A2aError::Mesh(_)));
     }
 
     #[test]

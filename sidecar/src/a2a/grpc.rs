@@ -62,18 +62,21 @@ impl A2aService for Service {
     }
 
     async fn get_task(&self, request: Request<proto::GetTaskRequest>) -> Result<Response<Task>, Status> {
-        self.0.get_task(request.into_inner()).await.map(Response::new).map_err(A2aError::into_status)
+        let (metadata, _, req) = request.into_parts();
+        self.0.get_task(req, metadata.into_headers()).await.map(Response::new).map_err(A2aError::into_status)
     }
 
     async fn list_tasks(
         &self,
         request: Request<proto::ListTasksRequest>,
     ) -> Result<Response<proto::ListTasksResponse>, Status> {
-        self.0.list_tasks(request.into_inner()).await.map(Response::new).map_err(A2aError::into_status)
+        let (metadata, _, req) = request.into_parts();
+        self.0.list_tasks(req, metadata.into_headers()).await.map(Response::new).map_err(A2aError::into_status)
     }
 
     async fn cancel_task(&self, request: Request<proto::CancelTaskRequest>) -> Result<Response<Task>, Status> {
-        self.0.cancel_task(request.into_inner()).await.map(Response::new).map_err(A2aError::into_status)
+        let (metadata, _, req) = request.into_parts();
+        self.0.cancel_task(req, metadata.into_headers()).await.map(Response::new).map_err(A2aError::into_status)
     }
 
     type SubscribeToTaskStream = Events;
@@ -82,7 +85,8 @@ impl A2aService for Service {
         &self,
         request: Request<proto::SubscribeToTaskRequest>,
     ) -> Result<Response<Events>, Status> {
-        let events = self.0.subscribe(request.into_inner()).await.map_err(A2aError::into_status)?;
+        let (metadata, _, req) = request.into_parts();
+        let events = self.0.subscribe(req, metadata.into_headers()).await.map_err(A2aError::into_status)?;
         Ok(Response::new(Box::pin(events.map(Ok))))
     }
 

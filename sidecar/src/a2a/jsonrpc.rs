@@ -183,7 +183,7 @@ async fn rpc(a2a: Arc<A2a>, agent: Option<String>, req: Request<Incoming>, body_
         }
         "SubscribeToTask" => {
             let events = match parse(params) {
-                Ok(r) => a2a.subscribe(r).await,
+                Ok(r) => a2a.subscribe(r, headers).await,
                 Err(e) => Err(e),
             };
             return match events {
@@ -192,15 +192,15 @@ async fn rpc(a2a: Arc<A2a>, agent: Option<String>, req: Request<Incoming>, body_
             };
         }
         "GetTask" => match parse(params) {
-            Ok(r) => a2a.get_task(r).await.and_then(to_json),
+            Ok(r) => a2a.get_task(r, headers).await.and_then(to_json),
             Err(e) => Err(e),
         },
         "ListTasks" => match parse(params) {
-            Ok(r) => a2a.list_tasks(r).await.and_then(to_json),
+            Ok(r) => a2a.list_tasks(r, headers).await.and_then(to_json),
             Err(e) => Err(e),
         },
         "CancelTask" => match parse(params) {
-            Ok(r) => a2a.cancel_task(r).await.and_then(to_json),
+            Ok(r) => a2a.cancel_task(r, headers).await.and_then(to_json),
             Err(e) => Err(e),
         },
         "GetExtendedAgentCard" => parse::<super::proto::GetExtendedAgentCardRequest>(params)

@@ -13,13 +13,19 @@
 //! `return_immediately` is a durable mesh task ([`durable`]), readable from any sidecar of
 //! the tenant and across restarts. `GetTask`, `ListTasks`, `CancelTask` and
 //! `SubscribeToTask` answer both kinds.
+//!
+//! An agent that is itself an A2A server (registered with transport A2A) gets every request
+//! unchanged instead ([`forward`]): its own tasks, their ids prefixed with the owning
+//! instance ([`owned`]), each request naming a task routed to that instance.
 
 pub(crate) mod card;
 mod durable;
 mod error;
+mod forward;
 pub(crate) use crate::a2a_wire::{part_of, parts_of_payload, payload_of};
 pub(crate) mod grpc;
 pub(crate) mod jsonrpc;
+mod owned;
 mod tasks;
 
 pub use crate::a2a_wire::proto;
@@ -83,6 +89,9 @@ impl A2a {
     ) -> Result<proto::SendMessageResponse, A2aError> {
         let immediately = req.configuration.as_ref().is_some_and(|c| c.return_immediately);
         let history_length = req.configuration.as_ref().and_then(|c| c.history_length);
+        if self.passes_through(&req.tenant) {
+            return self.pass_send(req, headers).await;
+        }
         let respond = |task| proto::SendMessageResponse {
             payload: Some(proto::send_message_response::Payload::Task(trim_history(task, history_length))),
         };
@@ -109,6 +118,9 @@ impl A2a {
         req: SendMessageRequest,
         headers: HeaderMap,
     ) -> Result<std::pin::Pin<Box<dyn Stream<Item = StreamResponse> + Send>>, A2aError> {
+        if self.passes_through(&req.tenant) {
+            return self.pass_send_streaming(req, headers).await;
+        }
         if let Some(message) = req.message.as_ref().filter(|m| !m.task_id.is_empty()) {
             let answered = self.answer_named(&req.tenant, message).await?;
             return self.follow_durable(answered).await;
@@ -120,7 +132,15 @@ impl A2a {
 
     /// `ListTasks` (this sidecar's direct calls and the durable tasks): newest first,
     /// `page_size` (default 50, at most 100) per page; the page token is the offset of the page.
-    pub(crate) async fn list_tasks(&self, req: proto::ListTasksRequest) -> Result<proto::ListTasksResponse, A2aError> {
+    /// `ListTasks` of an A2A agent's is its instances' ([`forward`]).
+    pub(crate) async fn list_tasks(
+        &self,
+        req: proto::ListTasksRequest,
+        headers: HeaderMap,
+    ) -> Result<proto::ListTasksResponse, A2aError> {
+        if self.passes_through(&req.tenant) {
+            return self.pass_list(req, headers).await;
+        }
         let page_size = match req.page_size {
             None => 50,
             Some(n) if (1..=100).contains(&n) => n as usize,
@@ -216,25 +236,7 @@ impl A2a {
             message.context_id = new_id();
         }
         let (payload, content_type) = payload_of(&message)?;
-        let priority = match req
-            .metadata
-            .as_ref()
-            .and_then(|m| m.fields.get(PRIORITY_METADATA_KEY))
-            .and_then(|v| match &v.kind {
-                Some(pbjson_types::value::Kind::StringValue(s)) => Some(s.to_ascii_lowercase()),
-                _ => None,
-            })
-            .as_deref()
-        {
-            None | Some("normal") => mesh::Priority::Normal,
-            Some("high") => mesh::Priority::High,
-            Some("low") => mesh::Priority::Low,
-            Some(other) => {
-                return Err(A2aError::InvalidParams(format!(
-                    "metadata {PRIORITY_METADATA_KEY} {other:?} is not high, normal or low"
-                )));
-            }
-        };
+        let priority = priority_of(req.metadata.as_ref())?;
         let id = new_id();
         let metadata = HashMap::from([
             ("a2a-task-id".to_string(), id.clone()),
@@ -319,6 +321,22 @@ impl A2a {
     /// The mesh tenant the sidecar serves.
     pub(crate) fn tenant(&self) -> &str {
         &self.tenant
+    }
+}
+
+/// The mesh priority a request's metadata asks for ([`PRIORITY_METADATA_KEY`]).
+fn priority_of(metadata: Option<&pbjson_types::Struct>) -> Result<mesh::Priority, A2aError> {
+    let asked = metadata.and_then(|m| m.fields.get(PRIORITY_METADATA_KEY)).and_then(|v| match &v.kind {
+        Some(pbjson_types::value::Kind::StringValue(s)) => Some(s.to_ascii_lowercase()),
+        _ => None,
+    });
+    match asked.as_deref() {
+        None | Some("normal") => Ok(mesh::Priority::Normal),
+        Some("high") => Ok(mesh::Priority::High),
+        Some("low") => Ok(mesh::Priority::Low),
+        Some(other) => Err(A2aError::InvalidParams(format!(
+            "metadata {PRIORITY_METADATA_KEY} {other:?} is not high, normal or low"
+        ))),
     }
 }
 

@@ -9,10 +9,12 @@
 //!
 //! Files: this one (headers, [`Body`], status responses, which headers travel on),
 //! `frames.rs` (messages as bytes, unary reads, stored answers), `bodies.rs` (the bodies
-//! passed through: channel, `h2`, tapped).
+//! passed through: channel, `h2`, tapped), `messages.rs` (a streamed body read message by
+//! message).
 
 mod bodies;
 mod frames;
+mod messages;
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -26,6 +28,7 @@ use tonic::Status;
 use bodies::Source;
 pub(crate) use bodies::{ChannelBody, H2Body, Tapped};
 pub(crate) use frames::{Frames, ReadError, StoredResponse, frames_data, read_message, single_message};
+pub(crate) use messages::{MessageReader, Read};
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

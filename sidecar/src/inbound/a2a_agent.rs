@@ -8,6 +8,9 @@
 //! an error (FAILED_PRECONDITION for one that waits for input or authentication), with the
 //! agent's status text. A stream call (`InvokeStream`) gets the reply as its one chunk.
 //!
+//! A call whose payload is itself an A2A request (content type `application/a2a+proto`, the
+//! method in its metadata) is carried to the agent unchanged instead ([`super::a2a_forward`]).
+//!
 //! Health: the agent's gRPC server answers a `grpc.health.v1` check (any gRPC status, an
 //! a2a-sdk server answers UNIMPLEMENTED) — see `probe.rs`.
 
@@ -121,6 +124,9 @@ pub(crate) async fn deliver(
         Some(Ok(c)) => c,
         _ => return Attempt::Failed(DeliveryError::InvalidArgument("the call is not one HandleRequest".into())),
     };
+    if super::a2a_forward::is_pass_through(&call) {
+        return super::a2a_forward::forward(conn, instance_id, call, headers, shape, limit).await;
+    }
     let message = request_of(&call).encode_to_vec();
     let mut framed = BytesMut::with_capacity(grpc::PREFIX_LEN + message.len());
     framed.put_u8(0);

@@ -18,6 +18,7 @@
 //! through the same stack. Each layer holds only its own state.
 
 pub(crate) mod a2a_agent;
+pub(crate) mod a2a_forward;
 pub(crate) mod admission;
 pub(crate) mod authz;
 pub(crate) mod claims;
