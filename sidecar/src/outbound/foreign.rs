@@ -6,9 +6,9 @@
 //! (read from this sidecar's own table, so a revoked grant stops calls as soon as the
 //! Watch delivers the change). The target's instances come from control's
 //! `LookupGranted`, which answers only when the target capability's policy grants this
-//! tenant too; they are kept as a small routing table of their own (the granted
-//! capability only, under its `tenant/capability` name), looked up again when older than
-//! [`REFRESH`], and never mixed into the tenant's table. The target's sidecar decides
+//! tenant too; they are kept as a small routing table of their own (offering the granted
+//! capability only), looked up again when older than [`REFRESH`], and never mixed into the
+//! tenant's table. The call is routed over that table by the capability's own name. The target's sidecar decides
 //! every call again by its own policy (agent-level grants included).
 
 use std::collections::HashMap;
@@ -138,8 +138,8 @@ impl Foreign {
 }
 
 /// The table of a lookup's instances: only those of `target_tenant`, each offering only
-/// the granted capability, named `tenant/capability`; with this tenant's own tenant policy
-/// (its tenant-wide rate limit covers foreign calls too).
+/// the granted capability; with this tenant's own tenant policy (its tenant-wide rate limit
+/// covers foreign calls too).
 fn granted_table(
     own: &RoutingTable,
     target_tenant: &str,
@@ -147,7 +147,6 @@ fn granted_table(
     reply: proto::LookupGrantedReply,
     previous: Option<&RoutingTable>,
 ) -> RoutingTable {
-    let name = format!("{target_tenant}/{capability}");
     let instances: HashMap<String, Arc<Instance>> = reply
         .instances
         .into_iter()
@@ -156,9 +155,7 @@ fn granted_table(
         .filter_map(|mut i| {
             let reg = &mut i.record.registration;
             reg.capabilities.retain(|c| c.name == capability);
-            let offered = reg.capabilities.first_mut()?;
-            offered.name = name.clone();
-            Some((i.record.instance_id.clone(), Arc::new(i)))
+            (!reg.capabilities.is_empty()).then(|| (i.record.instance_id.clone(), Arc::new(i)))
         })
         .collect();
     let policies = own.tenant_policy().map(|p| ((PolicyKind::Tenant, "default".to_string()), p.clone())).into_iter();
@@ -246,7 +243,7 @@ mod tests {
         let ids: Vec<&str> = t.instances.keys().map(String::as_str).collect();
         assert_eq!(ids, ["w-1"], "another tenant's instance and one without the capability are dropped");
         let caps: Vec<&str> = t.by_capability.keys().map(String::as_str).collect();
-        assert_eq!(caps, ["team-b/work"], "only the granted capability, under its foreign name");
+        assert_eq!(caps, ["work"], "only the granted capability");
         assert!(t.tenant_policy().is_some(), "the caller tenant's own tenant policy");
     }
 

@@ -50,7 +50,7 @@ fn channel_as(control: &ControlHandle, configs: &TlsConfigs) -> Channel {
 
 /// TLS configurations of a certificate `ca` made for `uri`, valid from `from` to `to`;
 /// control is checked against `bundle`.
-fn made_configs(ca: &Ca, uri: &str, from: SystemTime, to: SystemTime, bundle: &str) -> TlsConfigs {
+pub(crate) fn made_configs(ca: &Ca, uri: &str, from: SystemTime, to: SystemTime, bundle: &str) -> TlsConfigs {
     let (issued, key) = ca.issue_with_key(uri, from, to).expect("issue");
     let creds = Credentials::from_pem(&issued.cert_pem, &key, bundle).expect("credentials");
     TlsConfigs::new(creds, ClientAuth::Required, ExpectedPeer::AnyInTrustDomain).expect("configs")

@@ -9,6 +9,7 @@ mod admin;
 mod agentless_reports;
 mod authz;
 mod bad_input;
+mod cross_tenant;
 mod dashboard;
 mod dashboard_auth;
 mod dashboard_thresholds;
