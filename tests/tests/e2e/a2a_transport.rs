@@ -11,9 +11,11 @@ use std::time::Duration;
 
 use agent_reach::Client;
 use agent_reach::model::{HealthState, fixture};
+use agent_reach::policy::{Policy, PolicyKind, PolicySpec, RateLimit};
 use agent_reach::proto;
 use agent_reach_e2e::{
-    Backend, TestStore, init_logging, sidecar_config, start_control, start_sidecar, wait_for_instances,
+    Backend, TestStore, admin_client, init_logging, sidecar_config, start_control, start_sidecar, wait_for_instances,
+    wait_for_policy,
 };
 use agent_reach_sidecar::a2a::proto::a2a_service_client::A2aServiceClient;
 use agent_reach_sidecar::a2a::proto::{
@@ -21,6 +23,7 @@ use agent_reach_sidecar::a2a::proto::{
 };
 use futures_util::StreamExt;
 use tonic::Code;
+use tonic_types::StatusExt;
 
 use super::a2a::{a2a_python, repo};
 
@@ -360,7 +363,10 @@ async fn a2a_requests_pass_through_to_the_instance_owning_the_task() {
     }
     // Deregistered, the same, saying so.
     let on_c = Client::connect(&c.local_addr().to_string()).await.unwrap();
-    on_c.raw().deregister(proto::DeregisterRequest { instance_id: two.clone() }).await.unwrap();
+    // (Sidecar C may have dropped the dead instance already: its probes failed.)
+    if let Err(e) = on_c.raw().deregister(proto::DeregisterRequest { instance_id: two.clone() }).await {
+        assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    }
     a.wait_for_table(Duration::from_secs(10), |t| !t.instances.contains_key(&two))
         .await
         .expect("instance two leaves A's table");
@@ -372,6 +378,29 @@ async fn a2a_requests_pass_through_to_the_instance_owning_the_task() {
             "INSTANCE_LOST: instance {two} owning task {doomed} is gone: instance {two} is not registered any more (it deregistered, or its lease expired)"
         )
     );
+
+    // Governance as for any call: a rate limit on the agent refuses the third GetTask.
+    let policy = Policy {
+        tenant: "default".into(),
+        kind: PolicyKind::Agent,
+        name: "pyslow".into(),
+        spec: PolicySpec { rate_limit: Some(RateLimit { per_second: 0.01, burst: 2 }), ..Default::default() },
+        description: String::new(),
+    };
+    let mut admin = admin_client(&control.endpoint()).await;
+    admin
+        .put_policy(proto::PutPolicyRequest { policy: Some(agent_reach::convert::policy_to_proto(&policy, 0)) })
+        .await
+        .unwrap();
+    wait_for_policy(&[&a], &policy).await;
+    let get = a2a::GetTaskRequest { tenant: "pyslow".into(), id: slow[&one].clone(), history_length: None };
+    for _ in 0..2 {
+        let task = a2a_client.get_task(get.clone()).await.unwrap().into_inner();
+        assert_eq!(task.status.unwrap().state(), TaskState::Working);
+    }
+    let refused = a2a_client.get_task(get).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert_eq!(refused.get_details_error_info().unwrap().reason, "RATE_LIMITED");
 
     beats_one.abort();
     drop(agent_one);
