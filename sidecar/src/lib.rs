@@ -63,6 +63,7 @@ mod serve;
 mod session;
 mod session_writer;
 mod shared;
+mod stall;
 mod tasks;
 mod telemetry;
 mod workload;

@@ -25,12 +25,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::rt::TokioTimer;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::time::Instant;
 use tonic::Status;
@@ -38,6 +37,10 @@ use tonic::Status;
 use agent_reach_support::h2guard::{FloodLimit, FrameGuard};
 
 use crate::grpc::{self, Body};
+use crate::stall::{SendStall, StallExec};
+
+/// The body of every reply of the local and mesh ports.
+pub(crate) type Tracked = crate::stall::Tracked<ActiveGuard>;
 
 /// Limits of the local and mesh ports (each port has its own connection count).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,6 +69,9 @@ pub struct PortLimits {
     /// A connection with no request in flight for this long is closed
     /// (`--idle-timeout`).
     pub idle_timeout: Duration,
+    /// A reply that waits this long for the client's flow-control window has its stream
+    /// reset (`--send-stall-timeout`, [`crate::stall`]).
+    pub send_stall_timeout: Duration,
 }
 
 impl Default for PortLimits {
@@ -79,6 +85,7 @@ impl Default for PortLimits {
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(15),
             idle_timeout: Duration::from_secs(300),
+            send_stall_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -105,6 +112,7 @@ impl PortLimits {
             ("--header-read-timeout", self.header_read_timeout),
             ("--body-read-timeout", self.body_read_timeout),
             ("--idle-timeout", self.idle_timeout),
+            ("--send-stall-timeout", self.send_stall_timeout),
         ] {
             if d.is_zero() {
                 return Err(format!("{flag} must be greater than 0"));
@@ -133,11 +141,13 @@ pub(crate) struct LimitStats {
     /// Connections closed for a control-frame flood (shared with their guards).
     pub control_frames: Arc<AtomicU64>,
     pub connections_per_peer: AtomicU64,
+    /// Streams reset because their reply stalled (shared with the ports' executors).
+    pub send_stall_timeout: Arc<AtomicU64>,
 }
 
 impl LimitStats {
     /// `(limit label, count)` for each limit.
-    pub(crate) fn counts(&self) -> [(&'static str, u64); 7] {
+    pub(crate) fn counts(&self) -> [(&'static str, u64); 8] {
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         [
             ("max_header_list_bytes", load(&self.header_list)),
@@ -147,6 +157,7 @@ impl LimitStats {
             ("idle_timeout", load(&self.idle_timeout)),
             ("max_control_frames_per_second", load(&self.control_frames)),
             ("max_connections_per_peer", load(&self.connections_per_peer)),
+            ("send_stall_timeout", load(&self.send_stall_timeout)),
         ]
     }
 }
@@ -248,8 +259,9 @@ impl Port {
     }
 
     /// The HTTP/2 server settings of the port.
-    pub(crate) fn builder(&self) -> hyper::server::conn::http2::Builder<TokioExecutor> {
-        let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    pub(crate) fn builder(&self) -> hyper::server::conn::http2::Builder<StallExec> {
+        let exec = StallExec::new(self.limits.send_stall_timeout, self.stats.send_stall_timeout.clone());
+        let mut builder = hyper::server::conn::http2::Builder::new(exec);
         builder
             .timer(TokioTimer::new())
             .initial_stream_window_size(1 << 20)
@@ -300,6 +312,9 @@ impl Port {
         let stats = self.stats.clone();
         hyper::service::service_fn(move |req: Request<Incoming>| {
             let guard = activity.begin();
+            // hyper spawns this stream's task right after this call (crate::stall).
+            let stall = SendStall::new();
+            crate::stall::hand_off(stall.clone());
             let size = header_list_size(&req);
             let answer: Result<HandlerFuture, Status> = if size > max {
                 stats.header_list.fetch_add(1, Ordering::Relaxed);
@@ -315,7 +330,7 @@ impl Port {
                     Ok(fut) => fut.await,
                     Err(status) => grpc::status_response(status),
                 };
-                Ok::<_, Infallible>(resp.map(|body| Tracked { body, guard: Some(guard) }))
+                Ok::<_, Infallible>(resp.map(|body| Tracked::new(body, stall, guard)))
             }
         })
     }
@@ -451,36 +466,6 @@ impl Drop for ActiveGuard {
     fn drop(&mut self) {
         self.0.quiet_since_us.store(self.0.since_start(), Ordering::Relaxed);
         self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// A response body that keeps its request counted in flight until it ends.
-pub(crate) struct Tracked {
-    body: Body,
-    guard: Option<ActiveGuard>,
-}
-
-impl http_body::Body for Tracked {
-    type Data = bytes::Bytes;
-    type Error = <Body as http_body::Body>::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        let polled = Pin::new(&mut self.body).poll_frame(cx);
-        if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
-            self.guard = None;
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
     }
 }
 

@@ -157,6 +157,12 @@ pub struct SidecarArgs {
     #[arg(long, env = "AGENT_REACH_IDLE_TIMEOUT", default_value = "5m", value_parser = agent_reach_support::duration::parse)]
     pub idle_timeout: Duration,
 
+    /// A reply on the local or mesh port that waits this long for the client's HTTP/2
+    /// flow-control window (a client that never sends WINDOW_UPDATE) has its stream reset
+    /// (RST_STREAM CANCEL); the call's slot and buffered bytes are freed.
+    #[arg(long, env = "AGENT_REACH_SEND_STALL_TIMEOUT", default_value = "30s", value_parser = agent_reach_support::duration::parse)]
+    pub send_stall_timeout: Duration,
+
     /// Admin HTTP address: /metrics, /healthz, /readyz, /traces/{trace-id}; "off" disables it.
     #[arg(long, env = "AGENT_REACH_ADMIN_LISTEN", default_value = "127.0.0.1:7702")]
     pub admin_listen: String,
@@ -408,6 +414,7 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
             header_read_timeout: a.header_read_timeout,
             body_read_timeout: a.body_read_timeout,
             idle_timeout: a.idle_timeout,
+            send_stall_timeout: a.send_stall_timeout,
         };
         limits.validate()?;
         let sidecar_id = match &a.sidecar_id {
