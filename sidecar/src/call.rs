@@ -112,9 +112,21 @@ pub(crate) struct OutboundCall {
     /// The one instance the call must reach (it owns what the call names, e.g. an A2A
     /// task): no other instance is tried and no fallback taken. Set only inside the sidecar.
     pub pin: Option<Arc<str>>,
+    /// Set for a call to another tenant's capability: that tenant (`target` names the
+    /// capability there, `table` holds that tenant's granted instances).
+    pub foreign_tenant: Option<Arc<str>>,
 }
 
 impl OutboundCall {
+    /// The target as metrics and spans name it: `capability tenant/name` for another
+    /// tenant's capability.
+    pub(crate) fn target_label(&self) -> String {
+        match (&self.foreign_tenant, &self.target.kind) {
+            (Some(tenant), TargetKind::Capability(c)) => format!("capability {tenant}/{c}"),
+            _ => self.target.to_string(),
+        }
+    }
+
     /// The policy of the group the target names.
     pub(crate) fn spec(&self) -> Option<&PolicySpec> {
         policy_of(&self.table, &self.target)

@@ -69,6 +69,7 @@ impl InvokeEntry {
         let (tenant, capability) = (tenant.to_string(), capability.to_string());
         call.table = foreign.table(&call.table, &tenant, &capability).await?;
         call.target.kind = TargetKind::Capability(capability);
+        call.foreign_tenant = Some(tenant.into());
         Ok(call)
     }
 
@@ -210,6 +211,7 @@ impl InvokeEntry {
             table,
             trace: opentelemetry::Context::new(),
             caller,
+            foreign_tenant: None,
             pin: None,
         })
     }

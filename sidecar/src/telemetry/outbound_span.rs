@@ -72,7 +72,7 @@ impl<S> OutboundTelemetry<S> {
         let tracer = self.tracing.tracer();
         let parent = extract(&call.headers);
         let caller = caller_label(call);
-        let target = call.target.to_string();
+        let target = call.target_label();
         let forced = call
             .headers
             .get(header::TRACE)

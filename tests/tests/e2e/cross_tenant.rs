@@ -69,6 +69,15 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     out.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default()
 }
 
+/// The sum of the samples of `name` whose labels include every one of `labels`.
+async fn samples(sidecar: &Sidecar, name: &str, labels: &[&str]) -> f64 {
+    let text = http_get(sidecar.admin_addr().expect("admin port"), "/metrics").await;
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
 async fn authorization_rejections(sidecar: &Sidecar) -> f64 {
     let text = http_get(sidecar.admin_addr().expect("admin port"), "/metrics").await;
     let series = "agent_reach_rejections_total{mechanism=\"authorization\"}";
@@ -98,7 +107,7 @@ async fn another_tenant_is_called_only_with_both_grants() {
     let mut config = sidecar_config(&control.endpoint(), "xt-a");
     config.tenant = "team-a".into();
     config.identity = Some(identity_settings(&control, &token_a));
-    let a = start_sidecar(config).await;
+    let a = start_sidecar_with_admin(config).await;
     let mut config = sidecar_config(&control.endpoint(), "xt-b");
     config.tenant = "team-b".into();
     config.identity = Some(identity_settings(&control, &token_b));
@@ -189,6 +198,11 @@ async fn another_tenant_is_called_only_with_both_grants() {
     }
     assert_eq!(worker.handled(), 20);
     assert!(a.table().instances.keys().all(|id| *id != worker.instance_id()), "still not in A's own table");
+    // The caller's sidecar labels the target with its tenant.
+    let ok = ["caller=\"planner\"", "target=\"capability team-b/work\"", "outcome=\"OK\""];
+    assert_eq!(samples(&a, "agent_reach_calls_total", &ok).await, 20.0);
+    let own = ["target=\"capability work\""];
+    assert_eq!(samples(&a, "agent_reach_calls_total", &own).await, 0.0, "never under its name in the tenant");
     // The grant names the planner: team-a's other agent, and anonymous callers, are refused
     // by team-b's sidecar.
     let rejected_before = authorization_rejections(&b).await;
