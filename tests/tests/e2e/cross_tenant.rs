@@ -238,7 +238,7 @@ async fn another_tenant_is_called_only_with_both_grants() {
     assert_eq!((e.reason(), e.detail("policy")), (Some("NOT_AUTHORIZED"), Some("tenant/default")), "{e}");
     println!("team-a's revocation: refused after {took:?}");
     assert!(took < Duration::from_secs(2), "{took:?}");
-    assert!(worker.handled() >= served + 1);
+    assert!(worker.handled() > served, "served again once granted again");
 
     for agent in [planner, intruder] {
         agent.abort();
