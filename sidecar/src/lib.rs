@@ -497,6 +497,7 @@ fn entries(
     });
     let inbound = inbound::stack(inbound::Parts {
         table: inner.table.clone(),
+        tenant: config.tenant.as_str().into(),
         pool: pool.clone(),
         gates,
         idempotency,
@@ -508,7 +509,6 @@ fn entries(
     });
     let outbound = outbound::stack(outbound::Parts {
         rate_limits,
-        tenant: config.tenant.as_str().into(),
         cache,
         router: outbound::router::RouterParts {
             tenant: config.tenant.as_str().into(),
@@ -538,16 +538,6 @@ fn entries(
         body_read(&inner.limit_stats[0]),
         outbound,
         inner.registry.clone(),
-    );
-    let mesh = MeshEntry::new(
-        inner.registry.clone(),
-        &config.tenant,
-        &config.sidecar_id,
-        config.deadline_reserve,
-        inbound,
-        inner.sessions.clone(),
-        limit,
-        body_read(&inner.limit_stats[1]),
     )
     .with_foreign(Arc::new(outbound::foreign::Foreign::new(
         &config.tenant,
@@ -557,6 +547,17 @@ fn entries(
         },
         inner.registry.control().clone(),
     )));
+    let mesh = MeshEntry::new(
+        inner.registry.clone(),
+        &config.tenant,
+        &config.sidecar_id,
+        config.deadline_reserve,
+        inbound,
+        inner.sessions.clone(),
+        limit,
+        body_read(&inner.limit_stats[1]),
+        (inner.table.clone(), rejections),
+    );
     (invoke, mesh, metrics)
 }
 
@@ -568,7 +569,6 @@ fn bounded_maps(
     pools: Vec<Arc<pool::Pool>>,
     cache: &Arc<outbound::cache::ResultCache>,
     idempotency: &Arc<inbound::idempotency::Store>,
-        (inner.table.clone(), rejections),
 ) -> telemetry::BoundedMaps {
     let (r, g, c, i) = (rate_limits.clone(), gates.clone(), cache.clone(), idempotency.clone());
     let (cb, ib) = (cache.clone(), idempotency.clone());

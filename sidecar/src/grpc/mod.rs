@@ -77,12 +77,12 @@ pub(crate) mod header {
     pub(crate) const SESSION_PREWARMED: HeaderName = HeaderName::from_static(h::SESSION_PREWARMED);
     pub(crate) const AGENT_CREDENTIAL: HeaderName = HeaderName::from_static(h::AGENT_CREDENTIAL);
     pub(crate) const CALLER_AGENT: HeaderName = HeaderName::from_static(h::CALLER_AGENT);
+    pub(crate) const CALLER_TENANT: HeaderName = HeaderName::from_static(h::CALLER_TENANT);
     pub(crate) const CALLER_INSTANCE: HeaderName = HeaderName::from_static(h::CALLER_INSTANCE);
     pub(crate) const CAPABILITY: HeaderName = HeaderName::from_static(h::CAPABILITY);
 }
 
 /// A hook on an answer's trailers, held until the answer ends: the target's sidecar writes
-    pub(crate) const CALLER_TENANT: HeaderName = HeaderName::from_static(h::CALLER_TENANT);
 /// its instance's load into them, the caller's sidecar reads it. Dropping the hook ends
 /// what it holds (an admission slot, a call counted in flight).
 pub(crate) trait TrailersHook: Send + Sync + 'static {

@@ -270,15 +270,15 @@ impl Deliver {
         {
             headers.insert(header::CALLER_AGENT, agent);
             headers.insert(header::CALLER_INSTANCE, instance);
+            if let Ok(tenant) = http::HeaderValue::from_str(&call.tenant) {
+                headers.insert(header::CALLER_TENANT, tenant);
+            }
         }
         // The request is one message: read it whole, so HEADERS and DATA leave together.
         let data = match call.body {
             Body::Frames(f) => grpc::frames_data(f),
             other => match collect_chunks(other, self.limit).await {
                 Ok(d) => d,
-            if let Ok(tenant) = http::HeaderValue::from_str(&call.tenant) {
-                headers.insert(header::CALLER_TENANT, tenant);
-            }
                 Err(e) => return Attempt::Failed(DeliveryError::Internal(e)),
             },
         };

@@ -42,11 +42,11 @@ pub(crate) type InboundService = tower::util::BoxCloneSyncService<InboundCall, A
 /// What the inbound stack's layers hold.
 pub(crate) struct Parts {
     pub table: TableHandle,
+    /// This sidecar's tenant (callers of another one need a grant).
+    pub tenant: Arc<str>,
     pub pool: Arc<Pool>,
     pub gates: Arc<admission::Gates>,
     pub idempotency: Arc<idempotency::Store>,
-    /// This sidecar's tenant (callers of another one need a grant).
-    pub tenant: Arc<str>,
     /// Claims of idempotency keys with control (`None`: per sidecar only).
     pub claims: Option<Arc<claims::Claims>>,
     pub rejections: Arc<Rejections>,
