@@ -23,33 +23,40 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tonic::Code;
 
-const HEALTH_CHECK: &str = "/grpc.health.v1.Health/Check";
-const INVOKE: &str = "/agentreach.v1.Sidecar/Invoke";
-const DELIVER: &str = "/agentreach.v1.Mesh/Deliver";
+pub(crate) const HEALTH_CHECK: &str = "/grpc.health.v1.Health/Check";
+pub(crate) const INVOKE: &str = "/agentreach.v1.Sidecar/Invoke";
+pub(crate) const DELIVER: &str = "/agentreach.v1.Mesh/Deliver";
 /// An empty protobuf message in a gRPC frame.
-const EMPTY_MESSAGE: &[u8] = &[0, 0, 0, 0, 0];
+pub(crate) const EMPTY_MESSAGE: &[u8] = &[0, 0, 0, 0, 0];
 /// A rapid-reset abuser gives up after this many streams...
 const RAPID_RESET_CAP: usize = 200_000;
 /// ...or this long; the server must close the connection first.
 const RAPID_RESET_WITHIN: Duration = Duration::from_secs(30);
 
 /// One raw HTTP/2 connection.
-struct RawH2 {
+pub(crate) struct RawH2 {
     addr: SocketAddr,
     send: h2::client::SendRequest<Bytes>,
     /// Ends when the connection does (with its error, e.g. a GOAWAY).
-    conn: tokio::task::JoinHandle<Result<(), h2::Error>>,
+    pub(crate) conn: tokio::task::JoinHandle<Result<(), h2::Error>>,
 }
 
 impl RawH2 {
-    async fn connect(addr: SocketAddr) -> RawH2 {
-        let tcp = TcpStream::connect(addr).await.unwrap();
-        let (send, conn) = h2::client::handshake(tcp).await.unwrap();
+    pub(crate) async fn connect(addr: SocketAddr) -> RawH2 {
+        RawH2::over(TcpStream::connect(addr).await.unwrap(), addr, h2::client::Builder::new()).await
+    }
+
+    /// HTTP/2 with `builder`'s settings over `io`, a connection to `addr` (e.g. TLS).
+    pub(crate) async fn over<IO>(io: IO, addr: SocketAddr, builder: h2::client::Builder) -> RawH2
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let (send, conn) = builder.handshake(io).await.unwrap();
         RawH2 { addr, send, conn: tokio::spawn(conn) }
     }
 
     /// Sends a POST to `path` with `headers`, the body left open.
-    async fn start(
+    pub(crate) async fn start(
         &mut self,
         path: &str,
         headers: &[(String, String)],
@@ -73,7 +80,7 @@ impl RawH2 {
     /// How many streams that takes depends on how far the server's reads lag the client's
     /// writes (h2 counts resets of streams not yet accepted), so the test bounds it loosely
     /// and asserts who closed the connection, not an exact count.
-    async fn rapid_reset(&mut self, path: &str) {
+    pub(crate) async fn rapid_reset(&mut self, path: &str) {
         let started = Instant::now();
         let mut sent = 0;
         while sent < RAPID_RESET_CAP && started.elapsed() < RAPID_RESET_WITHIN {
@@ -103,7 +110,7 @@ impl RawH2 {
     }
 
     /// A whole unary call: its gRPC status.
-    async fn call(&mut self, path: &str, headers: &[(String, String)], body: &[u8]) -> tonic::Status {
+    pub(crate) async fn call(&mut self, path: &str, headers: &[(String, String)], body: &[u8]) -> tonic::Status {
         let (resp, mut stream) = self.start(path, headers).await;
         stream.send_data(Bytes::copy_from_slice(body), true).unwrap();
         status_of(resp).await
@@ -111,7 +118,7 @@ impl RawH2 {
 }
 
 /// The gRPC status of a response (trailers-only or in the trailers).
-async fn status_of(resp: h2::client::ResponseFuture) -> tonic::Status {
+pub(crate) async fn status_of(resp: h2::client::ResponseFuture) -> tonic::Status {
     let resp = resp.await.unwrap();
     assert_eq!(resp.status(), 200, "HTTP status of a gRPC answer");
     let (parts, mut body) = resp.into_parts();
@@ -127,7 +134,7 @@ async fn status_of(resp: h2::client::ResponseFuture) -> tonic::Status {
 }
 
 /// GET `path` on an HTTP/1.1 admin port: the body.
-async fn get(addr: SocketAddr, path: &str) -> String {
+pub(crate) async fn get(addr: SocketAddr, path: &str) -> String {
     use tokio::io::AsyncWriteExt;
     let mut tcp = TcpStream::connect(addr).await.unwrap();
     tcp.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes()).await.unwrap();
@@ -136,7 +143,7 @@ async fn get(addr: SocketAddr, path: &str) -> String {
     out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
 }
 
-fn assert_limit(status: &tonic::Status, limit: &str) {
+pub(crate) fn assert_limit(status: &tonic::Status, limit: &str) {
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
     let info = agent_reach::reason::error_info(status).expect("ErrorInfo");
     assert_eq!(info.reason, "LIMIT_EXCEEDED");
@@ -156,7 +163,7 @@ fn assert_cut_off(err: h2::Error) {
 }
 
 /// An agent `worker` answering capability "echo", at most `max_concurrency` calls at once.
-async fn worker(sidecar: SocketAddr, max_concurrency: u32) -> agent_reach::RunningAgent {
+pub(crate) async fn worker(sidecar: SocketAddr, max_concurrency: u32) -> agent_reach::RunningAgent {
     Agent::builder("worker")
         .version("1.0.0")
         .sidecar(sidecar.to_string())
@@ -171,7 +178,7 @@ async fn worker(sidecar: SocketAddr, max_concurrency: u32) -> agent_reach::Runni
 
 /// A legitimate caller: one call every 20 ms on its own connection until stopped; counts
 /// the calls that succeeded and failed.
-struct Legit {
+pub(crate) struct Legit {
     ok: Arc<AtomicU64>,
     failed: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
@@ -179,7 +186,7 @@ struct Legit {
 }
 
 impl Legit {
-    async fn start(local: SocketAddr) -> Legit {
+    pub(crate) async fn start(local: SocketAddr) -> Legit {
         let client = Client::connect(&local.to_string()).await.unwrap();
         let (ok, failed, stop) =
             (Arc::<AtomicU64>::default(), Arc::<AtomicU64>::default(), Arc::<AtomicBool>::default());
@@ -200,7 +207,7 @@ impl Legit {
     }
 
     /// Stops; (calls that succeeded, calls that failed).
-    async fn finish(self) -> (u64, u64) {
+    pub(crate) async fn finish(self) -> (u64, u64) {
         self.stop.store(true, Ordering::Relaxed);
         self.task.await.unwrap();
         (self.ok.load(Ordering::Relaxed), self.failed.load(Ordering::Relaxed))
@@ -420,9 +427,68 @@ async fn rapid_resets_on_the_control_port_close_that_connection_only() {
     // Another client is served.
     let mut other = RawH2::connect(addr).await;
     assert_eq!(other.call(HEALTH_CHECK, &[], EMPTY_MESSAGE).await.code(), Code::Ok);
-    // A header list over the limit: h2 answers 431 on that stream, the connection lives.
-    let (resp, mut body) = other.start(HEALTH_CHECK, &[("x-big".to_string(), "x".repeat(32 * 1024))]).await;
+    // A header list over the limit (16 KiB) is refused on its stream with a reason; one
+    // past eight times it gets h2's HTTP 431; the connection lives through both.
+    let big = [("x-big".to_string(), "x".repeat(32 * 1024))];
+    assert_limit(&other.call(HEALTH_CHECK, &big, EMPTY_MESSAGE).await, "max-header-list-bytes");
+    let huge = [("x-huge".to_string(), "x".repeat(200 * 1024))];
+    let (resp, mut body) = other.start(HEALTH_CHECK, &huge).await;
     let _ = body.send_data(Bytes::from_static(EMPTY_MESSAGE), true);
     assert_eq!(resp.await.unwrap().status(), 431);
     assert_eq!(other.call(HEALTH_CHECK, &[], EMPTY_MESSAGE).await.code(), Code::Ok);
+    assert_eq!(control.stats().conn.count("max_header_list_bytes"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rapid_resets_on_the_mtls_mesh_port_close_that_connection_only() {
+    init_logging();
+    let ts = TestStore::start(Backend::Etcd).await;
+    let control = agent_reach_e2e::start_control(ts.store.clone(), Duration::from_secs(15)).await;
+    let mut config = sidecar_config(&control.endpoint(), "host-a");
+    config.limits.max_concurrent_streams = 32;
+    let sidecar = start_sidecar(config).await;
+    let agent = worker(sidecar.local_addr(), 0).await;
+    let instance = agent.instance_id();
+    wait_for_instances(&sidecar, std::slice::from_ref(&instance)).await;
+    let mesh = sidecar.mesh_addr();
+    // A peer sidecar delivering calls over its own mutual-TLS connection all along.
+    let mut peer = RawH2::over(tls(mesh, "well-behaved").await, mesh, h2::client::Builder::new()).await;
+    let deliver_headers =
+        vec![("ar-instance".to_string(), instance.clone()), ("ar-tenant".to_string(), "default".to_string())];
+    let served = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let legit = tokio::spawn({
+        let (served, stop) = (served.clone(), stop.clone());
+        async move {
+            while !stop.load(Ordering::Relaxed) {
+                let status = peer.call(DELIVER, &deliver_headers, &crate::slow_clients::echo_request(b"hello")).await;
+                assert_eq!(status.code(), Code::Ok, "a delivery on the well-behaved connection: {status:?}");
+                served.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    });
+
+    // Rapid reset over mutual TLS, from a verified peer of the same tenant.
+    let mut abuser = RawH2::over(tls(mesh, "abuser").await, mesh, h2::client::Builder::new()).await;
+    abuser.rapid_reset(DELIVER).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    legit.await.expect("no delivery of the well-behaved peer failed");
+    assert!(served.load(Ordering::Relaxed) > 0);
+    // Another connection of the abuser's identity is served: only that connection was closed.
+    let mut again = RawH2::over(tls(mesh, "abuser").await, mesh, h2::client::Builder::new()).await;
+    assert_eq!(again.call(HEALTH_CHECK, &[], EMPTY_MESSAGE).await.code(), Code::Ok);
+    assert_eq!(sidecar.calls_in_flight(), 0, "no call of the abuser is left in flight");
+    agent.shutdown().await;
+    sidecar.stop().await;
+}
+
+/// A TLS connection to a mesh or control port, presenting the certificate of sidecar `id`.
+pub(crate) async fn tls(
+    addr: SocketAddr,
+    id: &str,
+) -> impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static {
+    let config = agent_reach_e2e::secure::sidecar_tls("default", id).client();
+    agent_reach_identity::net::connect_tls(&addr.to_string(), config).await.unwrap()
 }

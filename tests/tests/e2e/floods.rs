@@ -21,12 +21,12 @@ use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+pub(crate) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const HEALTH_CHECK: &str = "/grpc.health.v1.Health/Check";
 const EMPTY_MESSAGE: &[u8] = &[0, 0, 0, 0, 0];
 const ENHANCE_YOUR_CALM: u32 = 0xb;
 
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+pub(crate) fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     let mut f = u32::try_from(payload.len()).unwrap().to_be_bytes()[1..].to_vec();
     f.extend_from_slice(&[kind, flags]);
     f.extend_from_slice(&stream.to_be_bytes());
@@ -36,7 +36,7 @@ fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
 
 /// The floods: what one frame of each is, and how it starts.
 #[derive(Clone, Copy, Debug)]
-enum Flood {
+pub(crate) enum Flood {
     Ping,
     Settings,
     EmptyData,
@@ -83,7 +83,7 @@ impl Flood {
 }
 
 /// A POST of Health/Check, HPACK-encoded without Huffman or indexing.
-fn hpack_request() -> Vec<u8> {
+pub(crate) fn hpack_request() -> Vec<u8> {
     let mut block = vec![0x83, 0x86]; // :method POST, :scheme http
     for (name, value) in [(":path", HEALTH_CHECK), (":authority", "x"), ("content-type", "application/grpc")] {
         block.push(0x00);
@@ -97,7 +97,7 @@ fn hpack_request() -> Vec<u8> {
 
 /// How the server ended the abuser's connection.
 #[derive(Debug)]
-struct Ended {
+pub(crate) struct Ended {
     /// The GOAWAY's error code and debug data, if one arrived.
     goaway: Option<(u32, String)>,
     /// The read error that ended the connection, if any (a reset).
@@ -108,7 +108,7 @@ struct Ended {
 
 /// Sends `flood` (at most `max` frames) on `io` and reads the server's frames until the
 /// connection ends; panics if it has not ended 10 s after the flood.
-async fn flood<S: AsyncRead + AsyncWrite + Send + 'static>(io: S, flood: Flood, max: usize) -> Ended {
+pub(crate) async fn flood<S: AsyncRead + AsyncWrite + Send + 'static>(io: S, flood: Flood, max: usize) -> Ended {
     let (mut rd, mut wr) = tokio::io::split(io);
     let reader = tokio::spawn(async move {
         let mut goaway = None;
@@ -153,7 +153,7 @@ async fn flood<S: AsyncRead + AsyncWrite + Send + 'static>(io: S, flood: Flood, 
 /// socket when the server closed while the abuser was still writing. (How many frames the
 /// abuser wrote says little: the kernel takes megabytes before a reset comes back; the
 /// counters of the ports say which limit closed it.)
-fn assert_cut_off(ended: &Ended, flood: Flood) {
+pub(crate) fn assert_cut_off(ended: &Ended, flood: Flood) {
     match &ended.goaway {
         Some((code, debug)) => {
             assert_eq!(*code, ENHANCE_YOUR_CALM, "{flood:?}: {ended:?}");
@@ -169,7 +169,7 @@ fn assert_cut_off(ended: &Ended, flood: Flood) {
 
 /// A well-behaved client: Health/Check every 20 ms on its own HTTP/2 connection until
 /// stopped; counts the calls that succeeded and failed.
-struct Legit {
+pub(crate) struct Legit {
     ok: Arc<AtomicU64>,
     failed: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
@@ -177,7 +177,7 @@ struct Legit {
 }
 
 impl Legit {
-    async fn start<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(io: S) -> Legit {
+    pub(crate) async fn start<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(io: S) -> Legit {
         let (send, conn) = h2::client::handshake(io).await.unwrap();
         tokio::spawn(conn);
         let (ok, failed, stop) =
@@ -201,7 +201,7 @@ impl Legit {
 
     /// Stops once it made three calls at least (5 s at most); panics unless every call
     /// succeeded.
-    async fn assert_all_served(self, what: &str) {
+    pub(crate) async fn assert_all_served(self, what: &str) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         while self.ok.load(Ordering::Relaxed) + self.failed.load(Ordering::Relaxed) < 3
             && tokio::time::Instant::now() < deadline
@@ -253,7 +253,7 @@ async fn tls(addr: SocketAddr, id: &str) -> impl AsyncRead + AsyncWrite + Unpin 
 
 const FLOODS: [Flood; 4] = [Flood::Ping, Flood::Settings, Flood::EmptyData, Flood::Continuation];
 /// Frames an abuser sends at most: far past the budget (1,000 a second by default).
-const MAX_FRAMES: usize = 20_000;
+pub(crate) const MAX_FRAMES: usize = 20_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frame_floods_on_the_local_and_mtls_mesh_ports_close_the_abuser_only() {

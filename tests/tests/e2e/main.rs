@@ -35,6 +35,7 @@ mod session_races;
 mod session_resume;
 mod session_writers;
 mod sessions;
+mod slow_clients;
 mod task_authz;
 mod tasks;
 mod tenants;
