@@ -9,13 +9,14 @@
 //! - [`ROUTE`]: a short digest of the routing decision, `"<strategy> <target> -> <instance>
 //!   (attempt <n>)"`;
 //! - [`CACHE`]: `hit` when the result cache answered;
-//! - [`TRACE_ID`]: the trace of a sampled call, for `agent-reach trace <id>`.
+//! - [`TRACE_ID`]: the trace of a sampled call, for `agent-reach trace <id>`;
+//! - [`IDEMPOTENCY_OWNER`]: with an idempotency key, the instance whose call of the key ran.
 //!
 //! Request metadata (caller → its sidecar): [`TRACE`] = [`TRACE_FORCE`] samples the call;
 //! [`AGENT_CREDENTIAL`] is the calling agent's credential (from `Register`).
 //!
 //! Between sidecars (`Mesh`): [`INSTANCE`] names the local instance a call is for;
-//! [`TENANT`], [`PRIORITY`] and [`IDEMPOTENCY_KEY`] travel with it; [`NOT_DELIVERED`] marks
+//! [`TENANT`], [`PRIORITY`], [`IDEMPOTENCY_KEY`] and [`IDEMPOTENCY_DIGEST`] travel with it; [`NOT_DELIVERED`] marks
 //! an answer that provably never reached the agent; [`LOAD`] (a trailer) carries the serving
 //! instance's load ratio. [`CALLER_AGENT`] and [`CALLER_INSTANCE`] name the caller its
 //! sidecar verified, trusted by the target's sidecar only from a mutual-TLS peer of the
@@ -68,6 +69,12 @@ pub const SESSION: &str = "ar-session";
 pub const SESSION_PREWARMED: &str = "ar-session-prewarmed";
 /// Trailer (or trailers-only header) carrying the serving instance's load ratio.
 pub const LOAD: &str = "ar-load";
+/// `Mesh` request metadata with [`IDEMPOTENCY_KEY`]: the hex SHA-256 of what the call asks
+/// (capability, content type, payload), so a duplicate asking something else is refused.
+pub const IDEMPOTENCY_DIGEST: &str = "ar-idempotency-digest";
+/// Response metadata of a call with an idempotency key: the instance whose call of the key
+/// ran (the owner of the key's claim), so the caller's sidecar sends later duplicates there.
+pub const IDEMPOTENCY_OWNER: &str = "ar-idempotency-owner";
 /// Request header of a call to an HTTP/JSON agent: the remaining deadline in milliseconds.
 pub const HTTP_AGENT_DEADLINE_MS: &str = "x-agent-reach-deadline-ms";
 /// Request header of a call to an HTTP/JSON agent: the verified calling agent (absent for

@@ -65,6 +65,7 @@ reasons! {
     PermissionDenied => "PERMISSION_DENIED", PermissionDenied;
     ShuttingDown => "SHUTTING_DOWN", Unavailable;
     IdempotentReplyNotStored => "IDEMPOTENT_REPLY_NOT_STORED", FailedPrecondition;
+    IdempotencyKeyReused => "IDEMPOTENCY_KEY_REUSED", FailedPrecondition;
     Unauthenticated => "UNAUTHENTICATED", Unauthenticated;
     JoinTokenInvalid => "JOIN_TOKEN_INVALID", Unauthenticated;
     JoinTokenExpired => "JOIN_TOKEN_EXPIRED", Unauthenticated;

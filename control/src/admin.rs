@@ -507,6 +507,7 @@ impl Admin for AdminService {
             // As the sidecars' own Route answers: before a canary split picks a version.
             version: None,
             now: agent_reach_routing::clock(),
+            prefer: None,
         };
         let explanation = agent_reach_routing::explain(&table, &request, max);
         Ok(Response::new(proto::ExplainRouteReply {

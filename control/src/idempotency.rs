@@ -57,6 +57,21 @@ pub struct Record {
     /// With `Done`: the encoded `StoredReply`, base64.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reply: String,
+    /// The first call's payload digest, hex ("" in records written before digests, or from
+    /// a sidecar that sent none: any payload is then accepted).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub digest: String,
+}
+
+/// The hex form of a payload digest kept in a record.
+fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether a call with `digest` asks something else than the record's first call (both
+/// known and different).
+fn reused(record: &Record, digest: &str) -> bool {
+    !digest.is_empty() && !record.digest.is_empty() && record.digest != digest
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,8 +120,7 @@ impl WindowLeases {
 /// The store key of `key` of `agent` in `tenant`.
 pub fn claim_key(tenant: &str, agent: &str, key: &str) -> String {
     let digest = ring::digest::digest(&ring::digest::SHA256, key.as_bytes());
-    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
-    format!("{}{tenant}/{agent}/{hex}", keys::IDEMPOTENCY_ROOT)
+    format!("{}{tenant}/{agent}/{}", keys::IDEMPOTENCY_ROOT, hex(digest.as_ref()))
 }
 
 /// The Idempotency service.
@@ -158,15 +172,23 @@ impl IdempotencyService {
         Ok(claim_key(tenant, agent, key))
     }
 
-    /// Claims `key` (see the module documentation).
+    /// Claims `key` for a call whose payload digest is `digest` (empty: not compared; see
+    /// the module documentation).
     pub async fn claim(
         &self,
         key: &str,
         lease: LeaseId,
         window: Duration,
         owner: &str,
+        digest: &[u8],
     ) -> Result<proto::ClaimKeyReply, Status> {
-        let running = Record { state: RecordState::Running, owner: owner.to_string(), reply: String::new() };
+        let digest = hex(digest);
+        let running = Record {
+            state: RecordState::Running,
+            owner: owner.to_string(),
+            reply: String::new(),
+            digest: digest.clone(),
+        };
         let value = Bytes::from(serde_json::to_vec(&running).map_err(|e| Status::internal(e.to_string()))?);
         // A key deleted between the failed create and the read is tried once more.
         for _ in 0..3 {
@@ -192,6 +214,8 @@ impl IdempotencyService {
             let record: Record = serde_json::from_slice(&kv.value)
                 .map_err(|e| reason::status(Reason::Internal, format!("idempotency record {key}: {e}"), &[]))?;
             let (state, reply) = match record.state {
+                // Whatever the first call's state, a call asking something else is refused.
+                _ if reused(&record, &digest) => (proto::ClaimState::KeyReused, None),
                 RecordState::Running => (proto::ClaimState::Running, None),
                 RecordState::TooLarge => (proto::ClaimState::TooLarge, None),
                 RecordState::Abandoned => (proto::ClaimState::Abandoned, None),
@@ -214,18 +238,22 @@ impl IdempotencyService {
         Err(reason::status(Reason::Conflict, format!("idempotency key {key} keeps changing"), &[]))
     }
 
-    /// Settles the claim at `revision` of `key`, run by `owner`, in one store transaction;
-    /// false when it is no longer that claim.
+    /// Settles the claim at `revision` of `key`, run by `owner` for a call whose payload
+    /// digest is `digest` (kept in the record), in one store transaction; false when it is
+    /// no longer that claim.
+    #[allow(clippy::too_many_arguments)]
     pub async fn settle(
         &self,
         key: &str,
         revision: i64,
         owner: &str,
+        digest: &[u8],
         outcome: proto::SettleOutcome,
         reply: Option<proto::StoredReply>,
         window: Duration,
     ) -> Result<bool, Status> {
-        let record = |state| Record { state, owner: owner.to_string(), reply: String::new() };
+        let digest = hex(digest);
+        let record = |state| Record { state, owner: owner.to_string(), reply: String::new(), digest: digest.clone() };
         let put = match outcome {
             proto::SettleOutcome::Failed => None,
             proto::SettleOutcome::Answered => {
@@ -275,7 +303,7 @@ impl Idempotency for IdempotencyService {
         let r = request.get_ref();
         let key = self.check(&request, &r.tenant, &r.agent, &r.key, r.lease_id).await?;
         let window = window(r.window_ms)?;
-        Ok(Response::new(self.claim(&key, r.lease_id, window, &r.instance_id).await?))
+        Ok(Response::new(self.claim(&key, r.lease_id, window, &r.instance_id, &r.payload_digest).await?))
     }
 
     async fn settle_key(
@@ -289,7 +317,8 @@ impl Idempotency for IdempotencyService {
         let r = request.into_inner();
         let window = window(r.window_ms)?;
         let outcome = proto::SettleOutcome::try_from(r.outcome).unwrap_or(proto::SettleOutcome::Unspecified);
-        let settled = self.settle(&key, r.claim_revision, &r.instance_id, outcome, r.reply, window).await?;
+        let settled =
+            self.settle(&key, r.claim_revision, &r.instance_id, &r.payload_digest, outcome, r.reply, window).await?;
         Ok(Response::new(proto::SettleKeyReply { settled }))
     }
 }
@@ -326,25 +355,27 @@ mod tests {
         let s = service();
         let w = Duration::from_secs(60);
         let key = claim_key("t", "agent", "order-1");
-        let first = s.claim(&key, 0, w, "i-1").await.unwrap();
+        let first = s.claim(&key, 0, w, "i-1", &[]).await.unwrap();
         assert_eq!(state(&first), proto::ClaimState::Claimed);
-        let second = s.claim(&key, 0, w, "i-2").await.unwrap();
+        let second = s.claim(&key, 0, w, "i-2", &[]).await.unwrap();
         assert_eq!((state(&second), second.owner_instance.as_str()), (proto::ClaimState::Running, "i-1"));
         // Settling with a stale revision changes nothing.
         assert!(
-            !s.settle(&key, first.claim_revision + 100, "i-1", proto::SettleOutcome::Failed, None, w).await.unwrap()
-        );
-        assert!(
-            s.settle(&key, first.claim_revision, "i-1", proto::SettleOutcome::Answered, Some(reply("42")), w)
+            !s.settle(&key, first.claim_revision + 100, "i-1", &[], proto::SettleOutcome::Failed, None, w)
                 .await
                 .unwrap()
         );
-        let third = s.claim(&key, 0, w, "i-2").await.unwrap();
+        assert!(
+            s.settle(&key, first.claim_revision, "i-1", &[], proto::SettleOutcome::Answered, Some(reply("42")), w)
+                .await
+                .unwrap()
+        );
+        let third = s.claim(&key, 0, w, "i-2", &[]).await.unwrap();
         assert_eq!(state(&third), proto::ClaimState::Done);
         assert_eq!(third.reply, Some(reply("42")));
         assert_eq!(third.owner_instance, "i-1");
         // Another agent's key of the same name is its own.
-        let other = s.claim(&claim_key("t", "other", "order-1"), 0, w, "i-3").await.unwrap();
+        let other = s.claim(&claim_key("t", "other", "order-1"), 0, w, "i-3", &[]).await.unwrap();
         assert_eq!(state(&other), proto::ClaimState::Claimed);
     }
 
@@ -353,18 +384,22 @@ mod tests {
         let s = service();
         let w = Duration::from_secs(60);
         let (failed, abandoned, large) = (claim_key("t", "a", "f"), claim_key("t", "a", "c"), claim_key("t", "a", "l"));
-        let c = s.claim(&failed, 0, w, "i").await.unwrap();
-        assert!(s.settle(&failed, c.claim_revision, "i-1", proto::SettleOutcome::Failed, None, w).await.unwrap());
-        assert_eq!(state(&s.claim(&failed, 0, w, "i").await.unwrap()), proto::ClaimState::Claimed);
+        let c = s.claim(&failed, 0, w, "i", &[]).await.unwrap();
+        assert!(s.settle(&failed, c.claim_revision, "i-1", &[], proto::SettleOutcome::Failed, None, w).await.unwrap());
+        assert_eq!(state(&s.claim(&failed, 0, w, "i", &[]).await.unwrap()), proto::ClaimState::Claimed);
 
-        let c = s.claim(&abandoned, 0, w, "i").await.unwrap();
-        assert!(s.settle(&abandoned, c.claim_revision, "i-1", proto::SettleOutcome::Abandoned, None, w).await.unwrap());
-        assert_eq!(state(&s.claim(&abandoned, 0, w, "i").await.unwrap()), proto::ClaimState::Abandoned);
+        let c = s.claim(&abandoned, 0, w, "i", &[]).await.unwrap();
+        assert!(
+            s.settle(&abandoned, c.claim_revision, "i-1", &[], proto::SettleOutcome::Abandoned, None, w).await.unwrap()
+        );
+        assert_eq!(state(&s.claim(&abandoned, 0, w, "i", &[]).await.unwrap()), proto::ClaimState::Abandoned);
 
-        let c = s.claim(&large, 0, w, "i").await.unwrap();
+        let c = s.claim(&large, 0, w, "i", &[]).await.unwrap();
         let big = proto::StoredReply { data: Bytes::from(vec![7u8; MAX_STORED_REPLY_BYTES + 1]), ..reply("") };
-        assert!(s.settle(&large, c.claim_revision, "i-1", proto::SettleOutcome::Answered, Some(big), w).await.unwrap());
-        assert_eq!(state(&s.claim(&large, 0, w, "i").await.unwrap()), proto::ClaimState::TooLarge);
+        assert!(
+            s.settle(&large, c.claim_revision, "i-1", &[], proto::SettleOutcome::Answered, Some(big), w).await.unwrap()
+        );
+        assert_eq!(state(&s.claim(&large, 0, w, "i", &[]).await.unwrap()), proto::ClaimState::TooLarge);
     }
 
     #[tokio::test]
@@ -373,16 +408,61 @@ mod tests {
         let w = Duration::from_secs(2);
         let sidecar_lease = s.store.grant_lease(Duration::from_secs(1)).await.unwrap().id;
         let key = claim_key("t", "a", "k");
-        assert_eq!(state(&s.claim(&key, sidecar_lease, w, "i").await.unwrap()), proto::ClaimState::Claimed);
+        assert_eq!(state(&s.claim(&key, sidecar_lease, w, "i", &[]).await.unwrap()), proto::ClaimState::Claimed);
         // The sidecar dies: its lease goes, and the key with it.
         s.store.revoke_lease(sidecar_lease).await.unwrap();
-        let c = s.claim(&key, 0, w, "j").await.unwrap();
+        let c = s.claim(&key, 0, w, "j", &[]).await.unwrap();
         assert_eq!(state(&c), proto::ClaimState::Claimed);
         assert!(
-            s.settle(&key, c.claim_revision, "i-1", proto::SettleOutcome::Answered, Some(reply("x")), w).await.unwrap()
+            s.settle(&key, c.claim_revision, "i-1", &[], proto::SettleOutcome::Answered, Some(reply("x")), w)
+                .await
+                .unwrap()
         );
         let kv = s.store.get(&key).await.unwrap().unwrap();
         assert_ne!(kv.lease, 0, "answered keys are on the window's lease");
         assert!(!key.starts_with(keys::ROOT), "claims stay out of the tenant's routing prefix");
+    }
+
+    #[tokio::test]
+    async fn a_duplicate_asking_something_else_is_refused_in_every_state() {
+        let s = service();
+        let w = Duration::from_secs(60);
+        let key = claim_key("t", "payments", "order-7");
+        let (first, other) = ([1u8; 32], [2u8; 32]);
+        let c = s.claim(&key, 0, w, "i-1", &first).await.unwrap();
+        assert_eq!(state(&c), proto::ClaimState::Claimed);
+        // Running: the same payload waits, another is refused, naming the owner.
+        assert_eq!(state(&s.claim(&key, 0, w, "i-2", &first).await.unwrap()), proto::ClaimState::Running);
+        let reused = s.claim(&key, 0, w, "i-2", &other).await.unwrap();
+        assert_eq!((state(&reused), reused.owner_instance.as_str()), (proto::ClaimState::KeyReused, "i-1"));
+        assert_eq!(reused.reply, None);
+        // Answered: the digest is kept in the settled record.
+        let answered = proto::SettleOutcome::Answered;
+        assert!(s.settle(&key, c.claim_revision, "i-1", &first, answered, Some(reply("ok")), w).await.unwrap());
+        let record: Record = serde_json::from_slice(&s.store.get(&key).await.unwrap().unwrap().value).unwrap();
+        assert_eq!(record.digest, hex(&first));
+        assert_eq!(state(&s.claim(&key, 0, w, "i-2", &first).await.unwrap()), proto::ClaimState::Done);
+        assert_eq!(state(&s.claim(&key, 0, w, "i-2", &other).await.unwrap()), proto::ClaimState::KeyReused);
+        // No digest on either side: not compared.
+        assert_eq!(state(&s.claim(&key, 0, w, "i-2", &[]).await.unwrap()), proto::ClaimState::Done);
+        // Abandoned and too large are refused as reused too when the payload differs.
+        let cut = claim_key("t", "payments", "order-8");
+        let c = s.claim(&cut, 0, w, "i-1", &first).await.unwrap();
+        assert!(
+            s.settle(&cut, c.claim_revision, "i-1", &first, proto::SettleOutcome::Abandoned, None, w).await.unwrap()
+        );
+        assert_eq!(state(&s.claim(&cut, 0, w, "i-2", &first).await.unwrap()), proto::ClaimState::Abandoned);
+        assert_eq!(state(&s.claim(&cut, 0, w, "i-2", &other).await.unwrap()), proto::ClaimState::KeyReused);
+    }
+
+    #[tokio::test]
+    async fn a_record_written_before_digests_accepts_any_payload() {
+        let s = service();
+        let key = claim_key("t", "payments", "order-9");
+        // As an older control wrote it: no "digest" field.
+        let old = serde_json::json!({"state": "abandoned", "owner": "i-0"}).to_string();
+        s.store.put(&key, Bytes::from(old), None).await.unwrap();
+        let c = s.claim(&key, 0, Duration::from_secs(60), "i-1", &[3u8; 32]).await.unwrap();
+        assert_eq!((state(&c), c.owner_instance.as_str()), (proto::ClaimState::Abandoned, "i-0"));
     }
 }

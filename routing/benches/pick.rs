@@ -72,6 +72,7 @@ fn percentiles(strategy: Strategy, target: &Target, label: &str) {
             exclude: &[],
             version: None,
             now: clock(),
+            prefer: None,
         };
         let start = Instant::now();
         let picked = pick(&t, &req);
@@ -120,6 +121,7 @@ fn main() {
                     exclude: &[],
                     version: None,
                     now: clock(),
+                    prefer: None,
                 };
                 black_box(pick(&t, &req).is_ok())
             })

@@ -71,11 +71,22 @@ pub struct PickRequest<'a> {
     pub version: Option<&'a str>,
     /// Now, on [`crate::stats::clock`].
     pub now: u64,
+    /// An instance to pick ahead of the strategy when it can take the call (see
+    /// [`preferred`]): the one owning the claim of the call's idempotency key.
+    pub prefer: Option<&'a str>,
 }
 
 impl<'a> PickRequest<'a> {
     pub fn new(target: &'a Target, now: u64) -> PickRequest<'a> {
-        PickRequest { target, priority: Priority::Normal, hash_key: None, exclude: &[], version: None, now }
+        PickRequest {
+            target,
+            priority: Priority::Normal,
+            hash_key: None,
+            exclude: &[],
+            version: None,
+            now,
+            prefer: None,
+        }
     }
 }
 
@@ -152,6 +163,9 @@ pub fn pick(
     req: &PickRequest<'_>,
 ) -> Result<(Member, std::sync::Arc<crate::table::GroupState>), RouteError> {
     let group = resolve(table, req.target)?;
+    if let Some(i) = preferred(group, req) {
+        return Ok((group.members[i as usize].clone(), group.state.clone()));
+    }
     let mut picked = pick_in(group, req);
     if picked.is_none() && req.version.is_some() {
         // No instance of the split's version can take the call: any version may.
@@ -169,6 +183,20 @@ pub fn pick(
             Err(RouteError::NoHealthyInstance { target: req.target.to_string(), why, tried: req.exclude.to_vec() })
         }
     }
+}
+
+/// The member [`PickRequest::prefer`] names, under any strategy, when it is in the group and
+/// healthy for the call: the target's tags, not tried yet, its breaker passing, UP or
+/// DEGRADED, and not marked overloaded (which also marks an instance that just failed to
+/// take a call, e.g. its sidecar died). Any agent version (a canary split does not move a
+/// key's owner). Otherwise `None`, and the strategy picks.
+pub fn preferred(group: &Group, req: &PickRequest<'_>) -> Option<u32> {
+    let id = req.prefer?;
+    let i = group.members.binary_search_by(|m| m.id().cmp(id)).ok()?;
+    let m = &group.members[i];
+    let req = PickRequest { version: None, ..*req };
+    let healthy = matches!(m.instance.record.state, HealthState::Up | HealthState::Degraded);
+    (healthy && !m.stats.overloaded(req.now) && usable(m, &req, &breaker_settings(group))).then_some(i as u32)
 }
 
 fn pick_in(group: &Group, req: &PickRequest<'_>) -> Option<u32> {
@@ -723,6 +751,77 @@ mod tests {
         // The chosen version gone: any version serves rather than failing the call.
         let excl = ["c".to_string()];
         assert_eq!(pick_id(&t, &PickRequest { exclude: &excl, ..canary_req }), "b");
+    }
+
+    #[test]
+    fn the_owner_of_a_key_is_picked_under_every_strategy_while_it_can_take_the_call() {
+        let strategies = [
+            Strategy::RoundRobin,
+            Strategy::Random,
+            Strategy::LeastLoaded,
+            Strategy::Weighted,
+            Strategy::ConsistentHash,
+        ];
+        for strategy in strategies {
+            let build = || {
+                let mut canary = inst("o", "s", "x", &["en"], HealthState::Up);
+                canary.record.registration.version = "2.0".into();
+                let others = (0..4).map(|i| inst(&format!("h{i}"), "s", "x", &["en"], HealthState::Up));
+                table_with(others.chain([canary]).collect(), Some(strategy), "x")
+            };
+            let t = build();
+            let target = Target::capability("x");
+            let plain = PickRequest { hash_key: Some("order-42"), ..PickRequest::new(&target, NOW) };
+            let req = PickRequest { prefer: Some("o"), ..plain };
+            for _ in 0..20 {
+                assert_eq!(pick_id(&t, &req), "o", "{strategy:?}: the owner, whatever the strategy picks");
+            }
+            // Whatever version a canary split chose, and with the target's tags.
+            let en = Target { tags: vec!["en".into()], ..target.clone() };
+            assert_eq!(pick_id(&t, &PickRequest { version: Some("1.0"), target: &en, ..req }), "o");
+            // Tried already, missing the tags, or not in the table: the strategy picks.
+            let excl = ["o".to_string()];
+            for _ in 0..10 {
+                assert_ne!(pick_id(&t, &PickRequest { exclude: &excl, ..req }), "o", "{strategy:?}");
+            }
+            let zh = Target { tags: vec!["zh".into()], ..target.clone() };
+            assert!(matches!(pick(&t, &PickRequest { target: &zh, ..req }), Err(RouteError::NoHealthyInstance { .. })));
+            let gone = PickRequest { prefer: Some("gone"), ..plain };
+            assert!(pick(&t, &gone).is_ok(), "{strategy:?}");
+            if strategy == Strategy::ConsistentHash {
+                assert_eq!(pick_id(&t, &gone), pick_id(&t, &plain), "an unknown owner changes nothing");
+            }
+            // Its breaker open: the strategy picks.
+            let settings = CircuitBreaker::default();
+            for _ in 0..10 {
+                t.instances["o"].stats.breaker.record(NOW, true, &settings);
+            }
+            for _ in 0..10 {
+                assert_ne!(pick_id(&t, &req), "o", "{strategy:?}: an open breaker");
+            }
+            // Marked overloaded (it refused work, or failed to take a call): the strategy
+            // picks among the others.
+            let t = build();
+            assert_eq!(pick_id(&t, &req), "o", "{strategy:?}: a new table, a closed breaker");
+            t.instances["o"].stats.mark_overloaded(NOW);
+            for _ in 0..10 {
+                assert_ne!(pick_id(&t, &req), "o", "{strategy:?}: an overloaded owner");
+            }
+        }
+        // Not healthy: DOWN, PAUSED or UNKNOWN owners are passed over.
+        for state in [HealthState::Down, HealthState::Paused, HealthState::Unknown, HealthState::Starting] {
+            let t = rr(vec![inst("a", "s", "x", &[], HealthState::Up), inst("o", "s", "x", &[], state)]);
+            let target = Target::capability("x");
+            let req = PickRequest { prefer: Some("o"), ..PickRequest::new(&target, NOW) };
+            for _ in 0..4 {
+                assert_eq!(pick_id(&t, &req), "a", "{state:?}");
+            }
+        }
+        // DEGRADED takes the owner's duplicates (at any priority).
+        let t = rr(vec![inst("a", "s", "x", &[], HealthState::Up), inst("o", "s", "x", &[], HealthState::Degraded)]);
+        let target = Target::capability("x");
+        let high = PickRequest { prefer: Some("o"), priority: Priority::High, ..PickRequest::new(&target, NOW) };
+        assert_eq!(pick_id(&t, &high), "o");
     }
 
     #[test]

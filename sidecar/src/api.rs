@@ -160,6 +160,7 @@ fn route_rpc(inner: &Inner, r: proto::RouteRequest) -> Result<proto::RouteReply,
         exclude: &[],
         version: None,
         now: agent_reach_routing::clock(),
+        prefer: None,
     };
     let explanation = agent_reach_routing::explain(&table, &request, max);
     let (stale, age) = inner.watch_stats.staleness();

@@ -168,6 +168,8 @@ pub(crate) struct AttemptRequest {
     pub shape: Shape,
     pub priority: Priority,
     pub idempotency_key: Option<String>,
+    /// With a key: what the call asks ([`payload_digest`]).
+    pub payload_digest: Option<PayloadDigest>,
     /// The call's session id, if any (the target's sidecar prefetches its context).
     pub session_id: Option<String>,
     /// The verified caller (`None`: anonymous), vouched for toward the target's sidecar.
@@ -186,6 +188,9 @@ pub(crate) struct InboundCall {
     pub shape: Shape,
     pub priority: Priority,
     pub idempotency_key: Option<String>,
+    /// With a key: what the call asks, as its caller's sidecar digested it (`None` from a
+    /// sidecar that sends no digest: not compared).
+    pub payload_digest: Option<PayloadDigest>,
     pub tenant: String,
     /// The trace context: the caller's attempt span on arrival, the server span once the
     /// telemetry layer opened it.
@@ -208,4 +213,57 @@ pub(crate) enum Attempt {
     NotDelivered(DeliveryError),
     /// The call failed after it may have reached an agent.
     Failed(DeliveryError),
+}
+
+/// SHA-256 of what a keyed call asks: duplicates of an idempotency key must carry the same.
+pub(crate) type PayloadDigest = [u8; 32];
+
+/// The digest of a call to `capability` ("" when routed by agent name) with `payload` of
+/// `content_type`: each part length-prefixed, so no two calls share one by shifting bytes
+/// between parts. Metadata is left out (it steers routing and carries the task attempt).
+pub(crate) fn payload_digest(capability: &str, content_type: &str, payload: &[u8]) -> PayloadDigest {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    for part in [capability.as_bytes(), content_type.as_bytes(), payload] {
+        ctx.update(&(part.len() as u64).to_be_bytes());
+        ctx.update(part);
+    }
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ctx.finish().as_ref());
+    out
+}
+
+/// A digest as the `ar-idempotency-digest` header carries it (64 lowercase hex digits).
+pub(crate) fn digest_hex(d: &PayloadDigest) -> String {
+    d.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A digest from its header form; `None` unless exactly 64 hex digits.
+pub(crate) fn digest_from_hex(s: &str) -> Option<PayloadDigest> {
+    if s.len() != 64 || !s.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod digest_tests {
+    use super::*;
+
+    #[test]
+    fn a_digest_names_capability_content_type_and_payload_and_survives_its_header() {
+        let d = payload_digest("charge", "text/plain", b"10 EUR");
+        assert_eq!(digest_from_hex(&digest_hex(&d)), Some(d));
+        assert_ne!(d, payload_digest("charge", "text/plain", b"11 EUR"));
+        assert_ne!(d, payload_digest("refund", "text/plain", b"10 EUR"));
+        assert_ne!(d, payload_digest("charge", "application/json", b"10 EUR"));
+        // Bytes moved between parts make another digest.
+        assert_ne!(payload_digest("ab", "", b""), payload_digest("a", "b", b""));
+        assert_eq!(digest_from_hex("00"), None);
+        assert_eq!(digest_from_hex(&"zz".repeat(32)), None);
+        assert_eq!(digest_from_hex(&"é".repeat(32)), None);
+    }
 }

@@ -157,6 +157,13 @@ pub(crate) enum DeliveryError {
          idempotency window"
     )]
     ClaimAbandoned,
+    /// A duplicate asking something else (capability, content type or payload) than the
+    /// key's first call.
+    #[error(
+        "idempotency key {key_prefix}… was first used for a call with another payload (capability, content type \
+         or payload differ); it is not run: send a different call under a new key"
+    )]
+    KeyReused { key_prefix: String },
     /// The call is malformed for its agent.
     #[error("{0}")]
     InvalidArgument(String),
@@ -194,6 +201,11 @@ impl DeliveryError {
             DeliveryError::ReplyNotStored | DeliveryError::ClaimAbandoned => {
                 reason::status(Reason::IdempotentReplyNotStored, message, &[("mechanism", "idempotency".into())])
             }
+            DeliveryError::KeyReused { key_prefix } => reason::status(
+                Reason::IdempotencyKeyReused,
+                message,
+                &[("mechanism", "idempotency".into()), ("key_prefix", key_prefix)],
+            ),
             DeliveryError::InvalidArgument(_) => reason::bounded(Status::invalid_argument(message)),
             DeliveryError::DeadlineExceeded(_) => reason::bounded(Status::deadline_exceeded(message)),
             DeliveryError::Internal(_) => reason::bounded(Status::internal(message)),
@@ -209,6 +221,7 @@ impl DeliveryError {
             DeliveryError::Overloaded { .. } => Code::ResourceExhausted,
             DeliveryError::CircuitOpen { .. } => Reason::CircuitOpen.code(),
             DeliveryError::ReplyNotStored | DeliveryError::ClaimAbandoned => Reason::IdempotentReplyNotStored.code(),
+            DeliveryError::KeyReused { .. } => Reason::IdempotencyKeyReused.code(),
             DeliveryError::InvalidArgument(_) => Code::InvalidArgument,
             DeliveryError::DeadlineExceeded(_) => Code::DeadlineExceeded,
             DeliveryError::Internal(_) => Code::Internal,
@@ -223,6 +236,7 @@ impl DeliveryError {
             DeliveryError::Overloaded { .. } => Some(Reason::AgentOverloaded),
             DeliveryError::CircuitOpen { .. } => Some(Reason::CircuitOpen),
             DeliveryError::ReplyNotStored | DeliveryError::ClaimAbandoned => Some(Reason::IdempotentReplyNotStored),
+            DeliveryError::KeyReused { .. } => Some(Reason::IdempotencyKeyReused),
             DeliveryError::Sidecar(e) => Some(e.reason()),
             DeliveryError::Remote(status) => reason::error_info(status).and_then(|i| Reason::parse(&i.reason)),
             _ => None,

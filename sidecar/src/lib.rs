@@ -36,6 +36,7 @@
 pub mod a2a;
 mod a2a_wire;
 mod api;
+mod bounded;
 mod call;
 mod coalesce;
 pub mod config;
@@ -473,6 +474,8 @@ fn entries(
         config.idempotency_max_keys,
         config.idempotency_max_bytes,
     );
+    // The owners of keys this sidecar's callers sent: for the window, as many as keys kept.
+    let owners = outbound::owners::Owners::new(config.idempotency_window, config.idempotency_max_keys);
     let pools = if Arc::ptr_eq(&pool, &mesh_pool) { vec![pool.clone()] } else { vec![pool.clone(), mesh_pool.clone()] };
     let metrics = Arc::new(
         SidecarMetrics::new()
@@ -483,7 +486,14 @@ fn entries(
                 table: inner.table.clone(),
                 inbound_in_flight: Box::new(move || in_flight.total_in_flight()),
                 limits: [("local", inner.limit_stats[0].clone()), ("mesh", inner.limit_stats[1].clone())],
-                bounded: bounded_maps(&rate_limits, &gates, pools, &cache, &idempotency),
+                bounded: bounded::sizes(bounded::Maps {
+                    rate_limits: &rate_limits,
+                    gates: &gates,
+                    pools,
+                    cache: &cache,
+                    idempotency: &idempotency,
+                    owners: &owners,
+                }),
             })
             .with(Box::new(session::SessionMetrics(inner.sessions.clone()))),
     );
@@ -517,6 +527,7 @@ fn entries(
             tracing: inner.tracing.clone(),
             metrics: metrics.clone(),
             rejections: rejections.clone(),
+            owners,
         },
         dispatch: outbound::attempt::Dispatch::new(
             &config.sidecar_id,
@@ -559,32 +570,6 @@ fn entries(
         (inner.table.clone(), rejections),
     );
     (invoke, mesh, metrics)
-}
-
-/// How `/metrics` reads the sizes of the maps the stacks bound (telemetry sits below the
-/// stacks, so it gets closures rather than the maps' types).
-fn bounded_maps(
-    rate_limits: &Arc<outbound::ratelimit::RateLimits>,
-    gates: &Arc<inbound::admission::Gates>,
-    pools: Vec<Arc<pool::Pool>>,
-    cache: &Arc<outbound::cache::ResultCache>,
-    idempotency: &Arc<inbound::idempotency::Store>,
-) -> telemetry::BoundedMaps {
-    let (r, g, c, i) = (rate_limits.clone(), gates.clone(), cache.clone(), idempotency.clone());
-    let (cb, ib) = (cache.clone(), idempotency.clone());
-    telemetry::BoundedMaps {
-        entries: vec![
-            ("rate_buckets", Box::new(move || r.pair_buckets())),
-            ("admission_gates", Box::new(move || g.len())),
-            ("pool_slots", Box::new(move || pools.iter().map(|p| p.slots()).sum())),
-            ("result_cache", Box::new(move || c.len())),
-            ("idempotency", Box::new(move || i.keys())),
-        ],
-        bytes: vec![
-            ("result_cache", Box::new(move || cb.bytes())),
-            ("idempotency", Box::new(move || ib.stored_bytes())),
-        ],
-    }
 }
 
 /// `/readyz`: a routing table, and control reachable or the table fresh enough.

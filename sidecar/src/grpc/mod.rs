@@ -72,6 +72,8 @@ pub(crate) mod header {
     pub(crate) const TENANT: HeaderName = HeaderName::from_static(h::TENANT);
     pub(crate) const PRIORITY: HeaderName = HeaderName::from_static(h::PRIORITY);
     pub(crate) const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static(h::IDEMPOTENCY_KEY);
+    pub(crate) const IDEMPOTENCY_DIGEST: HeaderName = HeaderName::from_static(h::IDEMPOTENCY_DIGEST);
+    pub(crate) const IDEMPOTENCY_OWNER: HeaderName = HeaderName::from_static(h::IDEMPOTENCY_OWNER);
     pub(crate) const LOAD: HeaderName = HeaderName::from_static(h::LOAD);
     pub(crate) const SESSION: HeaderName = HeaderName::from_static(h::SESSION);
     pub(crate) const SESSION_PREWARMED: HeaderName = HeaderName::from_static(h::SESSION_PREWARMED);

@@ -16,7 +16,11 @@
 //! - DONE: the stored reply answers (and is kept locally for later duplicates);
 //! - RUNNING: another instance's call holds it; this call polls (25 ms doubling to 250 ms)
 //!   until it is settled or the call's deadline passes (DEADLINE_EXCEEDED, not delivered);
-//! - TOO_LARGE / ABANDONED: refused with `IDEMPOTENT_REPLY_NOT_STORED`.
+//! - TOO_LARGE / ABANDONED: refused with `IDEMPOTENT_REPLY_NOT_STORED`;
+//! - KEY_REUSED: the key's first call asked something else (the claim carries the call's
+//!   payload digest, kept in the record): refused with `IDEMPOTENCY_KEY_REUSED`, in any
+//!   state of the first call. A record without a digest (written before digests) accepts
+//!   any payload.
 //!
 //! Control unreachable (or its store): the call is refused as not delivered with
 //! `CONTROL_UNAVAILABLE` (fail closed): running it without a claim could run it twice; the
@@ -35,8 +39,9 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
+use crate::call::PayloadDigest;
 use crate::control::{Failover, Rules};
-use crate::grpc::StoredResponse;
+use crate::grpc::{StoredResponse, header};
 
 /// The first and the longest pause between two reads of a running claim.
 const POLL_FIRST: Duration = Duration::from_millis(25);
@@ -68,6 +73,8 @@ pub(crate) enum Remote {
     Done(StoredResponse),
     TooLarge,
     Abandoned,
+    /// The key's first call asked something else.
+    KeyReused,
 }
 
 /// The clients of control's Idempotency service.
@@ -127,8 +134,16 @@ impl Claims {
         })
     }
 
-    /// Claims `key` of `agent` for `instance` (its record on `lease`).
-    pub(crate) async fn claim(&self, agent: &str, key: &str, lease: i64, instance: &str) -> Result<Remote, Status> {
+    /// Claims `key` of `agent` for `instance` (its record on `lease`), for a call asking
+    /// `digest`.
+    pub(crate) async fn claim(
+        &self,
+        agent: &str,
+        key: &str,
+        lease: i64,
+        instance: &str,
+        digest: Option<PayloadDigest>,
+    ) -> Result<Remote, Status> {
         let request = proto::ClaimKeyRequest {
             tenant: self.tenant.clone(),
             agent: agent.to_string(),
@@ -136,6 +151,7 @@ impl Claims {
             lease_id: lease,
             window_ms: self.window_ms,
             instance_id: instance.to_string(),
+            payload_digest: digest_bytes(digest),
         };
         let reply = self.call(|mut c| {
             let r = request.clone();
@@ -145,9 +161,17 @@ impl Claims {
         Ok(match proto::ClaimState::try_from(reply.state).unwrap_or(proto::ClaimState::Unspecified) {
             proto::ClaimState::Claimed => Remote::Claimed(reply.claim_revision),
             proto::ClaimState::Running => Remote::Running(reply.owner_instance),
-            proto::ClaimState::Done => Remote::Done(from_proto(reply.reply.unwrap_or_default())),
+            proto::ClaimState::Done => {
+                let mut stored = from_proto(reply.reply.unwrap_or_default());
+                // A reply stored before answers named their owner: the claim's.
+                if !stored.headers.contains_key(header::IDEMPOTENCY_OWNER) {
+                    name_owner(&mut stored, &reply.owner_instance);
+                }
+                Remote::Done(stored)
+            }
             proto::ClaimState::TooLarge => Remote::TooLarge,
             proto::ClaimState::Abandoned => Remote::Abandoned,
+            proto::ClaimState::KeyReused => Remote::KeyReused,
             proto::ClaimState::Unspecified => {
                 return Err(reason::status(Reason::Internal, "control answered a claim without a state", &[]));
             }
@@ -170,6 +194,7 @@ impl Claims {
             reply,
             window_ms: self.window_ms,
             instance_id: id.instance.clone(),
+            payload_digest: digest_bytes(id.digest),
         };
         let reply = self.call(|mut c| {
             let r = request.clone();
@@ -187,6 +212,12 @@ struct ClaimId {
     key: String,
     instance: String,
     revision: i64,
+    digest: Option<PayloadDigest>,
+}
+
+/// A digest as `ClaimKeyRequest` carries it (empty: none).
+fn digest_bytes(digest: Option<PayloadDigest>) -> bytes::Bytes {
+    digest.map(|d| bytes::Bytes::copy_from_slice(&d)).unwrap_or_default()
 }
 
 /// A held claim: settled explicitly, or marked abandoned when dropped (the call was
@@ -274,6 +305,8 @@ pub(crate) enum Settled {
     Replay(StoredResponse),
     TooLarge,
     Abandoned,
+    /// The key's first call asked something else.
+    KeyReused,
     /// The deadline passed while another call held the claim.
     Deadline(String),
     /// Control could not be asked, or refused.
@@ -288,13 +321,14 @@ pub(crate) async fn claim_or_wait(
     key: &str,
     lease: i64,
     instance: &str,
+    digest: Option<PayloadDigest>,
     deadline: Option<Instant>,
 ) -> Result<Held, Settled> {
     let mut pause = POLL_FIRST;
     loop {
-        match claims.claim(agent, key, lease, instance).await {
+        match claims.claim(agent, key, lease, instance, digest).await {
             Ok(Remote::Claimed(revision)) => {
-                let id = ClaimId { agent: agent.into(), key: key.into(), instance: instance.into(), revision };
+                let id = ClaimId { agent: agent.into(), key: key.into(), instance: instance.into(), revision, digest };
                 return Ok(Held::new(claims.clone(), id));
             }
             Ok(Remote::Done(stored)) => {
@@ -303,6 +337,7 @@ pub(crate) async fn claim_or_wait(
             }
             Ok(Remote::TooLarge) => return Err(Settled::TooLarge),
             Ok(Remote::Abandoned) => return Err(Settled::Abandoned),
+            Ok(Remote::KeyReused) => return Err(Settled::KeyReused),
             Ok(Remote::Running(owner)) => {
                 claims.stats.polls.fetch_add(1, Ordering::Relaxed);
                 let now = Instant::now();
@@ -345,6 +380,14 @@ fn headers_from_proto(h: Vec<proto::ReplyHeader>) -> HeaderMap {
         }
     }
     map
+}
+
+/// Names `owner`, the instance that ran the key's call, in the answer (kept with it, so
+/// replays anywhere name it too).
+pub(crate) fn name_owner(stored: &mut StoredResponse, owner: &str) {
+    if let Ok(v) = HeaderValue::from_str(owner) {
+        stored.headers.insert(header::IDEMPOTENCY_OWNER, v);
+    }
 }
 
 /// The stored form of an answer.

@@ -126,6 +126,11 @@ impl MeshEntry {
         };
         let idempotency_key =
             parts.headers.get(header::IDEMPOTENCY_KEY).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let payload_digest = parts
+            .headers
+            .get(header::IDEMPOTENCY_DIGEST)
+            .and_then(|v| v.to_str().ok())
+            .and_then(crate::call::digest_from_hex);
         let trace = agent_reach_telemetry::trace::extract(&parts.headers);
         // The caller another sidecar vouches for counts only from a mutual-TLS peer (whose
         // tenant `mesh_tls::authorize` checked: this one, or the header's for a call from
@@ -164,6 +169,7 @@ impl MeshEntry {
             shape,
             priority,
             idempotency_key,
+            payload_digest,
             tenant,
             trace,
             caller,

@@ -11,7 +11,14 @@
 //! status hands that answer to its waiting duplicates but is not stored, so a later retry
 //! runs. Unary calls only (streams are not replayed).
 //!
-//! This store is the first level. With claims ([`super::claims`], the sidecar's default), a
+//! A duplicate must ask what the first call asked: the same digest of capability, content
+//! type and payload ([`crate::call::payload_digest`], made by the caller's sidecar). One
+//! asking something else is refused with IDEMPOTENCY_KEY_REUSED, here when this sidecar
+//! saw the key, else by control's claim; a call or entry without a digest (from a sidecar
+//! that sends none) is not compared. Answers carry the instance that ran the key's call in
+//! `ar-idempotency-owner`, so callers' sidecars send duplicates there ([`crate::outbound`]).
+//!
+//! This store is the first level; the layer using it is [`super::idempotent`]. With claims ([`super::claims`], the sidecar's default), a
 //! call that finds neither an answer nor a call of its key in flight here claims the key
 //! with the control service (scoped by tenant and target agent) before it is delivered, so
 //! duplicates that reach other instances and sidecars replay the same answer instead of
@@ -27,17 +34,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use std::convert::Infallible;
-use std::task::{Context, Poll};
-
-use tower::{Service, ServiceExt};
-
-use super::claims::{self, Claims, Settled};
-use crate::call::BoxFuture;
-use crate::call::{Attempt, InboundCall, Shape};
-use crate::error::DeliveryError;
+use crate::call::PayloadDigest;
 use crate::grpc::StoredResponse;
-use crate::telemetry::Rejections;
 
 /// What the first call left for its duplicates.
 #[derive(Debug, Clone)]
@@ -48,12 +46,20 @@ pub(crate) enum Outcome {
     TooLarge,
     /// The first call was abandoned (its caller went away) before answering.
     Abandoned,
+    /// Control said the key's first call asked something else (learnt by the first call
+    /// here, handed to the duplicates waiting for it, which asked the same as it).
+    KeyReused,
 }
 
 #[derive(Debug)]
 enum Entry {
-    Running(watch::Receiver<Option<Outcome>>),
-    Done { outcome: Outcome, expires: Instant },
+    /// With the digest of the running call (`None`: its caller's sidecar sent none).
+    Running(watch::Receiver<Option<Outcome>>, Option<PayloadDigest>),
+    Done {
+        outcome: Outcome,
+        expires: Instant,
+        digest: Option<PayloadDigest>,
+    },
 }
 
 /// The result of claiming a key.
@@ -64,6 +70,8 @@ pub(crate) enum Claim {
     Wait(watch::Receiver<Option<Outcome>>),
     /// The key was already answered within the window.
     Done(Outcome),
+    /// The key's first call here asked something else: refused, IDEMPOTENCY_KEY_REUSED.
+    Reused,
 }
 
 /// See the module documentation.
@@ -133,23 +141,35 @@ impl Store {
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Claims `key` of `agent` in `tenant`.
-    pub(crate) fn claim(self: &Arc<Self>, tenant: &str, agent: &str, key: &str) -> Claim {
+    /// Claims `key` of `agent` in `tenant` for a call asking `digest` (`None`: not
+    /// compared, as against an entry without one).
+    pub(crate) fn claim(
+        self: &Arc<Self>,
+        tenant: &str,
+        agent: &str,
+        key: &str,
+        digest: Option<PayloadDigest>,
+    ) -> Claim {
         let now = Instant::now();
         self.expire(now);
         // Tenant names hold no '/', so "tenant/agent" names one scope.
         let id = (format!("{tenant}/{agent}"), key.to_string());
+        let differs = |first: &Option<PayloadDigest>| matches!((first, &digest), (Some(a), Some(b)) if a != b);
         let mut entries = self.entries();
         match entries.get(&id) {
-            Some(Entry::Running(rx)) => return Claim::Wait(rx.clone()),
-            Some(Entry::Done { outcome, expires }) if *expires > now => return Claim::Done(outcome.clone()),
+            Some(Entry::Running(_, first)) if differs(first) => return Claim::Reused,
+            Some(Entry::Running(rx, _)) => return Claim::Wait(rx.clone()),
+            Some(Entry::Done { expires, digest: first, .. }) if *expires > now && differs(first) => {
+                return Claim::Reused;
+            }
+            Some(Entry::Done { outcome, expires, .. }) if *expires > now => return Claim::Done(outcome.clone()),
             _ => {}
         }
         let (tx, rx) = watch::channel(None);
-        let replaced = entries.insert(id.clone(), Entry::Running(rx));
+        let replaced = entries.insert(id.clone(), Entry::Running(rx, digest));
         self.forget(replaced.as_ref());
         drop(entries);
-        Claim::First(Completion { store: self.clone(), id: Some(id), tx })
+        Claim::First(Completion { store: self.clone(), id: Some(id), tx, digest })
     }
 
     /// Drops entries past the window, and the oldest beyond the size bound.
@@ -178,6 +198,8 @@ pub(crate) struct Completion {
     store: Arc<Store>,
     id: Option<(String, String)>,
     tx: watch::Sender<Option<Outcome>>,
+    /// What the call asks, kept with its answer.
+    digest: Option<PayloadDigest>,
 }
 
 impl Completion {
@@ -196,7 +218,7 @@ impl Completion {
             match stored {
                 Some(outcome) => {
                     let expires = Instant::now() + self.store.window;
-                    let entry = Entry::Done { outcome, expires };
+                    let entry = Entry::Done { outcome, expires, digest: self.digest };
                     self.store.stored_bytes.fetch_add(stored_size(Some(&entry)), Ordering::Relaxed);
                     entries.insert(id.clone(), entry);
                     drop(entries);
@@ -214,13 +236,24 @@ impl Completion {
 
 impl Completion {
     /// Records that the key's answer was too large to keep (learnt from control).
-    fn too_large(mut self) {
+    pub(crate) fn too_large(mut self) {
         if let Some(id) = self.id.take() {
             let expires = Instant::now() + self.store.window;
-            self.store.entries().insert(id.clone(), Entry::Done { outcome: Outcome::TooLarge, expires });
+            let entry = Entry::Done { outcome: Outcome::TooLarge, expires, digest: self.digest };
+            self.store.entries().insert(id.clone(), entry);
             self.store.order.lock().unwrap_or_else(|e| e.into_inner()).push_back((expires, id));
         }
         let _ = self.tx.send(Some(Outcome::TooLarge));
+    }
+
+    /// Frees the key here after control refused the call as asking something else than
+    /// the key's first call; the duplicates waiting here (which asked the same) are refused
+    /// too.
+    pub(crate) fn reused(mut self) {
+        if let Some(id) = self.id.take() {
+            self.store.entries().remove(&id);
+        }
+        let _ = self.tx.send(Some(Outcome::KeyReused));
     }
 }
 
@@ -238,190 +271,6 @@ pub(crate) async fn wait(mut rx: watch::Receiver<Option<Outcome>>) -> Outcome {
     match rx.wait_for(Option::is_some).await {
         Ok(v) => v.clone().unwrap_or(Outcome::Abandoned),
         Err(_) => Outcome::Abandoned,
-    }
-}
-
-/// Service: replays answers of calls whose idempotency key was already answered, and
-/// makes in-flight duplicates wait for the first.
-#[derive(Clone)]
-pub(crate) struct Idempotent<S> {
-    store: Arc<Store>,
-    /// Claims with control (`None`: this sidecar's memory only).
-    claims: Option<Arc<Claims>>,
-    rejections: Arc<Rejections>,
-    /// The largest answer read.
-    limit: usize,
-    inner: S,
-}
-
-/// The layer of [`Idempotent`]: the store of keys seen, the claims with control, where
-/// replays and refusals are counted, and the largest answer read.
-pub(crate) fn layer<S>(
-    store: Arc<Store>,
-    claims: Option<Arc<Claims>>,
-    rejections: Arc<Rejections>,
-    limit: usize,
-) -> impl tower::Layer<S, Service = Idempotent<S>> + Clone {
-    tower::layer::layer_fn(move |inner| Idempotent {
-        store: store.clone(),
-        claims: claims.clone(),
-        rejections: rejections.clone(),
-        limit,
-        inner,
-    })
-}
-
-impl<S> Service<InboundCall> for Idempotent<S>
-where
-    S: Service<InboundCall, Response = Attempt, Error = Infallible> + Clone + Send + 'static,
-    S::Future: Send,
-{
-    type Response = Attempt;
-    type Error = Infallible;
-    type Future = BoxFuture<Result<Attempt, Infallible>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, call: InboundCall) -> Self::Future {
-        let key = match (&call.idempotency_key, call.shape) {
-            (Some(k), Shape::Unary) if !k.is_empty() => k.clone(),
-            _ => return Box::pin(self.inner.clone().oneshot(call)),
-        };
-        let (store, claims, rejections, limit, service) =
-            (self.store.clone(), self.claims.clone(), self.rejections.clone(), self.limit, self.inner.clone());
-        Box::pin(async move {
-            let replay = |outcome: Outcome| match outcome {
-                Outcome::Answer(a) => {
-                    Rejections::count(&rejections.idempotency_replays);
-                    Some(Ok(Attempt::Answered(a.to_response(), None)))
-                }
-                Outcome::TooLarge => {
-                    Rejections::count(&rejections.idempotency_refused);
-                    Some(Ok(Attempt::Failed(DeliveryError::ReplyNotStored)))
-                }
-                Outcome::Abandoned => None,
-            };
-            let mut call = Some(call);
-            loop {
-                let scope = call.as_ref().map(|c| (c.tenant.as_str(), c.local.registration.agent.as_str()));
-                match store.claim(scope.map_or("", |s| s.0), scope.map_or("", |s| s.1), &key) {
-                    Claim::Done(outcome) => {
-                        if let Some(r) = replay(outcome) {
-                            return r;
-                        }
-                    }
-                    Claim::Wait(rx) => {
-                        if let Some(r) = replay(wait(rx).await) {
-                            return r;
-                        }
-                    }
-                    Claim::First(done) => {
-                        let Some(call) = call.take() else { continue };
-                        return match claims {
-                            Some(claims) => run_claimed(&claims, service, call, done, &key, limit, &rejections).await,
-                            None => run_first(service, call, done, limit).await,
-                        };
-                    }
-                }
-            }
-        })
-    }
-}
-
-/// Runs the first call of a key seen by this sidecar (no claim with control).
-async fn run_first<S>(service: S, call: InboundCall, done: Completion, limit: usize) -> Result<Attempt, Infallible>
-where
-    S: Service<InboundCall, Response = Attempt, Error = Infallible> + Send,
-    S::Future: Send,
-{
-    match service.oneshot(call).await {
-        Ok(Attempt::Answered(resp, permit)) => {
-            let stored = StoredResponse::collect(resp, limit).await;
-            drop(permit);
-            match stored {
-                Ok(stored) => {
-                    let resp = stored.to_response();
-                    done.finish(stored);
-                    Ok(Attempt::Answered(resp, None))
-                }
-                Err(e) => {
-                    Ok(Attempt::Failed(DeliveryError::Unavailable(format!("reading the agent's answer failed: {e}"))))
-                }
-            }
-        }
-        other => other,
-    }
-}
-
-/// Runs the first call of a key on this sidecar under a claim with control, or answers it
-/// as the key's claim says (see [`super::claims`]).
-async fn run_claimed<S>(
-    claims: &Arc<Claims>,
-    service: S,
-    call: InboundCall,
-    done: Completion,
-    key: &str,
-    limit: usize,
-    rejections: &Rejections,
-) -> Result<Attempt, Infallible>
-where
-    S: Service<InboundCall, Response = Attempt, Error = Infallible> + Send,
-    S::Future: Send,
-{
-    let deadline = call.remaining.map(|r| Instant::now() + r);
-    let (agent, instance) = (call.local.registration.agent.clone(), call.local.instance_id.clone());
-    let held = match claims::claim_or_wait(claims, &agent, key, call.local.lease_id(), &instance, deadline).await {
-        Ok(held) => held,
-        Err(Settled::Replay(stored)) => {
-            Rejections::count(&rejections.idempotency_replays);
-            let resp = stored.to_response();
-            done.finish(stored);
-            return Ok(Attempt::Answered(resp, None));
-        }
-        Err(Settled::TooLarge) => {
-            Rejections::count(&rejections.idempotency_refused);
-            done.too_large();
-            return Ok(Attempt::Failed(DeliveryError::ReplyNotStored));
-        }
-        Err(Settled::Abandoned) => {
-            Rejections::count(&rejections.idempotency_refused);
-            return Ok(Attempt::Failed(DeliveryError::ClaimAbandoned));
-        }
-        Err(Settled::Deadline(why)) => return Ok(Attempt::NotDelivered(DeliveryError::DeadlineExceeded(why))),
-        Err(Settled::Refused(status)) => return Ok(Attempt::NotDelivered(DeliveryError::Remote(status))),
-    };
-    match service.oneshot(call).await {
-        Ok(Attempt::Answered(resp, permit)) => {
-            let stored = StoredResponse::collect(resp, limit).await;
-            drop(permit);
-            match stored {
-                Ok(stored) => {
-                    held.answered(Some(&stored)).await;
-                    let resp = stored.to_response();
-                    done.finish(stored);
-                    Ok(Attempt::Answered(resp, None))
-                }
-                Err(e) => {
-                    // It may have run and its answer is lost: never run again.
-                    held.answered(None).await;
-                    Ok(Attempt::Failed(DeliveryError::Unavailable(format!("reading the agent's answer failed: {e}"))))
-                }
-            }
-        }
-        Ok(Attempt::Failed(e)) if matches!(e.code(), tonic::Code::DeadlineExceeded | tonic::Code::Cancelled) => {
-            // Cut off by its deadline after it may have run: like a cancelled call, never
-            // run again within the window.
-            held.answered(None).await;
-            Ok(Attempt::Failed(e))
-        }
-        other => {
-            // Never delivered, or its instance failed under it (an error status is settled
-            // above): the key is freed and a retry runs.
-            held.failed().await;
-            other
-        }
     }
 }
 
@@ -443,7 +292,7 @@ mod tests {
     /// Runs one call of `key` the way the sidecar does: claim, then run or wait or replay.
     async fn call(store: &Arc<Store>, tenant: &str, key: &str, runs: &AtomicU32) -> Result<Bytes, &'static str> {
         loop {
-            match store.claim(tenant, "agent", key) {
+            match store.claim(tenant, "agent", key, None) {
                 Claim::First(done) => {
                     let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -455,10 +304,12 @@ mod tests {
                 Claim::Wait(rx) => match wait(rx).await {
                     Outcome::Answer(a) => return Ok(a.data.clone()),
                     Outcome::TooLarge => return Err("too large"),
+                    Outcome::KeyReused => return Err("reused"),
                     Outcome::Abandoned => continue,
                 },
                 Claim::Done(Outcome::Answer(a)) => return Ok(a.data.clone()),
                 Claim::Done(_) => return Err("not stored"),
+                Claim::Reused => return Err("reused"),
             }
         }
     }
@@ -487,13 +338,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_key_is_scoped_by_tenant_and_target_agent() {
         let store = Store::new(Duration::from_secs(600), 1024, 10_000);
-        let Claim::First(done) = store.claim("t", "payments", "order-1") else { panic!("first call of the key") };
+        let Claim::First(done) = store.claim("t", "payments", "order-1", None) else { panic!("first call of the key") };
         done.finish(answer("charged", "0"));
-        assert!(matches!(store.claim("t", "payments", "order-1"), Claim::Done(Outcome::Answer(_))));
+        assert!(matches!(store.claim("t", "payments", "order-1", None), Claim::Done(Outcome::Answer(_))));
         // The same key sent to another agent of the sidecar is that agent's own first call,
         // not a replay of the payments agent's answer.
-        assert!(matches!(store.claim("t", "shipping", "order-1"), Claim::First(_)));
-        assert!(matches!(store.claim("u", "payments", "order-1"), Claim::First(_)));
+        assert!(matches!(store.claim("t", "shipping", "order-1", None), Claim::First(_)));
+        assert!(matches!(store.claim("u", "payments", "order-1", None), Claim::First(_)));
     }
 
     #[tokio::test(start_paused = true)]
@@ -540,23 +391,55 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn errors_are_shared_with_waiters_but_not_stored() {
         let store = Store::new(Duration::from_secs(600), 1024, 10_000);
-        let Claim::First(first) = store.claim("t", "a", "k") else { panic!("first claim") };
-        let Claim::Wait(rx) = store.claim("t", "a", "k") else { panic!("second claim waits") };
+        let Claim::First(first) = store.claim("t", "a", "k", None) else { panic!("first claim") };
+        let Claim::Wait(rx) = store.claim("t", "a", "k", None) else { panic!("second claim waits") };
         first.finish(answer("boom", "14"));
         match wait(rx).await {
             Outcome::Answer(a) => assert_eq!(a.data, "boom"),
             other => panic!("unexpected {other:?}"),
         }
-        assert!(matches!(store.claim("t", "a", "k"), Claim::First(_)), "an error is not replayed");
+        assert!(matches!(store.claim("t", "a", "k", None), Claim::First(_)), "an error is not replayed");
     }
 
     #[tokio::test(start_paused = true)]
     async fn an_abandoned_first_call_frees_the_key() {
         let store = Store::new(Duration::from_secs(600), 1024, 10_000);
-        let Claim::First(first) = store.claim("t", "a", "k") else { panic!("first claim") };
-        let Claim::Wait(rx) = store.claim("t", "a", "k") else { panic!("waits") };
+        let Claim::First(first) = store.claim("t", "a", "k", None) else { panic!("first claim") };
+        let Claim::Wait(rx) = store.claim("t", "a", "k", None) else { panic!("waits") };
         drop(first);
         assert!(matches!(wait(rx).await, Outcome::Abandoned));
-        assert!(matches!(store.claim("t", "a", "k"), Claim::First(_)));
+        assert!(matches!(store.claim("t", "a", "k", None), Claim::First(_)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_duplicate_asking_something_else_is_refused_while_running_and_once_answered() {
+        let store = Store::new(Duration::from_secs(600), 1024, 10_000);
+        let (first, other) = (Some([1u8; 32]), Some([2u8; 32]));
+        let Claim::First(done) = store.claim("t", "a", "k", first) else { panic!("first claim") };
+        assert!(matches!(store.claim("t", "a", "k", other), Claim::Reused), "running, another payload");
+        assert!(matches!(store.claim("t", "a", "k", first), Claim::Wait(_)), "running, the same payload");
+        assert!(matches!(store.claim("t", "a", "k", None), Claim::Wait(_)), "no digest: not compared");
+        done.finish(answer("charged", "0"));
+        assert!(matches!(store.claim("t", "a", "k", other), Claim::Reused), "answered, another payload");
+        assert!(matches!(store.claim("t", "a", "k", first), Claim::Done(Outcome::Answer(_))));
+        assert!(matches!(store.claim("t", "a", "k", None), Claim::Done(Outcome::Answer(_))));
+        // Past the window the key is new, whatever the payload.
+        tokio::time::advance(Duration::from_secs(601)).await;
+        assert!(matches!(store.claim("t", "a", "k", other), Claim::First(_)));
+        // A first call without a digest accepts any payload.
+        let Claim::First(done) = store.claim("t", "a", "old", None) else { panic!("first claim") };
+        done.finish(answer("charged", "0"));
+        assert!(matches!(store.claim("t", "a", "old", other), Claim::Done(Outcome::Answer(_))));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_first_call_control_refused_as_reused_refuses_its_waiters_and_frees_the_key() {
+        let store = Store::new(Duration::from_secs(600), 1024, 10_000);
+        let d = Some([5u8; 32]);
+        let Claim::First(done) = store.claim("t", "a", "k", d) else { panic!("first claim") };
+        let Claim::Wait(rx) = store.claim("t", "a", "k", d) else { panic!("waits") };
+        done.reused();
+        assert!(matches!(wait(rx).await, Outcome::KeyReused));
+        assert_eq!(store.keys(), 0, "nothing kept: the next call asks control again");
     }
 }

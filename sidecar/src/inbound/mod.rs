@@ -6,8 +6,9 @@
 //! - [`deliver::MeshEntry`]: `Mesh/Deliver` from other sidecars: reads the call's headers;
 //! - [`crate::telemetry`]: the server span and the inbound hop metric;
 //! - [`authz`]: whether the verified caller may call the instance (authorization policies);
-//! - [`idempotency`]: at-most-once execution of calls with an idempotency key, across
-//!   instances through [`claims`] with control;
+//! - [`idempotent`]: at-most-once execution of calls with an idempotency key (the keys seen
+//!   in [`idempotency`]), across instances through [`claims`] with control; a duplicate
+//!   asking something else is refused (IDEMPOTENCY_KEY_REUSED);
 //! - [`admission`]: per-instance slots with priority shares and short queues, and the
 //!   instance's load in every reply's `ar-load` trailer (so callers see load changes on the
 //!   next call, not the next heartbeat);
@@ -25,6 +26,7 @@ pub(crate) mod claims;
 pub(crate) mod deliver;
 pub(crate) mod http_agent;
 pub(crate) mod idempotency;
+pub(crate) mod idempotent;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -64,7 +66,7 @@ pub(crate) fn stack(p: Parts) -> InboundService {
         // Who may call comes first: a refused caller gets no replay, no slot, no agent.
         .layer(authz::layer(p.table.clone(), p.rejections.clone(), p.tenant))
         // Duplicates are answered first: a replay needs no slot and never reaches the agent.
-        .layer(idempotency::layer(p.idempotency, p.claims, p.rejections.clone(), p.limit))
+        .layer(idempotent::layer(p.idempotency, p.claims, p.rejections.clone(), p.limit))
         // Then slots by priority: over its share a call waits briefly, then is refused
         // before the agent sees it.
         .layer(admission::layer(p.gates, p.table.clone(), p.rejections, p.metrics, p.tracing))

@@ -146,6 +146,7 @@ impl Dispatch {
             shape: req.shape,
             priority: req.priority,
             idempotency_key: req.idempotency_key,
+            payload_digest: req.payload_digest,
             tenant: self.tenant.to_string(),
             trace: req.trace,
             caller: req.caller,
@@ -185,6 +186,11 @@ impl Dispatch {
             && let Ok(v) = HeaderValue::from_str(k)
         {
             headers.insert(header::IDEMPOTENCY_KEY, v);
+            if let Some(d) = &req.payload_digest
+                && let Ok(v) = HeaderValue::from_str(&crate::call::digest_hex(d))
+            {
+                headers.insert(header::IDEMPOTENCY_DIGEST, v);
+            }
         }
         if let Some(s) = &req.session_id
             && let Ok(v) = HeaderValue::from_str(s)

@@ -8,8 +8,9 @@
 //! - [`crate::telemetry`]: the call's span and metrics;
 //! - [`ratelimit`]: token buckets per caller → target and per tenant;
 //! - [`cache`]: answers of read-only capabilities;
-//! - [`router`]: resolves the target, picks instances, retries ([`retry`]), falls back, and
-//!   stamps the route on the answer ([`reply`]);
+//! - [`router`]: resolves the target, picks instances (a keyed call's duplicates the
+//!   instance owning the key, [`owners`]), retries ([`retry`]), falls back, and stamps the
+//!   route on the answer ([`reply`]);
 //! - per attempt ([`attempt`]), the circuit breaker of the chosen instance, then the
 //!   dispatch to the instance's sidecar, or through the inbound stack when it is local.
 //!
@@ -18,8 +19,9 @@
 
 pub(crate) mod attempt;
 pub(crate) mod cache;
-pub(crate) mod invoke;
 pub(crate) mod foreign;
+pub(crate) mod invoke;
+pub(crate) mod owners;
 pub(crate) mod pin;
 pub(crate) mod ratelimit;
 pub(crate) mod reply;

@@ -25,12 +25,13 @@ use tonic::{Code, Status};
 use tower::{Service, ServiceExt};
 
 use super::attempt::AttemptService;
+use super::owners::Owners;
 use super::reply::{Finished, Served, deadline_exceeded, finish, with_attempts};
 use super::retry::{self, Ended, MAX_ATTEMPTS, Rules};
 use crate::call::BoxFuture;
-use crate::call::{Attempt, AttemptRequest, InvokeMetadata, OutboundCall, policy_of};
+use crate::call::{Attempt, AttemptRequest, InvokeMetadata, OutboundCall, PayloadDigest, payload_digest, policy_of};
 use crate::error::SidecarError;
-use crate::grpc::{self, Body, Frames};
+use crate::grpc::{self, Body, Frames, header};
 use crate::telemetry::{HopLabels, Rejections, SidecarMetrics, delivery_outcome, outcome_of};
 
 const HOP_OUTBOUND: HopLabels = HopLabels { hop: "outbound" };
@@ -47,6 +48,8 @@ pub(crate) struct Router {
     metrics: Arc<SidecarMetrics>,
     rejections: Arc<Rejections>,
     attempts: AttemptService,
+    /// The owners of the keys of keyed calls sent through here ([`super::owners`]).
+    owners: Arc<Owners>,
 }
 
 /// What the router needs besides the attempt stack.
@@ -57,12 +60,13 @@ pub(crate) struct RouterParts {
     pub tracing: Tracing,
     pub metrics: Arc<SidecarMetrics>,
     pub rejections: Arc<Rejections>,
+    pub owners: Arc<Owners>,
 }
 
 impl Router {
     pub(crate) fn new(p: RouterParts, attempts: AttemptService) -> Router {
-        let RouterParts { tenant, deadline_reserve, limit, tracing, metrics, rejections } = p;
-        Router { tenant, deadline_reserve, limit, tracing, metrics, rejections, attempts }
+        let RouterParts { tenant, deadline_reserve, limit, tracing, metrics, rejections, owners } = p;
+        Router { tenant, deadline_reserve, limit, tracing, metrics, rejections, attempts, owners }
     }
 }
 
@@ -103,6 +107,8 @@ struct Plan<'c> {
     breaker: CircuitBreaker,
     /// The call's idempotency key ("" when none).
     key: &'c str,
+    /// With a key: what the call asks, so a duplicate asking something else is refused.
+    digest: Option<PayloadDigest>,
     hash_key: Option<&'c str>,
     version: Option<&'c str>,
     capability: String,
@@ -166,6 +172,10 @@ impl<'c> Plan<'c> {
             route::choose_version(split, session, matched)
         });
         group.state.retry_budget.record_call(clock());
+        let capability = match &target.kind {
+            TargetKind::Capability(c) => c.clone(),
+            TargetKind::Agent(_) => String::new(),
+        };
         Ok(Plan {
             target,
             fallback_from,
@@ -175,10 +185,8 @@ impl<'c> Plan<'c> {
             key,
             hash_key,
             version,
-            capability: match &target.kind {
-                TargetKind::Capability(c) => c.clone(),
-                TargetKind::Agent(_) => String::new(),
-            },
+            digest: (!key.is_empty()).then(|| payload_digest(&capability, &call.head.content_type, &call.head.payload)),
+            capability,
             message_id: if call.head.message_id.is_empty() {
                 format!("{:032x}", rand::random::<u128>())
             } else {
@@ -252,6 +260,8 @@ impl Router {
     ) -> Result<Response<Body>, Exhausted> {
         let metadata = metadata_for(call, target);
         let plan = Plan::new(call, target, fallback_from, &metadata)?;
+        // A duplicate goes to the instance whose call of the key ran, while it can take it.
+        let owner = (!plan.key.is_empty()).then(|| self.owners.owner(&target.to_string(), plan.key)).flatten();
         let mut tries = Tries::default();
         while tries.attempt < MAX_ATTEMPTS {
             tries.attempt += 1;
@@ -262,6 +272,7 @@ impl Router {
                 exclude: &tries.tried,
                 version: plan.version,
                 now: clock(),
+                prefer: owner.as_deref(),
             };
             let picked = match call.pin.as_deref() {
                 Some(pin) => super::pin::pick_instance(&call.table, target, pin, &tries.tried, request.now),
@@ -359,6 +370,11 @@ impl Router {
         match finish(resp, hold, guard, &served, self.limit).await {
             Finished::Done(resp) => {
                 member.stats.observe(Duration::from_nanos(now.saturating_sub(sent_at)), now);
+                if let Some(owner) = resp.headers().get(header::IDEMPOTENCY_OWNER).and_then(|v| v.to_str().ok())
+                    && !plan.key.is_empty()
+                {
+                    self.owners.learn(&plan.target.to_string(), plan.key, owner);
+                }
                 Step::Answer(resp)
             }
             Finished::Failed { status, .. }
@@ -444,6 +460,7 @@ impl Router {
             shape: call.shape,
             priority: call.priority,
             idempotency_key: (!plan.key.is_empty()).then(|| plan.key.to_string()),
+            payload_digest: plan.digest,
             session_id: (!call.head.session_id.is_empty()).then(|| call.head.session_id.clone()),
             caller: call.caller.clone(),
             capability: plan.capability.as_str().into(),

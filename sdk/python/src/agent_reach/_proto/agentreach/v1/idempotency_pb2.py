@@ -24,29 +24,29 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x61gentreach/v1/idempotency.proto\x12\ragentreach.v1\"w\n\x0f\x43laimKeyRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\t\x12\x10\n\x08lease_id\x18\x04 \x01(\x03\x12\x11\n\twindow_ms\x18\x05 \x01(\x04\x12\x13\n\x0binstance_id\x18\x06 \x01(\t\"\x94\x01\n\rClaimKeyReply\x12(\n\x05state\x18\x01 \x01(\x0e\x32\x19.agentreach.v1.ClaimState\x12\x16\n\x0e\x63laim_revision\x18\x02 \x01(\x03\x12)\n\x05reply\x18\x03 \x01(\x0b\x32\x1a.agentreach.v1.StoredReply\x12\x16\n\x0eowner_instance\x18\x04 \x01(\t\"v\n\x0bStoredReply\x12+\n\x07headers\x18\x01 \x03(\x0b\x32\x1a.agentreach.v1.ReplyHeader\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12,\n\x08trailers\x18\x03 \x03(\x0b\x32\x1a.agentreach.v1.ReplyHeader\"*\n\x0bReplyHeader\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\"\xd8\x01\n\x10SettleKeyRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\t\x12\x16\n\x0e\x63laim_revision\x18\x04 \x01(\x03\x12-\n\x07outcome\x18\x05 \x01(\x0e\x32\x1c.agentreach.v1.SettleOutcome\x12)\n\x05reply\x18\x06 \x01(\x0b\x32\x1a.agentreach.v1.StoredReply\x12\x11\n\twindow_ms\x18\x07 \x01(\x04\x12\x13\n\x0binstance_id\x18\x08 \x01(\t\"!\n\x0eSettleKeyReply\x12\x0f\n\x07settled\x18\x01 \x01(\x08*\xa7\x01\n\nClaimState\x12\x1b\n\x17\x43LAIM_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43LAIM_STATE_CLAIMED\x10\x01\x12\x17\n\x13\x43LAIM_STATE_RUNNING\x10\x02\x12\x14\n\x10\x43LAIM_STATE_DONE\x10\x03\x12\x19\n\x15\x43LAIM_STATE_TOO_LARGE\x10\x04\x12\x19\n\x15\x43LAIM_STATE_ABANDONED\x10\x05*\xa3\x01\n\rSettleOutcome\x12\x1e\n\x1aSETTLE_OUTCOME_UNSPECIFIED\x10\x00\x12\x1b\n\x17SETTLE_OUTCOME_ANSWERED\x10\x01\x12\x1c\n\x18SETTLE_OUTCOME_TOO_LARGE\x10\x02\x12\x19\n\x15SETTLE_OUTCOME_FAILED\x10\x03\x12\x1c\n\x18SETTLE_OUTCOME_ABANDONED\x10\x04\x32\xa4\x01\n\x0bIdempotency\x12H\n\x08\x43laimKey\x12\x1e.agentreach.v1.ClaimKeyRequest\x1a\x1c.agentreach.v1.ClaimKeyReply\x12K\n\tSettleKey\x12\x1f.agentreach.v1.SettleKeyRequest\x1a\x1d.agentreach.v1.SettleKeyReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x61gentreach/v1/idempotency.proto\x12\ragentreach.v1\"\x8f\x01\n\x0f\x43laimKeyRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\t\x12\x10\n\x08lease_id\x18\x04 \x01(\x03\x12\x11\n\twindow_ms\x18\x05 \x01(\x04\x12\x13\n\x0binstance_id\x18\x06 \x01(\t\x12\x16\n\x0epayload_digest\x18\x07 \x01(\x0c\"\x94\x01\n\rClaimKeyReply\x12(\n\x05state\x18\x01 \x01(\x0e\x32\x19.agentreach.v1.ClaimState\x12\x16\n\x0e\x63laim_revision\x18\x02 \x01(\x03\x12)\n\x05reply\x18\x03 \x01(\x0b\x32\x1a.agentreach.v1.StoredReply\x12\x16\n\x0eowner_instance\x18\x04 \x01(\t\"v\n\x0bStoredReply\x12+\n\x07headers\x18\x01 \x03(\x0b\x32\x1a.agentreach.v1.ReplyHeader\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12,\n\x08trailers\x18\x03 \x03(\x0b\x32\x1a.agentreach.v1.ReplyHeader\"*\n\x0bReplyHeader\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\"\xf0\x01\n\x10SettleKeyRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\r\n\x05\x61gent\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\t\x12\x16\n\x0e\x63laim_revision\x18\x04 \x01(\x03\x12-\n\x07outcome\x18\x05 \x01(\x0e\x32\x1c.agentreach.v1.SettleOutcome\x12)\n\x05reply\x18\x06 \x01(\x0b\x32\x1a.agentreach.v1.StoredReply\x12\x11\n\twindow_ms\x18\x07 \x01(\x04\x12\x13\n\x0binstance_id\x18\x08 \x01(\t\x12\x16\n\x0epayload_digest\x18\t \x01(\x0c\"!\n\x0eSettleKeyReply\x12\x0f\n\x07settled\x18\x01 \x01(\x08*\xc3\x01\n\nClaimState\x12\x1b\n\x17\x43LAIM_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43LAIM_STATE_CLAIMED\x10\x01\x12\x17\n\x13\x43LAIM_STATE_RUNNING\x10\x02\x12\x14\n\x10\x43LAIM_STATE_DONE\x10\x03\x12\x19\n\x15\x43LAIM_STATE_TOO_LARGE\x10\x04\x12\x19\n\x15\x43LAIM_STATE_ABANDONED\x10\x05\x12\x1a\n\x16\x43LAIM_STATE_KEY_REUSED\x10\x06*\xa3\x01\n\rSettleOutcome\x12\x1e\n\x1aSETTLE_OUTCOME_UNSPECIFIED\x10\x00\x12\x1b\n\x17SETTLE_OUTCOME_ANSWERED\x10\x01\x12\x1c\n\x18SETTLE_OUTCOME_TOO_LARGE\x10\x02\x12\x19\n\x15SETTLE_OUTCOME_FAILED\x10\x03\x12\x1c\n\x18SETTLE_OUTCOME_ABANDONED\x10\x04\x32\xa4\x01\n\x0bIdempotency\x12H\n\x08\x43laimKey\x12\x1e.agentreach.v1.ClaimKeyRequest\x1a\x1c.agentreach.v1.ClaimKeyReply\x12K\n\tSettleKey\x12\x1f.agentreach.v1.SettleKeyRequest\x1a\x1d.agentreach.v1.SettleKeyReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agentreach.v1.idempotency_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CLAIMSTATE']._serialized_start=741
-  _globals['_CLAIMSTATE']._serialized_end=908
-  _globals['_SETTLEOUTCOME']._serialized_start=911
-  _globals['_SETTLEOUTCOME']._serialized_end=1074
-  _globals['_CLAIMKEYREQUEST']._serialized_start=50
-  _globals['_CLAIMKEYREQUEST']._serialized_end=169
-  _globals['_CLAIMKEYREPLY']._serialized_start=172
-  _globals['_CLAIMKEYREPLY']._serialized_end=320
-  _globals['_STOREDREPLY']._serialized_start=322
-  _globals['_STOREDREPLY']._serialized_end=440
-  _globals['_REPLYHEADER']._serialized_start=442
-  _globals['_REPLYHEADER']._serialized_end=484
-  _globals['_SETTLEKEYREQUEST']._serialized_start=487
-  _globals['_SETTLEKEYREQUEST']._serialized_end=703
-  _globals['_SETTLEKEYREPLY']._serialized_start=705
-  _globals['_SETTLEKEYREPLY']._serialized_end=738
-  _globals['_IDEMPOTENCY']._serialized_start=1077
-  _globals['_IDEMPOTENCY']._serialized_end=1241
+  _globals['_CLAIMSTATE']._serialized_start=790
+  _globals['_CLAIMSTATE']._serialized_end=985
+  _globals['_SETTLEOUTCOME']._serialized_start=988
+  _globals['_SETTLEOUTCOME']._serialized_end=1151
+  _globals['_CLAIMKEYREQUEST']._serialized_start=51
+  _globals['_CLAIMKEYREQUEST']._serialized_end=194
+  _globals['_CLAIMKEYREPLY']._serialized_start=197
+  _globals['_CLAIMKEYREPLY']._serialized_end=345
+  _globals['_STOREDREPLY']._serialized_start=347
+  _globals['_STOREDREPLY']._serialized_end=465
+  _globals['_REPLYHEADER']._serialized_start=467
+  _globals['_REPLYHEADER']._serialized_end=509
+  _globals['_SETTLEKEYREQUEST']._serialized_start=512
+  _globals['_SETTLEKEYREQUEST']._serialized_end=752
+  _globals['_SETTLEKEYREPLY']._serialized_start=754
+  _globals['_SETTLEKEYREPLY']._serialized_end=787
+  _globals['_IDEMPOTENCY']._serialized_start=1154
+  _globals['_IDEMPOTENCY']._serialized_end=1318
 # @@protoc_insertion_point(module_scope)

@@ -15,6 +15,7 @@ class ClaimState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CLAIM_STATE_DONE: _ClassVar[ClaimState]
     CLAIM_STATE_TOO_LARGE: _ClassVar[ClaimState]
     CLAIM_STATE_ABANDONED: _ClassVar[ClaimState]
+    CLAIM_STATE_KEY_REUSED: _ClassVar[ClaimState]
 
 class SettleOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -29,6 +30,7 @@ CLAIM_STATE_RUNNING: ClaimState
 CLAIM_STATE_DONE: ClaimState
 CLAIM_STATE_TOO_LARGE: ClaimState
 CLAIM_STATE_ABANDONED: ClaimState
+CLAIM_STATE_KEY_REUSED: ClaimState
 SETTLE_OUTCOME_UNSPECIFIED: SettleOutcome
 SETTLE_OUTCOME_ANSWERED: SettleOutcome
 SETTLE_OUTCOME_TOO_LARGE: SettleOutcome
@@ -36,20 +38,22 @@ SETTLE_OUTCOME_FAILED: SettleOutcome
 SETTLE_OUTCOME_ABANDONED: SettleOutcome
 
 class ClaimKeyRequest(_message.Message):
-    __slots__ = ("tenant", "agent", "key", "lease_id", "window_ms", "instance_id")
+    __slots__ = ("tenant", "agent", "key", "lease_id", "window_ms", "instance_id", "payload_digest")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     AGENT_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_DIGEST_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     agent: str
     key: str
     lease_id: int
     window_ms: int
     instance_id: str
-    def __init__(self, tenant: _Optional[str] = ..., agent: _Optional[str] = ..., key: _Optional[str] = ..., lease_id: _Optional[int] = ..., window_ms: _Optional[int] = ..., instance_id: _Optional[str] = ...) -> None: ...
+    payload_digest: bytes
+    def __init__(self, tenant: _Optional[str] = ..., agent: _Optional[str] = ..., key: _Optional[str] = ..., lease_id: _Optional[int] = ..., window_ms: _Optional[int] = ..., instance_id: _Optional[str] = ..., payload_digest: _Optional[bytes] = ...) -> None: ...
 
 class ClaimKeyReply(_message.Message):
     __slots__ = ("state", "claim_revision", "reply", "owner_instance")
@@ -82,7 +86,7 @@ class ReplyHeader(_message.Message):
     def __init__(self, name: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
 
 class SettleKeyRequest(_message.Message):
-    __slots__ = ("tenant", "agent", "key", "claim_revision", "outcome", "reply", "window_ms", "instance_id")
+    __slots__ = ("tenant", "agent", "key", "claim_revision", "outcome", "reply", "window_ms", "instance_id", "payload_digest")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     AGENT_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +95,7 @@ class SettleKeyRequest(_message.Message):
     REPLY_FIELD_NUMBER: _ClassVar[int]
     WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_DIGEST_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     agent: str
     key: str
@@ -99,7 +104,8 @@ class SettleKeyRequest(_message.Message):
     reply: StoredReply
     window_ms: int
     instance_id: str
-    def __init__(self, tenant: _Optional[str] = ..., agent: _Optional[str] = ..., key: _Optional[str] = ..., claim_revision: _Optional[int] = ..., outcome: _Optional[_Union[SettleOutcome, str]] = ..., reply: _Optional[_Union[StoredReply, _Mapping]] = ..., window_ms: _Optional[int] = ..., instance_id: _Optional[str] = ...) -> None: ...
+    payload_digest: bytes
+    def __init__(self, tenant: _Optional[str] = ..., agent: _Optional[str] = ..., key: _Optional[str] = ..., claim_revision: _Optional[int] = ..., outcome: _Optional[_Union[SettleOutcome, str]] = ..., reply: _Optional[_Union[StoredReply, _Mapping]] = ..., window_ms: _Optional[int] = ..., instance_id: _Optional[str] = ..., payload_digest: _Optional[bytes] = ...) -> None: ...
 
 class SettleKeyReply(_message.Message):
     __slots__ = ("settled",)
