@@ -227,3 +227,167 @@ async fn the_cost_of_a_claim_per_keyed_call() {
     );
     mesh.stop(vec![agent]).await;
 }
+
+/// A sidecar started again with `config` on `local` (the address its agents reconnect to),
+/// on a new mesh port.
+async fn restart_on(config: agent_reach_sidecar::SidecarConfig, local: std::net::SocketAddr) -> Sidecar {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match tokio::net::TcpListener::bind(local).await {
+            Ok(l) => {
+                let config = agent_reach_e2e::secure::sidecar_identity(config).await;
+                return Sidecar::start(config, l, agent_reach_e2e::listener().await).await.expect("sidecar start");
+            }
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                tracing::debug!("rebinding {local}: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("cannot bind {local} again: {e}"),
+        }
+    }
+}
+
+/// `n` clients × `each` sends of `key` with `payload` through `client`, all at once; every
+/// reply (text, serving instance).
+async fn send_all(client: &Client, key: &str, payload: &str, n: usize, each: usize) -> Vec<(String, String)> {
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let (c, key, payload) = (client.clone(), key.to_string(), payload.to_string());
+            tokio::spawn(async move {
+                let mut replies = Vec::new();
+                for _ in 0..each {
+                    let r = c.invoke("charge").idempotency_key(key.clone()).text(payload.clone()).send().await;
+                    let r = r.unwrap_or_else(|e| panic!("duplicate of {key}: {e}"));
+                    replies.push((r.text().to_string(), r.instance().to_string()));
+                }
+                replies
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    all
+}
+
+/// Exactly once through the death and restart of the owning sidecar: 2 instances on 2
+/// sidecars, 10 clients × 20 duplicates meeting a 300 ms first call; then, with every
+/// caller's sidecar knowing the owner, 200 more duplicates all reach the owning instance;
+/// the owning sidecar is killed (no drain, no deregistration) and started again with the
+/// same identity and address between duplicates; a different payload under the key is
+/// refused with IDEMPOTENCY_KEY_REUSED through both sidecars.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exactly_once_through_a_restarted_owner_and_a_reused_key_refused() {
+    agent_reach_e2e::init_logging();
+    let store = agent_reach_e2e::TestStore::start(Backend::Etcd).await;
+    let control = agent_reach_e2e::start_control(store.store.clone(), Duration::from_secs(15)).await;
+    let configs = [sidecar_config(&control.endpoint(), "host-a"), sidecar_config(&control.endpoint(), "host-b")];
+    let a = start_sidecar(configs[0].clone()).await;
+    let b = start_sidecar(configs[1].clone()).await;
+    let runs = Arc::new(AtomicU32::new(0));
+    let one = payments(&a, runs.clone()).await;
+    let two = payments(&b, runs.clone()).await;
+    let ids = [one.instance_id(), two.instance_id()];
+    wait_for_instances(&a, &ids).await;
+    wait_for_instances(&b, &ids).await;
+    let clients = [
+        Client::connect(&a.local_addr().to_string()).await.unwrap(),
+        Client::connect(&b.local_addr().to_string()).await.unwrap(),
+    ];
+    let key = "order-77";
+
+    // The first call and 200 duplicates sent while it runs (300 ms): one execution.
+    let started = tokio::time::Instant::now();
+    let first = {
+        let c = clients[0].clone();
+        tokio::spawn(async move { c.invoke("charge").idempotency_key(key).text("10 EUR").send().await.unwrap() })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (on_a, on_b) =
+        tokio::join!(send_all(&clients[0], key, "10 EUR", 5, 20), send_all(&clients[1], key, "10 EUR", 5, 20));
+    let first = first.await.unwrap();
+    let reply = first.text().to_string();
+    let owner = first.instance().to_string();
+    assert!(reply.starts_with("charge #1 of 10 EUR by "), "{reply}");
+    assert!(reply.ends_with(&owner), "the first call ran on the instance that answered it: {reply}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "one execution for 201 sends");
+    assert!(on_a.iter().chain(&on_b).all(|(text, _)| *text == reply), "identical replies");
+    let met = started.elapsed();
+
+    // Every caller's sidecar has learnt the owner from a reply: 200 more duplicates, all
+    // delivered to the owning instance, whatever the strategy would pick.
+    let started = tokio::time::Instant::now();
+    let (on_a, on_b) =
+        tokio::join!(send_all(&clients[0], key, "10 EUR", 5, 20), send_all(&clients[1], key, "10 EUR", 5, 20));
+    let to_owner = started.elapsed();
+    let mut per_instance = std::collections::BTreeMap::<String, usize>::new();
+    for (text, instance) in on_a.iter().chain(&on_b) {
+        assert_eq!(*text, reply);
+        *per_instance.entry(instance.clone()).or_default() += 1;
+    }
+    assert_eq!(per_instance, [(owner.clone(), 200)].into(), "every duplicate reached the owner");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    eprintln!("first call + 200 duplicates meeting it: {met:?}; 200 duplicates all to the owner: {to_owner:?}");
+
+    // Kill the owning sidecar (no drain, no deregistration: its instance stays in the
+    // tables until its lease ends) and send duplicates through the other one.
+    let owner_on_a = owner == one.instance_id();
+    let [config_a, config_b] = configs;
+    let (owning, other, owning_agent, other_agent, owning_config) =
+        if owner_on_a { (a, b, one, two, config_a) } else { (b, a, two, one, config_b) };
+    let owning_local = owning.local_addr();
+    let other_client = Client::connect(&other.local_addr().to_string()).await.unwrap();
+    owning.stop().await;
+    let started = tokio::time::Instant::now();
+    let during = send_all(&other_client, key, "10 EUR", 5, 4).await;
+    eprintln!("20 duplicates with the owner's sidecar down: {:?}", started.elapsed());
+    assert!(during.iter().all(|(text, _)| *text == reply), "the stored reply while the owner's sidecar is down");
+    assert!(during.iter().all(|(_, i)| *i == other_agent.instance_id()), "answered through the live instance");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "not run again with the owner's sidecar gone");
+
+    // Started again: same identity, same address; its agent registers again there.
+    let restarted = restart_on(owning_config, owning_local).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while restarted.local_instances() == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the owner's agent registers again at the restarted sidecar");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let back = owning_agent.instance_id();
+    wait_for_instances(&restarted, &[back.clone(), other_agent.instance_id()]).await;
+    wait_for_instances(&other, &[back.clone(), other_agent.instance_id()]).await;
+    let restarted_client = Client::connect(&restarted.local_addr().to_string()).await.unwrap();
+    let after = send_all(&restarted_client, key, "10 EUR", 5, 4).await;
+    let again = send_all(&other_client, key, "10 EUR", 5, 4).await;
+    assert!(after.iter().chain(&again).all(|(text, _)| *text == reply), "identical replies after the restart");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "still one execution after the owner's sidecar restarted");
+    eprintln!(
+        "restarted owner: {} replays from control at the restarted sidecar, {} at the other; instances served \
+         after the restart: {:?}",
+        restarted.claim_stats().replayed.load(Ordering::Relaxed),
+        other.claim_stats().replayed.load(Ordering::Relaxed),
+        after.iter().chain(&again).map(|(_, i)| i.as_str()).collect::<std::collections::BTreeSet<_>>()
+    );
+
+    // Another payload under the same key: refused, not run, through either sidecar.
+    for (client, through) in [(&restarted_client, "the restarted owner's sidecar"), (&other_client, "the other")] {
+        for payload in ["99 EUR", "10 EUR "] {
+            let e = client.invoke("charge").idempotency_key(key).text(payload).send().await.unwrap_err();
+            assert_eq!(e.reason(), Some("IDEMPOTENCY_KEY_REUSED"), "{through}: {e}");
+            assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{through}: {e}");
+            assert_eq!(e.detail("key_prefix"), Some(key), "{through}: {e}");
+            assert!(e.message().contains("order-77… was first used for a call with another payload"), "{e}");
+        }
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "a reused key never runs");
+    // The original payload still replays.
+    let still = other_client.invoke("charge").idempotency_key(key).text("10 EUR").send().await.unwrap();
+    assert_eq!(still.text(), reply);
+
+    owning_agent.abort();
+    other_agent.abort();
+    restarted.stop().await;
+    other.stop().await;
+    control.shutdown().await;
+    drop(store);
+}
