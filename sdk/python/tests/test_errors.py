@@ -228,6 +228,8 @@ CASES: list[tuple[str, type[MeshError], grpc.StatusCode, dict[str, str]]] = [
     ("INSTANCE_NOT_FOUND", agent_reach.InstanceNotFound, grpc.StatusCode.NOT_FOUND, {"instance": "i-9"}),
     ("SHUTTING_DOWN", agent_reach.ShuttingDown, grpc.StatusCode.UNAVAILABLE, {}),
     ("IDEMPOTENT_REPLY_NOT_STORED", agent_reach.IdempotentReplyNotStored, grpc.StatusCode.FAILED_PRECONDITION, {}),
+    ("IDEMPOTENCY_KEY_REUSED", agent_reach.IdempotencyKeyReused, grpc.StatusCode.FAILED_PRECONDITION,
+     {"key_prefix": "order-42"}),
     ("PERMISSION_DENIED", agent_reach.PermissionDenied, grpc.StatusCode.PERMISSION_DENIED, {}),
 ]
 

@@ -219,6 +219,13 @@ class IdempotentReplyNotStored(MeshError):
     REASON = "IDEMPOTENT_REPLY_NOT_STORED"
 
 
+class IdempotencyKeyReused(MeshError):
+    """The idempotency key was first used for a call with another payload (capability,
+    content type or payload); metadata ``key_prefix`` names the key's first characters."""
+
+    REASON = "IDEMPOTENCY_KEY_REUSED"
+
+
 class Internal(MeshError):
     REASON = "INTERNAL"
 
@@ -379,6 +386,7 @@ _BY_REASON: dict[str, type[MeshError]] = {
         AgentCredentialInvalid,
         ShuttingDown,
         IdempotentReplyNotStored,
+        IdempotencyKeyReused,
         ContextFieldLocked,
         ContextConflict,
         ContextTooLarge,
