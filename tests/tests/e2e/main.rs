@@ -5,6 +5,7 @@ mod a2a;
 mod a2a_durable;
 mod a2a_transport;
 mod abuse;
+mod abuse_rss;
 mod admin;
 mod agentless_reports;
 mod authz;
