@@ -29,7 +29,8 @@
 //! is above it (telemetry's scrape reads the sizes of the stacks' maps through closures
 //! handed in at start). The ports themselves: `serve` (HTTP/2
 //! settings, accept loop, graceful shutdown), `api` (which method of the local and mesh
-//! APIs goes where) and `shared` (what their handlers share).
+//! APIs goes where), `shared` (what their handlers share), and `limits` and `stall` (what
+//! one client may hold on a port: connections, streams, headers, timeouts, stalled replies).
 //!
 //! [`Sidecar::start`] takes already-bound listeners, so tests run sidecars on port 0.
 
