@@ -88,6 +88,9 @@ pub const AGENT_CREDENTIAL: &str = "ar-agent-credential";
 pub const CALLER_AGENT: &str = "ar-caller-agent";
 /// The calling instance, verified by its sidecar.
 pub const CALLER_INSTANCE: &str = "ar-caller-instance";
+/// Target's sidecar → agent: the verified caller's tenant (this tenant's, or the one its
+/// sidecar's certificate names for a call another tenant was granted).
+pub const CALLER_TENANT: &str = "ar-caller-tenant";
 /// `Mesh` request metadata: the capability the call was routed by (absent when by agent).
 pub const CAPABILITY: &str = "ar-capability";
 /// Request metadata (any client → its sidecar): the sidecar's local API token, when it has
@@ -95,9 +98,6 @@ pub const CAPABILITY: &str = "ar-capability";
 pub const API_TOKEN: &str = "ar-api-token";
 /// Metadata of a call that dispatches a durable task (and of a push to a mesh target): the
 /// task's id.
-/// Target's sidecar → agent: the verified caller's tenant (this tenant's, or the one its
-/// sidecar's certificate names for a call another tenant was granted).
-pub const CALLER_TENANT: &str = "ar-caller-tenant";
 pub const TASK_ID: &str = "ar-task-id";
 /// Metadata of a call that dispatches a durable task: the attempt number, from 1.
 pub const TASK_ATTEMPT: &str = "ar-task-attempt";
