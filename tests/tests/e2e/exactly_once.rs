@@ -3,7 +3,9 @@
 //! claimed with control (in etcd) before any delivery, so one call runs and every duplicate,
 //! wherever it lands, gets its reply; a sidecar that never saw the key replays it from the
 //! store; a call cut off by its deadline is never run again; with control gone, keyed calls
-//! are refused (CONTROL_UNAVAILABLE) rather than run without a claim.
+//! are refused (CONTROL_UNAVAILABLE) rather than run without a claim. Duplicates go to the
+//! instance that owns the claim, still run once when its sidecar is killed and restarted,
+//! and a different payload under the key is refused (IDEMPOTENCY_KEY_REUSED).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
