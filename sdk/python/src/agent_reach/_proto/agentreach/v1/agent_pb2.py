@@ -23,9 +23,10 @@ _sym_db = _symbol_database.Default()
 
 
 from agent_reach._proto.agentreach.v1 import common_pb2 as agentreach_dot_v1_dot_common__pb2
+from agent_reach._proto.agentreach.v1 import session_pb2 as agentreach_dot_v1_dot_session__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61gentreach/v1/agent.proto\x12\ragentreach.v1\x1a\x1a\x61gentreach/v1/common.proto\"\xa9\x03\n\rHandleRequest\x12%\n\x06target\x18\x01 \x01(\x0b\x32\x15.agentreach.v1.Target\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x03 \x01(\t\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12)\n\x08priority\x18\x05 \x01(\x0e\x32\x17.agentreach.v1.Priority\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\x12<\n\x08metadata\x18\x07 \x03(\x0b\x32*.agentreach.v1.HandleRequest.MetadataEntry\x12\x12\n\nmessage_id\x18\x08 \x01(\t\x12%\n\x06\x63\x61ller\x18\t \x01(\x0b\x32\x15.agentreach.v1.Caller\x12\x13\n\x0binstance_id\x18\x10 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x11 \x01(\r\x12\x12\n\ncapability\x18\x12 \x01(\t\x12\x0e\n\x06tenant\x18\x13 \x01(\t\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa1\x01\n\x0bHandleReply\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x02 \x01(\t\x12:\n\x08metadata\x18\x03 \x03(\x0b\x32(.agentreach.v1.HandleReply.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x95\x01\n\x05\x43hunk\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x02 \x01(\t\x12\x34\n\x08metadata\x18\x03 \x03(\x0b\x32\".agentreach.v1.Chunk.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32\x91\x01\n\x05\x41gent\x12\x42\n\x06Handle\x12\x1c.agentreach.v1.HandleRequest\x1a\x1a.agentreach.v1.HandleReply\x12\x44\n\x0cHandleStream\x12\x1c.agentreach.v1.HandleRequest\x1a\x14.agentreach.v1.Chunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61gentreach/v1/agent.proto\x12\ragentreach.v1\x1a\x1a\x61gentreach/v1/common.proto\x1a\x1b\x61gentreach/v1/session.proto\"\xdb\x03\n\rHandleRequest\x12%\n\x06target\x18\x01 \x01(\x0b\x32\x15.agentreach.v1.Target\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x03 \x01(\t\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12)\n\x08priority\x18\x05 \x01(\x0e\x32\x17.agentreach.v1.Priority\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\x12<\n\x08metadata\x18\x07 \x03(\x0b\x32*.agentreach.v1.HandleRequest.MetadataEntry\x12\x12\n\nmessage_id\x18\x08 \x01(\t\x12%\n\x06\x63\x61ller\x18\t \x01(\x0b\x32\x15.agentreach.v1.Caller\x12\x13\n\x0binstance_id\x18\x10 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x11 \x01(\r\x12\x12\n\ncapability\x18\x12 \x01(\t\x12\x0e\n\x06tenant\x18\x13 \x01(\t\x12\x30\n\x07session\x18\x14 \x01(\x0b\x32\x1f.agentreach.v1.DeliveredSession\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa1\x01\n\x0bHandleReply\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x02 \x01(\t\x12:\n\x08metadata\x18\x03 \x03(\x0b\x32(.agentreach.v1.HandleReply.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x95\x01\n\x05\x43hunk\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x02 \x01(\t\x12\x34\n\x08metadata\x18\x03 \x03(\x0b\x32\".agentreach.v1.Chunk.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32\x91\x01\n\x05\x41gent\x12\x42\n\x06Handle\x12\x1c.agentreach.v1.HandleRequest\x1a\x1a.agentreach.v1.HandleReply\x12\x44\n\x0cHandleStream\x12\x1c.agentreach.v1.HandleRequest\x1a\x14.agentreach.v1.Chunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,18 +39,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HANDLEREPLY_METADATAENTRY']._serialized_options = b'8\001'
   _globals['_CHUNK_METADATAENTRY']._loaded_options = None
   _globals['_CHUNK_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_HANDLEREQUEST']._serialized_start=73
-  _globals['_HANDLEREQUEST']._serialized_end=498
-  _globals['_HANDLEREQUEST_METADATAENTRY']._serialized_start=451
-  _globals['_HANDLEREQUEST_METADATAENTRY']._serialized_end=498
-  _globals['_HANDLEREPLY']._serialized_start=501
-  _globals['_HANDLEREPLY']._serialized_end=662
-  _globals['_HANDLEREPLY_METADATAENTRY']._serialized_start=451
-  _globals['_HANDLEREPLY_METADATAENTRY']._serialized_end=498
-  _globals['_CHUNK']._serialized_start=665
-  _globals['_CHUNK']._serialized_end=814
-  _globals['_CHUNK_METADATAENTRY']._serialized_start=451
-  _globals['_CHUNK_METADATAENTRY']._serialized_end=498
-  _globals['_AGENT']._serialized_start=817
-  _globals['_AGENT']._serialized_end=962
+  _globals['_HANDLEREQUEST']._serialized_start=102
+  _globals['_HANDLEREQUEST']._serialized_end=577
+  _globals['_HANDLEREQUEST_METADATAENTRY']._serialized_start=530
+  _globals['_HANDLEREQUEST_METADATAENTRY']._serialized_end=577
+  _globals['_HANDLEREPLY']._serialized_start=580
+  _globals['_HANDLEREPLY']._serialized_end=741
+  _globals['_HANDLEREPLY_METADATAENTRY']._serialized_start=530
+  _globals['_HANDLEREPLY_METADATAENTRY']._serialized_end=577
+  _globals['_CHUNK']._serialized_start=744
+  _globals['_CHUNK']._serialized_end=893
+  _globals['_CHUNK_METADATAENTRY']._serialized_start=530
+  _globals['_CHUNK_METADATAENTRY']._serialized_end=577
+  _globals['_AGENT']._serialized_start=896
+  _globals['_AGENT']._serialized_end=1041
 # @@protoc_insertion_point(module_scope)

@@ -1,4 +1,5 @@
 from agent_reach._proto.agentreach.v1 import common_pb2 as _common_pb2
+from agent_reach._proto.agentreach.v1 import session_pb2 as _session_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -8,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class HandleRequest(_message.Message):
-    __slots__ = ("target", "payload", "content_type", "session_id", "priority", "idempotency_key", "metadata", "message_id", "caller", "instance_id", "attempt", "capability", "tenant")
+    __slots__ = ("target", "payload", "content_type", "session_id", "priority", "idempotency_key", "metadata", "message_id", "caller", "instance_id", "attempt", "capability", "tenant", "session")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +30,7 @@ class HandleRequest(_message.Message):
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     target: _common_pb2.Target
     payload: bytes
     content_type: str
@@ -42,7 +44,8 @@ class HandleRequest(_message.Message):
     attempt: int
     capability: str
     tenant: str
-    def __init__(self, target: _Optional[_Union[_common_pb2.Target, _Mapping]] = ..., payload: _Optional[bytes] = ..., content_type: _Optional[str] = ..., session_id: _Optional[str] = ..., priority: _Optional[_Union[_common_pb2.Priority, str]] = ..., idempotency_key: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., message_id: _Optional[str] = ..., caller: _Optional[_Union[_common_pb2.Caller, _Mapping]] = ..., instance_id: _Optional[str] = ..., attempt: _Optional[int] = ..., capability: _Optional[str] = ..., tenant: _Optional[str] = ...) -> None: ...
+    session: _session_pb2.DeliveredSession
+    def __init__(self, target: _Optional[_Union[_common_pb2.Target, _Mapping]] = ..., payload: _Optional[bytes] = ..., content_type: _Optional[str] = ..., session_id: _Optional[str] = ..., priority: _Optional[_Union[_common_pb2.Priority, str]] = ..., idempotency_key: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., message_id: _Optional[str] = ..., caller: _Optional[_Union[_common_pb2.Caller, _Mapping]] = ..., instance_id: _Optional[str] = ..., attempt: _Optional[int] = ..., capability: _Optional[str] = ..., tenant: _Optional[str] = ..., session: _Optional[_Union[_session_pb2.DeliveredSession, _Mapping]] = ...) -> None: ...
 
 class HandleReply(_message.Message):
     __slots__ = ("payload", "content_type", "metadata")

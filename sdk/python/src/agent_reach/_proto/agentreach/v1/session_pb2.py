@@ -24,39 +24,41 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x61gentreach/v1/session.proto\x12\ragentreach.v1\"V\n\x10SessionFieldRule\x12*\n\x06policy\x18\x01 \x01(\x0e\x32\x1a.agentreach.v1.WritePolicy\x12\x16\n\x0e\x61llow_override\x18\x02 \x01(\x08\"F\n\x0eSessionWriters\x12\x0e\n\x06\x66ields\x18\x01 \x01(\t\x12\x0e\n\x06\x61gents\x18\x02 \x03(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x03 \x03(\t\"\xa8\x01\n\x0cSessionField\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\x04\x12\x14\n\x0cwriter_agent\x18\x05 \x01(\t\x12\x17\n\x0fwriter_instance\x18\x06 \x01(\t\x12\x15\n\rwritten_at_ms\x18\x07 \x01(\x04\x12\x0e\n\x06locked\x18\x08 \x01(\x08\"\\\n\x11GetSessionRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0e\n\x06\x66ields\x18\x03 \x03(\t\x12\x13\n\x0bmin_version\x18\x04 \x01(\x04\"n\n\x0fGetSessionReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12+\n\x06\x66ields\x18\x03 \x03(\x0b\x32\x1b.agentreach.v1.SessionField\x12\x0e\n\x06\x63\x61\x63hed\x18\x04 \x01(\x08\"\x8c\x01\n\x11SessionFieldWrite\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x03 \x01(\t\x12*\n\x06policy\x18\x04 \x01(\x0e\x32\x1a.agentreach.v1.WritePolicy\x12\x18\n\x10\x65xpected_version\x18\x05 \x01(\x04\"\xb1\x01\n\x11PutSessionRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x30\n\x06\x66ields\x18\x03 \x03(\x0b\x32 .agentreach.v1.SessionFieldWrite\x12\x14\n\x0cwriter_agent\x18\x04 \x01(\t\x12\x17\n\x0fwriter_instance\x18\x05 \x01(\t\x12\x17\n\x0fwriter_verified\x18\x06 \x01(\x08\"\"\n\x0fPutSessionReply\x12\x0f\n\x07version\x18\x01 \x01(\x04\"\x92\x01\n\x14\x44\x65leteSessionRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0e\n\x06\x66ields\x18\x03 \x03(\t\x12\x17\n\x0fwriter_instance\x18\x04 \x01(\t\x12\x14\n\x0cwriter_agent\x18\x05 \x01(\t\x12\x17\n\x0fwriter_verified\x18\x06 \x01(\x08\"6\n\x12\x44\x65leteSessionReply\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x04\"P\n\x13WatchSessionRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x15\n\rafter_version\x18\x03 \x01(\x04\"j\n\rSessionChange\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12(\n\x03put\x18\x02 \x03(\x0b\x32\x1b.agentreach.v1.SessionField\x12\x0f\n\x07removed\x18\x03 \x03(\t\x12\r\n\x05\x65nded\x18\x04 \x01(\x08*\x8a\x01\n\x0bWritePolicy\x12\x1c\n\x18WRITE_POLICY_UNSPECIFIED\x10\x00\x12\x1d\n\x19WRITE_POLICY_FIRST_WRITER\x10\x01\x12\x1c\n\x18WRITE_POLICY_LAST_WRITER\x10\x02\x12 \n\x1cWRITE_POLICY_COMPARE_AND_SET\x10\x03\x32\xd7\x02\n\x08Sessions\x12N\n\nGetSession\x12 .agentreach.v1.GetSessionRequest\x1a\x1e.agentreach.v1.GetSessionReply\x12N\n\nPutSession\x12 .agentreach.v1.PutSessionRequest\x1a\x1e.agentreach.v1.PutSessionReply\x12W\n\rDeleteSession\x12#.agentreach.v1.DeleteSessionRequest\x1a!.agentreach.v1.DeleteSessionReply\x12R\n\x0cWatchSession\x12\".agentreach.v1.WatchSessionRequest\x1a\x1c.agentreach.v1.SessionChange0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x61gentreach/v1/session.proto\x12\ragentreach.v1\"V\n\x10SessionFieldRule\x12*\n\x06policy\x18\x01 \x01(\x0e\x32\x1a.agentreach.v1.WritePolicy\x12\x16\n\x0e\x61llow_override\x18\x02 \x01(\x08\"F\n\x0eSessionWriters\x12\x0e\n\x06\x66ields\x18\x01 \x01(\t\x12\x0e\n\x06\x61gents\x18\x02 \x03(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x03 \x03(\t\"\xa8\x01\n\x0cSessionField\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\x04\x12\x14\n\x0cwriter_agent\x18\x05 \x01(\t\x12\x17\n\x0fwriter_instance\x18\x06 \x01(\t\x12\x15\n\rwritten_at_ms\x18\x07 \x01(\x04\x12\x0e\n\x06locked\x18\x08 \x01(\x08\"d\n\x10\x44\x65liveredSession\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12+\n\x06\x66ields\x18\x03 \x03(\x0b\x32\x1b.agentreach.v1.SessionField\"\\\n\x11GetSessionRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0e\n\x06\x66ields\x18\x03 \x03(\t\x12\x13\n\x0bmin_version\x18\x04 \x01(\x04\"n\n\x0fGetSessionReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12+\n\x06\x66ields\x18\x03 \x03(\x0b\x32\x1b.agentreach.v1.SessionField\x12\x0e\n\x06\x63\x61\x63hed\x18\x04 \x01(\x08\"\x8c\x01\n\x11SessionFieldWrite\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x03 \x01(\t\x12*\n\x06policy\x18\x04 \x01(\x0e\x32\x1a.agentreach.v1.WritePolicy\x12\x18\n\x10\x65xpected_version\x18\x05 \x01(\x04\"\xb1\x01\n\x11PutSessionRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x30\n\x06\x66ields\x18\x03 \x03(\x0b\x32 .agentreach.v1.SessionFieldWrite\x12\x14\n\x0cwriter_agent\x18\x04 \x01(\t\x12\x17\n\x0fwriter_instance\x18\x05 \x01(\t\x12\x17\n\x0fwriter_verified\x18\x06 \x01(\x08\"\"\n\x0fPutSessionReply\x12\x0f\n\x07version\x18\x01 \x01(\x04\"\x92\x01\n\x14\x44\x65leteSessionRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0e\n\x06\x66ields\x18\x03 \x03(\t\x12\x17\n\x0fwriter_instance\x18\x04 \x01(\t\x12\x14\n\x0cwriter_agent\x18\x05 \x01(\t\x12\x17\n\x0fwriter_verified\x18\x06 \x01(\x08\"6\n\x12\x44\x65leteSessionReply\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x04\"P\n\x13WatchSessionRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x15\n\rafter_version\x18\x03 \x01(\x04\"j\n\rSessionChange\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12(\n\x03put\x18\x02 \x03(\x0b\x32\x1b.agentreach.v1.SessionField\x12\x0f\n\x07removed\x18\x03 \x03(\t\x12\r\n\x05\x65nded\x18\x04 \x01(\x08*\x8a\x01\n\x0bWritePolicy\x12\x1c\n\x18WRITE_POLICY_UNSPECIFIED\x10\x00\x12\x1d\n\x19WRITE_POLICY_FIRST_WRITER\x10\x01\x12\x1c\n\x18WRITE_POLICY_LAST_WRITER\x10\x02\x12 \n\x1cWRITE_POLICY_COMPARE_AND_SET\x10\x03\x32\xd7\x02\n\x08Sessions\x12N\n\nGetSession\x12 .agentreach.v1.GetSessionRequest\x1a\x1e.agentreach.v1.GetSessionReply\x12N\n\nPutSession\x12 .agentreach.v1.PutSessionRequest\x1a\x1e.agentreach.v1.PutSessionReply\x12W\n\rDeleteSession\x12#.agentreach.v1.DeleteSessionRequest\x1a!.agentreach.v1.DeleteSessionReply\x12R\n\x0cWatchSession\x12\".agentreach.v1.WatchSessionRequest\x1a\x1c.agentreach.v1.SessionChange0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agentreach.v1.session_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WRITEPOLICY']._serialized_start=1338
-  _globals['_WRITEPOLICY']._serialized_end=1476
+  _globals['_WRITEPOLICY']._serialized_start=1440
+  _globals['_WRITEPOLICY']._serialized_end=1578
   _globals['_SESSIONFIELDRULE']._serialized_start=46
   _globals['_SESSIONFIELDRULE']._serialized_end=132
   _globals['_SESSIONWRITERS']._serialized_start=134
   _globals['_SESSIONWRITERS']._serialized_end=204
   _globals['_SESSIONFIELD']._serialized_start=207
   _globals['_SESSIONFIELD']._serialized_end=375
-  _globals['_GETSESSIONREQUEST']._serialized_start=377
-  _globals['_GETSESSIONREQUEST']._serialized_end=469
-  _globals['_GETSESSIONREPLY']._serialized_start=471
-  _globals['_GETSESSIONREPLY']._serialized_end=581
-  _globals['_SESSIONFIELDWRITE']._serialized_start=584
-  _globals['_SESSIONFIELDWRITE']._serialized_end=724
-  _globals['_PUTSESSIONREQUEST']._serialized_start=727
-  _globals['_PUTSESSIONREQUEST']._serialized_end=904
-  _globals['_PUTSESSIONREPLY']._serialized_start=906
-  _globals['_PUTSESSIONREPLY']._serialized_end=940
-  _globals['_DELETESESSIONREQUEST']._serialized_start=943
-  _globals['_DELETESESSIONREQUEST']._serialized_end=1089
-  _globals['_DELETESESSIONREPLY']._serialized_start=1091
-  _globals['_DELETESESSIONREPLY']._serialized_end=1145
-  _globals['_WATCHSESSIONREQUEST']._serialized_start=1147
-  _globals['_WATCHSESSIONREQUEST']._serialized_end=1227
-  _globals['_SESSIONCHANGE']._serialized_start=1229
-  _globals['_SESSIONCHANGE']._serialized_end=1335
-  _globals['_SESSIONS']._serialized_start=1479
-  _globals['_SESSIONS']._serialized_end=1822
+  _globals['_DELIVEREDSESSION']._serialized_start=377
+  _globals['_DELIVEREDSESSION']._serialized_end=477
+  _globals['_GETSESSIONREQUEST']._serialized_start=479
+  _globals['_GETSESSIONREQUEST']._serialized_end=571
+  _globals['_GETSESSIONREPLY']._serialized_start=573
+  _globals['_GETSESSIONREPLY']._serialized_end=683
+  _globals['_SESSIONFIELDWRITE']._serialized_start=686
+  _globals['_SESSIONFIELDWRITE']._serialized_end=826
+  _globals['_PUTSESSIONREQUEST']._serialized_start=829
+  _globals['_PUTSESSIONREQUEST']._serialized_end=1006
+  _globals['_PUTSESSIONREPLY']._serialized_start=1008
+  _globals['_PUTSESSIONREPLY']._serialized_end=1042
+  _globals['_DELETESESSIONREQUEST']._serialized_start=1045
+  _globals['_DELETESESSIONREQUEST']._serialized_end=1191
+  _globals['_DELETESESSIONREPLY']._serialized_start=1193
+  _globals['_DELETESESSIONREPLY']._serialized_end=1247
+  _globals['_WATCHSESSIONREQUEST']._serialized_start=1249
+  _globals['_WATCHSESSIONREQUEST']._serialized_end=1329
+  _globals['_SESSIONCHANGE']._serialized_start=1331
+  _globals['_SESSIONCHANGE']._serialized_end=1437
+  _globals['_SESSIONS']._serialized_start=1581
+  _globals['_SESSIONS']._serialized_end=1924
 # @@protoc_insertion_point(module_scope)

@@ -56,6 +56,16 @@ class SessionField(_message.Message):
     locked: bool
     def __init__(self, name: _Optional[str] = ..., value: _Optional[bytes] = ..., content_type: _Optional[str] = ..., version: _Optional[int] = ..., writer_agent: _Optional[str] = ..., writer_instance: _Optional[str] = ..., written_at_ms: _Optional[int] = ..., locked: _Optional[bool] = ...) -> None: ...
 
+class DeliveredSession(_message.Message):
+    __slots__ = ("session_id", "version", "fields")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    version: int
+    fields: _containers.RepeatedCompositeFieldContainer[SessionField]
+    def __init__(self, session_id: _Optional[str] = ..., version: _Optional[int] = ..., fields: _Optional[_Iterable[_Union[SessionField, _Mapping]]] = ...) -> None: ...
+
 class GetSessionRequest(_message.Message):
     __slots__ = ("tenant", "session_id", "fields", "min_version")
     TENANT_FIELD_NUMBER: _ClassVar[int]
