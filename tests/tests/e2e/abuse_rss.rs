@@ -120,7 +120,10 @@ async fn legit_phase(client: &Client, phase: &mut Phase) {
 enum Abuse {
     /// Four connections trickling their HEADERS frame and four their preface.
     Slowloris,
-    /// Eight streams on one window-0 connection, each answered with 256 KiB.
+    /// Eight streams on one window-0 connection, each answered with 64 KiB (four pieces
+    /// of the sidecar's 16 KiB, none of which a window of 0 lets through). With 256 KiB
+    /// each, producing the answers (4 MB a round through the agent, a debug build) took
+    /// the legitimate caller's p99 to 2.25x by itself; the stalls cost nothing.
     Stall,
     /// Streams opened and cancelled at once until the connection is closed.
     RapidReset,
@@ -150,7 +153,7 @@ async fn one_round(abuse: Abuse, addr: SocketAddr, mesh: bool, instance: &str) {
             let mut builder = h2::client::Builder::new();
             builder.initial_window_size(0);
             let mut conn = RawH2::over(TcpStream::connect(addr).await.unwrap(), addr, builder).await;
-            let payload = vec![b'a'; 256 * 1024];
+            let payload = vec![b'a'; 64 * 1024];
             let mut bodies = Vec::new();
             for _ in 0..8 {
                 let (resp, mut send) = conn.start(path, &headers).await;
