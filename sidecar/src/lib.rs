@@ -517,6 +517,11 @@ fn entries(
         metrics: metrics.clone(),
         tracing: inner.tracing.clone(),
         limit,
+        snapshots: inbound::session_attach::Snapshots {
+            sessions: inner.sessions.clone(),
+            tenant: config.tenant.as_str().into(),
+            max_bytes: config.session_snapshot_max_bytes,
+        },
     });
     let outbound = outbound::stack(outbound::Parts {
         rate_limits,

@@ -43,6 +43,11 @@ use crate::control::{Failover, Rules};
 
 use crate::session_writer::{self, SessionWriter};
 
+mod metrics;
+mod snapshot;
+
+pub(crate) use metrics::SessionMetrics;
+
 /// Sessions followed at once. Each is one watch stream on the sidecar's connection to
 /// control, which serves at most 256 concurrent streams per connection by default
 /// (`--max-concurrent-streams`) shared with the sidecar's routing watch, heartbeats, writes
@@ -72,6 +77,10 @@ pub struct SessionStats {
     /// Follow watches that failed or could not start (the session left the cache; its next
     /// read fetches it again and restarts the watch).
     pub watch_failures: AtomicU64,
+    /// Calls delivered with their session ([`SessionCache::snapshot`]).
+    pub snapshots: AtomicU64,
+    /// Calls whose followed session was over the snapshot size limit (delivered without).
+    pub snapshots_too_large: AtomicU64,
     /// Writes and deletes by outcome: "ok" or the refusal's reason.
     writes: Mutex<BTreeMap<&'static str, u64>>,
 }
@@ -414,68 +423,6 @@ impl SessionCache {
             }
         });
         Ok(Box::pin(stream))
-    }
-}
-
-/// The session metrics of a sidecar, read at each scrape.
-pub(crate) struct SessionMetrics(pub Arc<SessionCache>);
-
-impl std::fmt::Debug for SessionMetrics {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SessionMetrics").finish_non_exhaustive()
-    }
-}
-
-impl prometheus_client::collector::Collector for SessionMetrics {
-    fn encode(&self, mut encoder: prometheus_client::encoding::DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        use prometheus_client::encoding::EncodeMetric;
-        use prometheus_client::metrics::counter::ConstCounter;
-        use prometheus_client::metrics::gauge::ConstGauge;
-        let s = &self.0.stats;
-        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let counter_type = ConstCounter::new(0u64).metric_type();
-        let mut reads = encoder.encode_descriptor(
-            "session_cache_reads",
-            "Session reads by agents here: answered from the cache (hit) or by control (miss)",
-            None,
-            counter_type,
-        )?;
-        for (result, n) in [("hit", load(&s.hits)), ("miss", load(&s.misses))] {
-            ConstCounter::new(n).encode(reads.encode_family(&[("result", result)])?)?;
-        }
-        let prewarms = ConstCounter::new(load(&s.prewarms));
-        prewarms.encode(encoder.encode_descriptor(
-            "session_prewarms",
-            "Sessions fetched before delivering a call that carried them",
-            None,
-            counter_type,
-        )?)?;
-        let mut watches = encoder.encode_descriptor(
-            "session_watches",
-            "Watches following cached sessions: started, and failed (restarted by the session's next read)",
-            None,
-            counter_type,
-        )?;
-        for (event, n) in [("started", load(&s.watches_started)), ("failed", load(&s.watch_failures))] {
-            ConstCounter::new(n).encode(watches.encode_family(&[("event", event)])?)?;
-        }
-        let mut writes = encoder.encode_descriptor(
-            "session_writes",
-            "Session writes and deletes by agents here, by outcome (ok or the refusal's reason)",
-            None,
-            counter_type,
-        )?;
-        for (outcome, n) in lock(&s.writes).iter() {
-            ConstCounter::new(*n).encode(writes.encode_family(&[("outcome", *outcome)])?)?;
-        }
-        let followed = ConstGauge::new(lock(&self.0.entries).len() as i64);
-        let m = encoder.encode_descriptor(
-            "session_cache_sessions",
-            "Sessions followed by the cache",
-            None,
-            followed.metric_type(),
-        )?;
-        followed.encode(m)
     }
 }
 

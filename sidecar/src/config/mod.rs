@@ -109,6 +109,12 @@ pub struct SidecarArgs {
     #[arg(long, env = "AGENT_REACH_CACHE_MAX_BYTES", default_value_t = 64 * 1024 * 1024)]
     pub cache_max_bytes: usize,
 
+    /// Largest session (encoded bytes) delivered with a call to a gRPC agent, whose SDK then
+    /// answers the handler's reads of it in-process; larger sessions are read through the
+    /// sidecar. 0: never delivered.
+    #[arg(long, env = "AGENT_REACH_SESSION_SNAPSHOT_MAX_BYTES", default_value_t = 64 * 1024)]
+    pub session_snapshot_max_bytes: usize,
+
     /// Hosts an HTTP agent's endpoint may name besides loopback (127.0.0.0/8, ::1,
     /// localhost), comma-separated, e.g. "10.0.0.5,agents.internal"; "*" allows any host.
     /// Default: none, so the sidecar cannot be pointed at other machines (server-side
@@ -284,6 +290,8 @@ pub struct SidecarConfig {
     pub idempotency_max_bytes: usize,
     pub cache_max_bytes: usize,
     pub cache_max_entries: usize,
+    /// Largest session delivered with a call (`--session-snapshot-max-bytes`); 0: none.
+    pub session_snapshot_max_bytes: usize,
     pub otlp_endpoint: Option<String>,
     pub trace_sample_ratio: f64,
     /// Spans kept in memory for /traces.
@@ -339,6 +347,7 @@ impl SidecarConfig {
             idempotency_max_bytes: 256 * 1024 * 1024,
             cache_max_bytes: 64 * 1024 * 1024,
             cache_max_entries: 100_000,
+            session_snapshot_max_bytes: 64 * 1024,
             otlp_endpoint: None,
             trace_sample_ratio: 0.01,
             recent_spans: 4096,
@@ -457,6 +466,7 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
             idempotency_max_bytes: a.idempotency_max_bytes,
             cache_max_bytes: a.cache_max_bytes,
             cache_max_entries: 100_000,
+            session_snapshot_max_bytes: a.session_snapshot_max_bytes,
             otlp_endpoint: a.otlp_endpoint.clone(),
             trace_sample_ratio: a.trace_sample_ratio,
             recent_spans: 4096,

@@ -202,11 +202,18 @@ pub(crate) struct Deliver {
     pool: Arc<Pool>,
     /// The largest call read.
     limit: usize,
+    /// Delivers a call's session with it to gRPC agents.
+    snapshots: super::session_attach::Snapshots,
 }
 
 impl Deliver {
-    pub(crate) fn new(table: TableHandle, pool: Arc<Pool>, limit: usize) -> Deliver {
-        Deliver { table, pool, limit }
+    pub(crate) fn new(
+        table: TableHandle,
+        pool: Arc<Pool>,
+        limit: usize,
+        snapshots: super::session_attach::Snapshots,
+    ) -> Deliver {
+        Deliver { table, pool, limit, snapshots }
     }
 }
 
@@ -291,6 +298,7 @@ impl Deliver {
         if call.local.registration.transport == Transport::A2a {
             return super::a2a_agent::deliver(conn, instance_id, data, headers, call.shape, self.limit).await;
         }
+        let data = self.snapshots.attach(data, &call.tenant);
         // No timer here: the caller's sidecar enforces the deadline (its cancellation
         // reaches the agent), and the agent sees the remaining time in grpc-timeout.
         match send_h2(conn, path, headers, data).await {

@@ -27,6 +27,7 @@ pub(crate) mod deliver;
 pub(crate) mod http_agent;
 pub(crate) mod idempotency;
 pub(crate) mod idempotent;
+pub(crate) mod session_attach;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -56,6 +57,8 @@ pub(crate) struct Parts {
     pub tracing: Tracing,
     /// The largest call or answer read whole.
     pub limit: usize,
+    /// Delivers calls' sessions with them.
+    pub snapshots: session_attach::Snapshots,
 }
 
 /// Builds the inbound stack.
@@ -70,7 +73,7 @@ pub(crate) fn stack(p: Parts) -> InboundService {
         // Then slots by priority: over its share a call waits briefly, then is refused
         // before the agent sees it.
         .layer(admission::layer(p.gates, p.table.clone(), p.rejections, p.metrics, p.tracing))
-        .service(deliver::Deliver::new(p.table, p.pool, p.limit));
+        .service(deliver::Deliver::new(p.table, p.pool, p.limit, p.snapshots));
     tower::util::BoxCloneSyncService::new(service)
 }
 

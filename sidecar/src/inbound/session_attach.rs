@@ -1,0 +1,249 @@
+//! The call's session delivered with the call: before a gRPC agent gets a `HandleRequest`,
+//! its top-level fields are scanned (no payload copy) for the session id (field 4) and for
+//! a `session` (field 20) the caller put in its own message, which is dropped: only this
+//! sidecar's snapshot may reach the agent. When the call is of this sidecar's tenant and the
+//! session cache holds the session ([`SessionCache::snapshot`]), the snapshot is appended
+//! as field 20 (protobuf merges concatenated messages) under a fresh length prefix.
+
+use std::sync::Arc;
+
+use agent_reach::proto;
+use bytes::{Bytes, BytesMut};
+use prost::Message;
+
+use crate::grpc::PREFIX_LEN;
+use crate::session::SessionCache;
+
+/// `HandleRequest.session_id` and `HandleRequest.session`.
+const FIELD_SESSION_ID: u64 = 4;
+const FIELD_SESSION: u64 = 20;
+
+/// What delivers sessions with calls.
+#[derive(Clone)]
+pub(crate) struct Snapshots {
+    pub sessions: Arc<SessionCache>,
+    /// The sidecar's tenant: only its calls get its sessions.
+    pub tenant: Arc<str>,
+    /// The largest session attached (encoded bytes); 0: none.
+    pub max_bytes: usize,
+}
+
+/// The message's bytes spread over a few buffers, read by position.
+struct Parts<'a>(&'a [Bytes]);
+
+impl Parts<'_> {
+    fn len(&self) -> usize {
+        self.0.iter().map(Bytes::len).sum()
+    }
+
+    fn byte(&self, mut at: usize) -> Option<u8> {
+        for part in self.0 {
+            if at < part.len() {
+                return Some(part[at]);
+            }
+            at -= part.len();
+        }
+        None
+    }
+
+    fn varint(&self, at: &mut usize) -> Option<u64> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.byte(*at)?;
+            *at += 1;
+            value |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Some(value);
+            }
+        }
+        None
+    }
+
+    /// Bytes `range` copied into one buffer.
+    fn copy(&self, range: std::ops::Range<usize>) -> Vec<u8> {
+        let mut out = Vec::with_capacity(range.len());
+        let mut start = 0;
+        for part in self.0 {
+            let (lo, hi) = (range.start.max(start), range.end.min(start + part.len()));
+            if lo < hi {
+                out.extend_from_slice(&part[lo - start..hi - start]);
+            }
+            start += part.len();
+        }
+        out
+    }
+
+    /// The bytes from `from` on, as slices of the buffers (no copy).
+    fn tail(&self, mut from: usize) -> Vec<Bytes> {
+        let mut out = Vec::with_capacity(self.0.len());
+        for part in self.0 {
+            if from >= part.len() {
+                from -= part.len();
+                continue;
+            }
+            out.push(part.slice(from..));
+            from = 0;
+        }
+        out
+    }
+}
+
+/// The top-level fields that matter here of one uncompressed gRPC message.
+#[derive(Debug, Default, PartialEq)]
+struct Scan {
+    /// The last `session_id` (the one a decoder keeps).
+    session_id: String,
+    /// Where the message's own `session` fields are (whole fields, key included).
+    forged: Vec<std::ops::Range<usize>>,
+}
+
+/// `None` when the data is not one uncompressed, well-formed message (passed on unchanged:
+/// the agent refuses what does not decode).
+fn scan(parts: &Parts<'_>) -> Option<Scan> {
+    let total = parts.len();
+    if total < PREFIX_LEN || parts.byte(0)? != 0 {
+        return None;
+    }
+    let len = u32::from_be_bytes([parts.byte(1)?, parts.byte(2)?, parts.byte(3)?, parts.byte(4)?]) as usize;
+    if PREFIX_LEN + len != total {
+        return None;
+    }
+    let mut scan = Scan::default();
+    let mut at = PREFIX_LEN;
+    while at < total {
+        let start = at;
+        let key = parts.varint(&mut at)?;
+        let (field, wire_type) = (key >> 3, key & 7);
+        let end = match wire_type {
+            0 => {
+                parts.varint(&mut at)?;
+                at
+            }
+            1 => at + 8,
+            2 => {
+                let n = usize::try_from(parts.varint(&mut at)?).ok()?;
+                at.checked_add(n)?
+            }
+            5 => at + 4,
+            _ => return None,
+        };
+        if end > total {
+            return None;
+        }
+        if wire_type == 2 && field == FIELD_SESSION_ID {
+            scan.session_id = String::from_utf8(parts.copy(at..end)).ok()?;
+        } else if field == FIELD_SESSION {
+            scan.forged.push(start..end);
+        }
+        at = end;
+    }
+    Some(scan)
+}
+
+impl Snapshots {
+    /// The call's message (`data`, prefix included) as the agent gets it: without a
+    /// `session` of the caller's, with this sidecar's snapshot of its session when there is
+    /// one. `tenant` is the caller's.
+    pub(crate) fn attach(&self, data: Vec<Bytes>, tenant: &str) -> Vec<Bytes> {
+        let parts = Parts(&data);
+        let Some(scan) = scan(&parts) else { return data };
+        let snapshot = (tenant == &*self.tenant && !scan.session_id.is_empty())
+            .then(|| self.sessions.snapshot(&scan.session_id, self.max_bytes))
+            .flatten();
+        if snapshot.is_none() && scan.forged.is_empty() {
+            return data;
+        }
+        let extension = snapshot
+            .map(|s| proto::HandleRequest { session: Some(s), ..Default::default() }.encode_to_vec())
+            .unwrap_or_default();
+        let mut body: Vec<Bytes> = if scan.forged.is_empty() {
+            parts.tail(PREFIX_LEN)
+        } else {
+            let mut kept = BytesMut::with_capacity(parts.len());
+            let mut at = PREFIX_LEN;
+            for range in &scan.forged {
+                kept.extend_from_slice(&parts.copy(at..range.start));
+                at = range.end;
+            }
+            kept.extend_from_slice(&parts.copy(at..parts.len()));
+            vec![kept.freeze()]
+        };
+        let len = body.iter().map(Bytes::len).sum::<usize>() + extension.len();
+        let mut prefix = [0u8; PREFIX_LEN];
+        prefix[1..].copy_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
+        body.insert(0, Bytes::copy_from_slice(&prefix));
+        if !extension.is_empty() {
+            body.push(extension.into());
+        }
+        body
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn framed(message: &[u8]) -> Bytes {
+        let mut out = vec![0u8];
+        out.extend_from_slice(&(message.len() as u32).to_be_bytes());
+        out.extend_from_slice(message);
+        out.into()
+    }
+
+    fn split(data: &Bytes, at: &[usize]) -> Vec<Bytes> {
+        let mut out = Vec::new();
+        let mut from = 0;
+        for &to in at {
+            out.push(data.slice(from..to));
+            from = to;
+        }
+        out.push(data.slice(from..));
+        out
+    }
+
+    #[test]
+    fn finds_the_session_id_and_a_callers_own_session_across_buffers() {
+        let forged = proto::HandleRequest {
+            session: Some(proto::DeliveredSession { session_id: "s-1".into(), version: 99, ..Default::default() }),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let mut message = proto::HandleRequest {
+            payload: Bytes::from(vec![7u8; 300]),
+            session_id: "first".into(),
+            metadata: [("k".to_string(), "v".to_string())].into(),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let forged_at = message.len() + PREFIX_LEN;
+        message.extend_from_slice(&forged);
+        message.extend_from_slice(
+            &proto::HandleRequest { session_id: "s-1".into(), ..Default::default() }.encode_to_vec(),
+        );
+        let data = framed(&message);
+        for cuts in [vec![], vec![3], vec![5, 200], vec![1, 2]] {
+            let parts = split(&data, &cuts);
+            let found = scan(&Parts(&parts)).unwrap();
+            assert_eq!(found.session_id, "s-1");
+            assert_eq!(found.forged, vec![forged_at..forged_at + forged.len()]);
+        }
+        // Not one uncompressed message: left alone.
+        let mut compressed = data.to_vec();
+        compressed[0] = 1;
+        assert_eq!(scan(&Parts(&[Bytes::from(compressed)])), None);
+        assert_eq!(scan(&Parts(&[data.slice(..data.len() - 1)])), None);
+        assert_eq!(scan(&Parts(&[framed(&[0x0f, 1])])), None, "wire type 7 does not exist");
+    }
+
+    #[test]
+    fn tail_and_copy_span_buffers() {
+        let data = Bytes::from_static(b"0123456789");
+        let parts = split(&data, &[2, 6]);
+        let p = Parts(&parts);
+        assert_eq!(p.copy(1..8), b"1234567");
+        let tail: Vec<u8> = p.tail(3).iter().flat_map(|b| b.to_vec()).collect();
+        assert_eq!(tail, b"3456789");
+        assert_eq!(p.byte(9), Some(b'9'));
+        assert_eq!(p.byte(10), None);
+    }
+}
