@@ -5,13 +5,13 @@
 //! (`--max-control-frames-per-second`, [`agent_reach_support::h2guard`]) and, through the
 //! same guard, the header-read and idle timeouts (`--header-read-timeout`,
 //! `--idle-timeout`: GOAWAY NO_ERROR naming the timeout). Refusals are counted in
-//! [`ConnStats`] (`/metrics`: `limit_refusals{limit=...}`), with those of
+//! [`ConnStats`](crate::limit_stats::ConnStats) (`/metrics`: `limit_refusals{limit=...}`), with those of
 //! [`crate::refusals`] (header list, request timeout).
 
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
 use agent_reach_support::h2guard::{FloodLimit, FrameGuard, Timeouts};
@@ -21,44 +21,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::transport::server::Connected;
 
+use crate::limit_stats::ConnStats;
 use crate::limits::GrpcLimits;
-
-/// Connections refused or closed by a limit of the gRPC port.
-#[derive(Debug, Default)]
-pub struct ConnStats {
-    /// Connections closed at accept because `--max-connections` were open.
-    pub connections: AtomicU64,
-    /// Connections closed for a control-frame flood.
-    pub control_frames: Arc<AtomicU64>,
-    /// Connections closed for sending no complete request headers in time.
-    pub header_read_timeout: Arc<AtomicU64>,
-    /// Connections closed for having no request in flight for the idle timeout.
-    pub idle_timeout: Arc<AtomicU64>,
-    /// Requests refused for their header list.
-    pub header_list: AtomicU64,
-    /// Requests refused for not being answered within the request timeout.
-    pub request_timeout: AtomicU64,
-}
-
-impl ConnStats {
-    /// `(limit label, count)` for each limit.
-    pub fn counts(&self) -> [(&'static str, u64); 6] {
-        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        [
-            ("max_connections", load(&self.connections)),
-            ("max_control_frames_per_second", load(&self.control_frames)),
-            ("header_read_timeout", load(&self.header_read_timeout)),
-            ("idle_timeout", load(&self.idle_timeout)),
-            ("max_header_list_bytes", load(&self.header_list)),
-            ("request_timeout", load(&self.request_timeout)),
-        ]
-    }
-
-    /// The count of `limit` (a label of [`ConnStats::counts`]).
-    pub fn count(&self, limit: &str) -> u64 {
-        self.counts().into_iter().find(|(l, _)| *l == limit).map_or(0, |(_, n)| n)
-    }
-}
 
 /// The slots and guard settings of the gRPC port.
 #[derive(Clone)]

@@ -34,6 +34,7 @@ pub mod grants;
 pub mod idempotency;
 pub mod identity;
 pub mod keys;
+pub mod limit_stats;
 pub mod limits;
 pub mod load;
 pub mod metrics;

@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::conn::ConnStats;
+use crate::limit_stats::ConnStats;
 use crate::refusals::RefusalLayer;
 
 /// Limits of the gRPC port.

@@ -17,7 +17,7 @@ use std::time::Duration;
 use agent_reach::reason::{self, Reason};
 use tonic::Status;
 
-use crate::conn::ConnStats;
+use crate::limit_stats::ConnStats;
 
 /// HPACK size of a request's header list (RFC 7541 §4.1: name + value + 32 per field),
 /// pseudo-headers included.

@@ -61,7 +61,7 @@ pub struct ControlStats {
     /// Session context writes, refusals and live sessions (see [`crate::sessions`]).
     pub sessions: crate::session_stats::SessionCounters,
     /// Connections of the gRPC port refused or closed by a limit (see [`crate::conn`]).
-    pub conn: Arc<crate::conn::ConnStats>,
+    pub conn: Arc<crate::limit_stats::ConnStats>,
 }
 
 /// Counters of the alert rules and the webhook.
