@@ -337,7 +337,11 @@ impl Follow {
                     self.done = ends(&event);
                     return Some((event, self));
                 }
-                Err(why) => why,
+                Err(why) => {
+                    // Not a lost owner: the answer is garbled, and the task's state unknown.
+                    tracing::warn!(instance = %self.instance, "A2A stream cut: {why}");
+                    return None;
+                }
             },
             Ok(Read::End(trailers)) => match trailers.as_ref().and_then(Status::from_header_map) {
                 Some(s) if s.code() != Code::Ok && lost(&s) => s.message().to_string(),
@@ -465,6 +469,61 @@ mod tests {
         assert!(matches!(lost_or_error(&route, limited), Err(A2aError::Mesh(_))));
         let unpinned = Route { pin: None, ..route };
         assert!(lost_or_error(&unpinned, Status::unavailable("down")).is_err());
+    }
+
+    /// The events a stream of `events` (the agent's) ending with `status` reads as.
+    async fn followed(events: Vec<StreamResponse>, status: Status) -> Vec<StreamResponse> {
+        let (tx, body) = crate::grpc::ChannelBody::new(events.len() + 1);
+        for e in events {
+            let chunk = mesh::Chunk { payload: Bytes::from(e.encode_to_vec()), ..Default::default() };
+            for f in crate::grpc::frames_data(crate::grpc::Frames::message(Bytes::from(chunk.encode_to_vec()), &[])) {
+                tx.try_send(Ok(http_body::Frame::data(f))).unwrap();
+            }
+        }
+        let mut trailers = HeaderMap::new();
+        status.add_header(&mut trailers).unwrap();
+        tx.try_send(Ok(http_body::Frame::trailers(trailers))).unwrap();
+        drop(tx);
+        let follow = Follow {
+            reader: MessageReader::new(crate::grpc::Body::Channel(body), 1 << 20),
+            instance: "i".into(),
+            task_id: String::new(),
+            context_id: String::new(),
+            done: false,
+        };
+        futures_util::StreamExt::collect(futures_util::stream::unfold(follow, Follow::next)).await
+    }
+
+    fn working() -> StreamResponse {
+        let task = Task {
+            id: "t".into(),
+            context_id: "c".into(),
+            status: Some(TaskStatus { state: TaskState::Working as i32, ..Default::default() }),
+            ..Default::default()
+        };
+        StreamResponse { payload: Some(stream_response::Payload::Task(task)) }
+    }
+
+    #[tokio::test]
+    async fn a_stream_whose_owner_is_lost_ends_with_the_task_failed() {
+        let events = followed(vec![working()], Status::unavailable("the A2A agent i: the stream broke")).await;
+        assert_eq!(events.len(), 2, "{events:?}");
+        let Some(stream_response::Payload::Task(t)) = &events[0].payload else { panic!("{events:?}") };
+        assert_eq!(t.id, "i~t", "owned");
+        let Some(stream_response::Payload::StatusUpdate(u)) = &events[1].payload else { panic!("{events:?}") };
+        assert_eq!((u.task_id.as_str(), u.context_id.as_str()), ("i~t", "c"));
+        let status = u.status.as_ref().unwrap();
+        assert_eq!(status.state(), TaskState::Failed);
+        assert_eq!(
+            status.message.as_ref().unwrap().parts[0].content,
+            Some(part::Content::Text(
+                "INSTANCE_LOST: instance i owning task i~t is gone: the A2A agent i: the stream broke".into()
+            ))
+        );
+        // The call's deadline, or the agent's own error, is no lost owner: the stream just ends.
+        for status in [Status::deadline_exceeded("deadline"), A2aError::TaskNotFound("t".into()).into_status()] {
+            assert_eq!(followed(vec![working()], status).await.len(), 1);
+        }
     }
 
     #[test]
