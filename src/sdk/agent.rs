@@ -348,6 +348,7 @@ impl AgentBuilder {
             stats: stats.clone(),
             sidecar: super::sidecar_client(channel.clone()),
             credential: credential.clone(),
+            agent: registration.agent.clone(),
         };
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         health_reporter.set_serving::<AgentServer<AgentImpl>>().await;
@@ -651,6 +652,8 @@ struct AgentImpl {
     sidecar: SidecarClient<super::SidecarChannel>,
     /// The agent credential of the current registration (session writes present it).
     credential: Arc<Mutex<String>>,
+    /// The agent's name (the writer of its handlers' session writes).
+    agent: String,
 }
 
 impl AgentImpl {
@@ -674,6 +677,7 @@ fn call_from_request(
     capability: String,
     sidecar: &SidecarClient<super::SidecarChannel>,
     credential: &Mutex<String>,
+    agent: &str,
 ) -> Call {
     let deadline = request
         .metadata()
@@ -685,8 +689,12 @@ fn call_from_request(
     let verified_caller = text(crate::headers::CALLER_AGENT)
         .map(|agent| proto::Caller { agent, instance_id: text(crate::headers::CALLER_INSTANCE).unwrap_or_default() });
     let verified_tenant = verified_caller.as_ref().and_then(|_| text(crate::headers::CALLER_TENANT));
+    let mut inner = request.into_inner();
+    // Kept once, in the call's session handles (`as_proto` shows it taken).
+    let delivered = crate::sdk::session::Delivered::new(&inner.session_id, inner.session.take(), agent);
     Call {
-        inner: request.into_inner(),
+        inner,
+        delivered,
         sidecar: Some(sidecar.clone()),
         credential: Some(lock(credential).clone()).filter(|c| !c.is_empty()),
         capability,
@@ -711,7 +719,7 @@ impl AgentService for AgentImpl {
                 &[],
             ));
         };
-        let call = call_from_request(request, capability, &self.sidecar, &self.credential);
+        let call = call_from_request(request, capability, &self.sidecar, &self.credential, &self.agent);
         let _in_flight = self.stats.begin();
         let reply = handler(call).await.map_err(HandlerError::into_status)?;
         Ok(tonic::Response::new(proto::HandleReply {
@@ -735,7 +743,7 @@ impl AgentService for AgentImpl {
                 &[],
             ));
         };
-        let call = call_from_request(request, capability, &self.sidecar, &self.credential);
+        let call = call_from_request(request, capability, &self.sidecar, &self.credential, &self.agent);
         let in_flight = self.stats.begin();
         let stream = handler(call).map(move |item| {
             let _keep = &in_flight;
@@ -767,6 +775,8 @@ pub struct Call {
     sidecar: Option<SidecarClient<super::SidecarChannel>>,
     /// The serving agent's credential, presented by [`Call::session`] writes.
     credential: Option<String>,
+    /// The session the sidecar delivered with the call, answering [`Call::session`] reads.
+    delivered: Option<Arc<crate::sdk::session::Delivered>>,
     capability: String,
     deadline: Option<Instant>,
     traceparent: Option<String>,
@@ -792,12 +802,33 @@ impl Call {
             inner: proto::HandleRequest { payload: payload.into(), ..Default::default() },
             sidecar: None,
             credential: None,
+            delivered: None,
             capability: capability.into(),
             deadline: None,
             traceparent: None,
             verified_caller: None,
             verified_tenant: None,
         }
+    }
+    /// The call in `session`, delivered with it as the sidecar does: the handler's
+    /// [`Call::session`] reads are answered from it (e.g. to unit-test a handler).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use agent_reach::{Call, proto};
+    ///
+    /// let field = proto::SessionField { name: "order_id".into(), value: "o-7".into(), version: 3, ..Default::default() };
+    /// let session = proto::DeliveredSession { session_id: "s-1".into(), version: 3, fields: vec![field] };
+    /// let call = Call::new("refund", "").with_session(session);
+    /// let order = futures_util::FutureExt::now_or_never(call.session().get("order_id")).unwrap().unwrap();
+    /// assert_eq!(order.unwrap().value.as_ref(), b"o-7");
+    /// assert_eq!((call.session_id(), call.session().delivered_reads()), ("s-1", 1));
+    /// ```
+    pub fn with_session(mut self, session: proto::DeliveredSession) -> Call {
+        self.inner.session_id = session.session_id.clone();
+        self.delivered = crate::sdk::session::Delivered::new(&self.inner.session_id, Some(session), "");
+        self
     }
     /// The payload, as the caller sent it.
     pub fn payload(&self) -> &Bytes {
@@ -837,6 +868,7 @@ impl Call {
             self.inner.instance_id.clone(),
             self.credential.clone(),
         )
+        .with_delivered(self.delivered.clone())
     }
     /// The sidecar that delivered the call (none for a call built by hand).
     pub(crate) fn sidecar_client(&self) -> Option<SidecarClient<super::SidecarChannel>> {

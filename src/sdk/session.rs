@@ -9,11 +9,24 @@
 //! # Ok(()) }
 //! ```
 //! Outside a handler, [`Client::session`](crate::Client::session) does the same for the
-//! client's caller instance. Refusals come back as typed [`SessionError`]s (locked field
+//! client's caller instance.
+//!
+//! In a handler, reads are answered in-process when the sidecar delivered the session with
+//! the call (`HandleRequest.session`: it does when it follows the session and the session
+//! is at most `--session-snapshot-max-bytes`, 64 KiB by default): no RPC, a few
+//! microseconds. Consistency: such a read sees **the session as of delivery plus this
+//! handler's own successful writes and deletes**, not other agents' writes made since
+//! (read with [`Session::read_at_least`] a version newer than the delivered one, or outside
+//! the handler, to get those). A read the snapshot cannot answer goes to the sidecar as
+//! before: `read_at_least` a newer version, `read` after the handler's own writes, or any
+//! read once a compare-and-set conflict or a locked field showed the snapshot is behind
+//! (the snapshot is then dropped, so a retry loop reads fresh values). Refusals come back as typed [`SessionError`]s (locked field
 //! with its first writer, version conflict with the current version, limits); this module
 //! does not retry.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use tonic::{Code, Status};
@@ -159,8 +172,123 @@ pub struct SessionSnapshot {
     pub found: bool,
     pub version: u64,
     pub fields: HashMap<String, SessionField>,
-    /// Answered from the local sidecar's cache.
+    /// Answered from the local sidecar's cache (or from the session delivered with the call).
     pub cached: bool,
+    /// Answered in-process from the session delivered with the call (no RPC).
+    pub delivered: bool,
+}
+
+/// The session a sidecar delivered with a call, shared by the call's [`Session`] handles:
+/// the session as of delivery, plus the handler's own successful writes.
+#[derive(Debug)]
+pub(crate) struct Delivered {
+    state: Mutex<Option<Local>>,
+    /// Reads answered from it.
+    hits: AtomicU64,
+    /// The serving agent, writer of the handler's own writes.
+    agent: String,
+}
+
+#[derive(Debug)]
+struct Local {
+    found: bool,
+    /// The session version the snapshot is whole at.
+    version: u64,
+    fields: HashMap<String, SessionField>,
+    /// The handler wrote or deleted since delivery: fields are right, the session as a
+    /// whole (other writers' fields since) may not be.
+    own_writes: bool,
+}
+
+impl Delivered {
+    /// The delivered `session` of a call in `session_id`, if it is that session's.
+    pub(crate) fn new(
+        session_id: &str,
+        session: Option<proto::DeliveredSession>,
+        agent: &str,
+    ) -> Option<Arc<Delivered>> {
+        let s = session.filter(|s| !session_id.is_empty() && s.session_id == session_id)?;
+        let local = Local {
+            found: true,
+            version: s.version,
+            fields: s.fields.into_iter().map(|f| (f.name.clone(), f)).collect(),
+            own_writes: false,
+        };
+        Some(Arc::new(Delivered { state: Mutex::new(Some(local)), hits: AtomicU64::new(0), agent: agent.to_string() }))
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, Option<Local>> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn hit<T>(&self, answer: Option<T>) -> Option<T> {
+        if answer.is_some() {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+        }
+        answer
+    }
+
+    /// One field (`Some(None)`: known absent), or `None` when it cannot answer.
+    fn get(&self, name: &str) -> Option<Option<SessionField>> {
+        let answer = self.state().as_ref().map(|l| l.fields.get(name).cloned());
+        self.hit(answer)
+    }
+
+    /// The whole session at least at `version`, or `None` when it cannot answer.
+    fn read(&self, version: u64) -> Option<SessionSnapshot> {
+        let answer = self.state().as_ref().filter(|l| !l.own_writes && version <= l.version).map(|l| SessionSnapshot {
+            found: l.found,
+            version: l.version,
+            fields: l.fields.clone(),
+            cached: true,
+            delivered: true,
+        });
+        self.hit(answer)
+    }
+
+    /// The handler's write of `fields` at `version` succeeded.
+    fn wrote(&self, fields: &[proto::SessionFieldWrite], writer_instance: &str, version: u64) {
+        let mut state = self.state();
+        let Some(local) = state.as_mut() else { return };
+        let now =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        for w in fields {
+            let field = SessionField {
+                name: w.name.clone(),
+                value: w.value.clone(),
+                content_type: w.content_type.clone(),
+                version,
+                writer_agent: self.agent.clone(),
+                writer_instance: writer_instance.to_string(),
+                written_at_ms: now,
+                locked: w.policy == proto::WritePolicy::FirstWriter as i32,
+            };
+            local.fields.insert(w.name.clone(), field);
+        }
+        (local.found, local.own_writes) = (true, true);
+    }
+
+    /// The handler's delete of `fields` (all when empty) succeeded.
+    fn deleted(&self, fields: &[String]) {
+        let mut state = self.state();
+        let Some(local) = state.as_mut() else { return };
+        if fields.is_empty() {
+            local.fields.clear();
+            local.found = false;
+        } else {
+            for name in fields {
+                local.fields.remove(name);
+            }
+        }
+        local.own_writes = true;
+    }
+
+    /// A refusal showed the snapshot is behind the store: reads go to the sidecar.
+    fn refused(&self, e: &SessionError) {
+        if matches!(e, SessionError::Conflict { .. } | SessionError::FieldLocked { .. }) {
+            *self.state() = None;
+        }
+    }
 }
 
 /// A session of the caller's tenant, addressed as one instance (the writer of its puts).
@@ -189,6 +317,8 @@ pub struct Session {
     session_id: String,
     instance_id: String,
     credential: Option<String>,
+    /// The session delivered with the call (handlers only).
+    delivered: Option<Arc<Delivered>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -234,7 +364,33 @@ impl Session {
         instance_id: String,
         credential: Option<String>,
     ) -> Session {
-        Session { sidecar, session_id, instance_id, credential }
+        Session { sidecar, session_id, instance_id, credential, delivered: None }
+    }
+
+    /// Reads answered first from the session delivered with the call.
+    pub(crate) fn with_delivered(mut self, delivered: Option<Arc<Delivered>>) -> Session {
+        self.delivered = delivered;
+        self
+    }
+
+    /// The version of the session the sidecar delivered with the call, while reads are
+    /// answered from it; `None` when none was delivered (no session, not followed by the
+    /// sidecar, over its size limit) or after a refusal showed it is behind.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let call = agent_reach::Call::new("c", "built by hand");
+    /// assert_eq!((call.session().delivered_version(), call.session().delivered_reads()), (None, 0));
+    /// ```
+    pub fn delivered_version(&self) -> Option<u64> {
+        self.delivered.as_ref().and_then(|d| d.state().as_ref().map(|l| l.version))
+    }
+
+    /// How many reads of the call's session (through any of its handles) were answered
+    /// in-process from the delivered session.
+    pub fn delivered_reads(&self) -> u64 {
+        self.delivered.as_ref().map_or(0, |d| d.hits.load(Ordering::Relaxed))
     }
 
     /// A write request, presenting the agent credential if there is one.
@@ -292,6 +448,9 @@ impl Session {
     /// # }
     /// ```
     pub async fn read_at_least(&self, version: u64) -> Result<SessionSnapshot, SessionError> {
+        if let Some(snapshot) = self.delivered.as_ref().and_then(|d| d.read(version)) {
+            return Ok(snapshot);
+        }
         let request = proto::GetSessionRequest {
             session_id: self.session_id.clone(),
             min_version: version,
@@ -302,6 +461,7 @@ impl Session {
             found: reply.found,
             version: reply.version,
             cached: reply.cached,
+            delivered: false,
             fields: reply.fields.into_iter().map(|f| (f.name.clone(), f)).collect(),
         })
     }
@@ -319,6 +479,9 @@ impl Session {
     /// # }
     /// ```
     pub async fn get(&self, name: &str) -> Result<Option<SessionField>, SessionError> {
+        if let Some(answer) = self.delivered.as_ref().and_then(|d| d.get(name)) {
+            return Ok(answer);
+        }
         let request = proto::GetSessionRequest {
             session_id: self.session_id.clone(),
             fields: vec![name.to_string()],
@@ -359,7 +522,7 @@ impl Session {
         if self.instance_id.is_empty() && self.credential.is_none() {
             return Err(SessionError::NoSession("writes need an instance to write as (use RunningAgent::client)"));
         }
-        let fields = fields
+        let fields: Vec<_> = fields
             .into_iter()
             .map(|(name, value, policy)| {
                 let (policy, expected_version) = match policy {
@@ -383,7 +546,23 @@ impl Session {
             writer_instance: self.instance_id.clone(),
             ..Default::default()
         };
-        Ok(self.sidecar()?.put_session(self.as_writer(request)).await?.into_inner().version)
+        let sidecar = self.sidecar()?;
+        let Some(delivered) = &self.delivered else {
+            return Ok(sidecar.clone().put_session(self.as_writer(request)).await?.into_inner().version);
+        };
+        let fields = request.fields.clone();
+        match sidecar.clone().put_session(self.as_writer(request)).await {
+            Ok(reply) => {
+                let version = reply.into_inner().version;
+                delivered.wrote(&fields, &self.instance_id, version);
+                Ok(version)
+            }
+            Err(status) => {
+                let e = SessionError::from(status);
+                delivered.refused(&e);
+                Err(e)
+            }
+        }
     }
 
     /// Sets one field with its declared policy ([`Policy::Declared`]): last writer wins
@@ -436,7 +615,22 @@ impl Session {
             writer_instance: self.instance_id.clone(),
             ..Default::default()
         };
-        Ok(self.sidecar()?.delete_session(self.as_writer(request)).await?.into_inner().deleted)
+        let fields = request.fields.clone();
+        match self.sidecar()?.delete_session(self.as_writer(request)).await {
+            Ok(reply) => {
+                if let Some(d) = &self.delivered {
+                    d.deleted(&fields);
+                }
+                Ok(reply.into_inner().deleted)
+            }
+            Err(status) => {
+                let e = SessionError::from(status);
+                if let Some(d) = &self.delivered {
+                    d.refused(&e);
+                }
+                Err(e)
+            }
+        }
     }
 
     /// The session's changes after `version`, then live ones. The stream fails when the
@@ -571,6 +765,96 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn field(name: &str, value: &str, version: u64) -> SessionField {
+        SessionField {
+            name: name.into(),
+            value: Bytes::from(value.to_string()),
+            version,
+            writer_agent: "intake".into(),
+            ..Default::default()
+        }
+    }
+
+    /// A handler's session with `fields` delivered at `version` (no sidecar: a read that
+    /// falls back fails with NoSession, which tells it went to the sidecar).
+    fn delivered(version: u64, fields: Vec<SessionField>) -> Session {
+        let session = proto::DeliveredSession { session_id: "s-1".into(), version, fields };
+        Session::new(None, "s-1".into(), "refund-1".into(), None).with_delivered(Delivered::new(
+            "s-1",
+            Some(session),
+            "refund",
+        ))
+    }
+
+    fn went_to_sidecar<T: std::fmt::Debug>(r: Result<T, SessionError>) -> bool {
+        matches!(r, Err(SessionError::NoSession("a call built by hand has no sidecar")))
+    }
+
+    #[tokio::test]
+    async fn reads_are_answered_from_the_delivered_session() {
+        let s = delivered(7, vec![field("order_id", "o-7", 3), field("user_id", "u-1", 7)]);
+        let order = s.get("order_id").await.unwrap().unwrap();
+        assert_eq!((order.value.as_ref(), order.version, order.writer_agent.as_str()), (&b"o-7"[..], 3, "intake"));
+        // The snapshot is whole: a field not in it did not exist at delivery.
+        assert_eq!(s.get("missing").await.unwrap(), None);
+        let whole = s.read().await.unwrap();
+        assert_eq!((whole.found, whole.version, whole.fields.len(), whole.delivered), (true, 7, 2, true));
+        assert_eq!(s.read_at_least(7).await.unwrap().version, 7);
+        assert_eq!((s.delivered_reads(), s.delivered_version()), (4, Some(7)));
+        // Another handle of the same call shares it.
+        assert_eq!(s.clone().delivered_reads(), 4);
+    }
+
+    #[tokio::test]
+    async fn a_newer_version_or_no_snapshot_goes_to_the_sidecar() {
+        let s = delivered(7, vec![field("order_id", "o-7", 3)]);
+        assert!(went_to_sidecar(s.read_at_least(8).await));
+        assert_eq!(s.delivered_reads(), 0);
+        // Delivered for another session: ignored.
+        let other = proto::DeliveredSession { session_id: "s-2".into(), version: 1, fields: vec![] };
+        assert!(Delivered::new("s-1", Some(other), "a").is_none());
+        let plain = Session::new(None, "s-1".into(), "i".into(), None);
+        assert!(went_to_sidecar(plain.get("order_id").await));
+        assert_eq!((plain.delivered_version(), plain.delivered_reads()), (None, 0));
+    }
+
+    #[tokio::test]
+    async fn own_writes_and_deletes_update_the_snapshot_and_refusals_drop_it() {
+        let s = delivered(7, vec![field("order_id", "o-7", 3), field("draft", "x", 5)]);
+        let d = s.delivered.clone().unwrap();
+        let writes = [proto::SessionFieldWrite {
+            name: "status".into(),
+            value: Bytes::from_static(b"paid"),
+            policy: proto::WritePolicy::FirstWriter as i32,
+            ..Default::default()
+        }];
+        d.wrote(&writes, "refund-1", 12);
+        let status = s.get("status").await.unwrap().unwrap();
+        assert_eq!(
+            (status.value.as_ref(), status.version, status.writer_agent.as_str(), status.writer_instance.as_str()),
+            (&b"paid"[..], 12, "refund", "refund-1")
+        );
+        assert!(status.locked);
+        assert!(status.written_at_ms > 0);
+        // Others may have written between 7 and 12: the whole session comes from the sidecar.
+        assert!(went_to_sidecar(s.read().await));
+        d.deleted(&["draft".to_string()]);
+        assert_eq!(s.get("draft").await.unwrap(), None);
+        assert_eq!(s.get("order_id").await.unwrap().unwrap().version, 3);
+        // A refusal that is not about the snapshot keeps it.
+        d.refused(&SessionError::TooLarge { limit_name: "field".into(), size: 9, limit: 8 });
+        assert_eq!(s.delivered_version(), Some(7));
+        // A conflict shows it is behind: reads go to the sidecar from now on.
+        d.refused(&SessionError::Conflict { field: "order_id".into(), current_version: 9 });
+        assert_eq!(s.delivered_version(), None);
+        assert!(went_to_sidecar(s.get("order_id").await));
+        assert_eq!(s.delivered_reads(), 3);
+        // Deleting the whole session: known absent.
+        let s = delivered(7, vec![field("order_id", "o-7", 3)]);
+        s.delivered.as_ref().unwrap().deleted(&[]);
+        assert_eq!(s.get("order_id").await.unwrap(), None);
+    }
 
     #[test]
     fn policy_refusals_become_typed_errors() {
