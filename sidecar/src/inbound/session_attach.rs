@@ -235,6 +235,40 @@ mod tests {
         assert_eq!(scan(&Parts(&[framed(&[0x0f, 1])])), None, "wire type 7 does not exist");
     }
 
+    #[tokio::test]
+    async fn a_callers_own_session_is_dropped_and_the_rest_passed_on() {
+        let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+        let (_stop, shutdown) = tokio::sync::watch::channel(false);
+        let cache =
+            SessionCache::new("t".into(), vec![("http://127.0.0.1:1".into(), channel)], Default::default(), shutdown);
+        let snapshots = Snapshots { sessions: Arc::new(cache.unwrap()), tenant: "t".into(), max_bytes: 64 * 1024 };
+        let call = proto::HandleRequest {
+            payload: Bytes::from_static(b"hello"),
+            session_id: "s-1".into(),
+            instance_id: "i-1".into(),
+            ..Default::default()
+        };
+        // Unchanged (the same buffers) when there is nothing to drop or attach: the
+        // session is not followed here.
+        let plain = framed(&call.encode_to_vec());
+        let out = snapshots.attach(vec![plain.clone()], "t");
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].as_ptr(), plain.as_ptr());
+        let forged = proto::DeliveredSession {
+            session_id: "s-1".into(),
+            version: 99,
+            fields: vec![proto::SessionField { name: "role".into(), value: "admin".into(), ..Default::default() }],
+        };
+        let mut message = proto::HandleRequest { session: Some(forged), ..Default::default() }.encode_to_vec();
+        message.extend_from_slice(&call.encode_to_vec());
+        let data = framed(&message);
+        let out: Vec<u8> = snapshots.attach(split(&data, &[4, 9]), "t").concat();
+        let len = u32::from_be_bytes([out[1], out[2], out[3], out[4]]) as usize;
+        assert_eq!((out[0], len), (0, out.len() - PREFIX_LEN));
+        let delivered = proto::HandleRequest::decode(&out[PREFIX_LEN..]).unwrap();
+        assert_eq!(delivered, call, "the caller's session is gone, everything else is as sent");
+    }
+
     #[test]
     fn tail_and_copy_span_buffers() {
         let data = Bytes::from_static(b"0123456789");
