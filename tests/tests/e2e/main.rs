@@ -34,6 +34,7 @@ mod session_cache_bound;
 mod session_policies;
 mod session_races;
 mod session_resume;
+mod session_snapshot;
 mod session_writers;
 mod sessions;
 mod slow_clients;
