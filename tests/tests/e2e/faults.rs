@@ -31,7 +31,24 @@ async fn through(config: agent_reach_sidecar::SidecarConfig, proxy: &FaultProxy)
     config
 }
 
+/// The load the outage tests offer, in calls per second: `AGENT_REACH_E2E_OUTAGE_RATE`, by
+/// default 800 (16 workers pausing 20 ms). A debug build of this test process (client, both
+/// sidecars over mTLS and the agents on two runtime threads) reaches 170-190 calls/s on a
+/// 2-core machine, so there the load is as much as the machine gives; a release build
+/// (`cargo test --release`) is run at 1,000 with the variable set to drive the rate.
+fn outage_rate() -> f64 {
+    std::env::var("AGENT_REACH_E2E_OUTAGE_RATE").ok().and_then(|v| v.parse().ok()).unwrap_or(800.0)
+}
+
 impl Load {
+    /// The outage tests' load: at least 16 workers, one per 50 calls/s offered, each
+    /// pausing so that together they offer [`outage_rate`].
+    async fn offered(sidecar: std::net::SocketAddr) -> Load {
+        let rate = outage_rate();
+        let workers = ((rate / 50.0).ceil() as usize).max(16);
+        Load::start(sidecar, workers, Duration::from_secs_f64(workers as f64 / rate)).await
+    }
+
     async fn start(sidecar: std::net::SocketAddr, workers: usize, pause: Duration) -> Load {
         let ok = Arc::new(AtomicU64::new(0));
         let failed = Arc::new(AtomicU64::new(0));
@@ -125,8 +142,7 @@ async fn a_control_outage_longer_than_the_lease_ttl_loses_no_call() {
         .expect("hold e2");
     wait_for_state(&a, &e2.instance_id(), agent_reach::model::HealthState::Paused).await;
 
-    // 16 workers pausing 20 ms: up to ~200 calls/s, as many as a loaded test machine gives.
-    let load = Load::start(a.local_addr(), 16, Duration::from_millis(20)).await;
+    let load = Load::offered(a.local_addr()).await;
     let load_started = Instant::now();
     tokio::time::sleep(Duration::from_secs(2)).await;
     to_control_a.partition();
@@ -217,7 +233,7 @@ async fn etcd_down_longer_than_the_lease_ttl_loses_no_call() {
     let e1 = echo_agent(b.local_addr(), "echo", &[("echo", &[])]).await;
     wait_for_instances(&a, &[e1.instance_id()]).await;
 
-    let load = Load::start(a.local_addr(), 16, Duration::from_millis(20)).await;
+    let load = Load::offered(a.local_addr()).await;
     let load_started = Instant::now();
     tokio::time::sleep(Duration::from_secs(1)).await;
     ts.etcd.as_mut().unwrap().kill();
