@@ -64,6 +64,11 @@ pub const IDEMPOTENCY_KEY: &str = "ar-idempotency-key";
 /// `Mesh` request metadata: the call's session id, so that the target's sidecar can fetch
 /// the session's context before delivering the call.
 pub const SESSION: &str = "ar-session";
+/// `Mesh` request metadata with [`SESSION`]: `1` when the caller's sidecar made the
+/// session id for this call (an A2A message without a `context_id`), so the session has no
+/// context yet and the target's sidecar does not fetch it before delivery. Only ever skips
+/// that fetch: a session that does exist is still read correctly (from control).
+pub const SESSION_NEW: &str = "ar-session-new";
 /// Response metadata: `1` when the target's sidecar fetched the call's session context
 /// before delivering it (the session was new to that sidecar: its calls moved there).
 pub const SESSION_PREWARMED: &str = "ar-session-prewarmed";

@@ -494,6 +494,7 @@ fn entries(
                     cache: &cache,
                     idempotency: &idempotency,
                     owners: &owners,
+                    sessions: &inner.sessions,
                 }),
             })
             .with(Box::new(session::SessionMetrics(inner.sessions.clone()))),

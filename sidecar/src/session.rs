@@ -43,6 +43,7 @@ use crate::control::{Failover, Rules};
 
 use crate::session_writer::{self, SessionWriter};
 
+mod absent;
 mod metrics;
 mod snapshot;
 
@@ -72,6 +73,9 @@ pub struct SessionStats {
     pub misses: AtomicU64,
     /// Sessions fetched because a call carrying them was delivered here.
     pub prewarms: AtomicU64,
+    /// Prewarms not fetched: the session was found absent lately, or the caller's sidecar
+    /// made its id for this call (it has no context yet).
+    pub prewarms_skipped_absent: AtomicU64,
     /// Watches started to follow a cached session.
     pub watches_started: AtomicU64,
     /// Follow watches that failed or could not start (the session left the cache; its next
@@ -120,6 +124,8 @@ pub struct SessionCache {
     /// The sessions service of every control endpoint.
     control: Failover<SessionsClient<Channel>>,
     entries: Mutex<HashMap<String, Arc<Mutex<Cached>>>>,
+    /// Sessions a prewarm found absent lately (not fetched again by prewarms for a while).
+    absent: Mutex<absent::Absent>,
     stats: SessionStats,
     shutdown: watch::Receiver<bool>,
 }
@@ -139,6 +145,7 @@ impl SessionCache {
             tenant,
             control,
             entries: Mutex::new(HashMap::new()),
+            absent: Mutex::new(absent::Absent::default()),
             stats: SessionStats::default(),
             shutdown,
         })
@@ -310,16 +317,40 @@ impl SessionCache {
     }
 
     /// Fetches and follows `session` (when not followed yet) before a call carrying it is
-    /// delivered. Returns whether it fetched.
+    /// delivered. Returns whether it fetched. A session found absent is not fetched again
+    /// by prewarms for [`absent::ABSENT_FOR`] (see [`absent`]).
     pub async fn prewarm(self: &Arc<Self>, session: &str) -> bool {
         if session.is_empty() || self.entry(session).is_some() {
             return false;
         }
+        if lock(&self.absent).remembers(session, Instant::now()) {
+            self.stats.prewarms_skipped_absent.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
         self.stats.prewarms.fetch_add(1, Ordering::Relaxed);
-        matches!(self.fetch(session).await, Ok(Some(_)))
+        match self.fetch(session).await {
+            Ok(Some(_)) => true,
+            Ok(None) => {
+                lock(&self.absent).found_absent(session, Instant::now());
+                false
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Sessions remembered as absent (at most [`absent::MAX_ABSENT`]).
+    pub fn absent_sessions(&self) -> usize {
+        lock(&self.absent).len()
+    }
+
+    /// A call carrying a new session (see [`agent_reach::headers::SESSION_NEW`]) delivered
+    /// without a prewarm.
+    pub fn skipped_new(&self) {
+        self.stats.prewarms_skipped_absent.fetch_add(1, Ordering::Relaxed);
     }
 
     fn written(self: &Arc<Self>, session: &str, version: u64) {
+        lock(&self.absent).forget(session);
         if let Some(entry) = self.entry(session) {
             let mut cached = lock(&entry);
             cached.written = cached.written.max(version);

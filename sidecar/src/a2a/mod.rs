@@ -50,6 +50,7 @@ use proto::{
 use tasks::{Tasks, is_terminal, state_of};
 
 use crate::call::Shape;
+use crate::grpc::header;
 use crate::outbound::invoke::{InvokeEntry, read_reply};
 
 pub use crate::a2a_wire::A2A_MESSAGE_CONTENT_TYPE;
@@ -76,6 +77,8 @@ struct Prepared {
     agent: String,
     task: Task,
     invoke: mesh::InvokeRequest,
+    /// The message came without a `context_id`: this sidecar made it, so the session is new.
+    new_context: bool,
 }
 
 impl A2a {
@@ -232,7 +235,8 @@ impl A2a {
         if message.message_id.is_empty() {
             return Err(A2aError::InvalidParams("message.message_id is required".into()));
         }
-        if message.context_id.is_empty() {
+        let new_context = message.context_id.is_empty();
+        if new_context {
             message.context_id = new_id();
         }
         let (payload, content_type) = payload_of(&message)?;
@@ -259,15 +263,19 @@ impl A2a {
             history: vec![message],
             metadata: None,
         };
-        Ok(Prepared { agent, task, invoke })
+        Ok(Prepared { agent, task, invoke, new_context })
     }
 
     /// Stores the task and starts its call; the task as stored and a receiver of its events.
     fn start(
         self: &Arc<Self>,
         p: Prepared,
-        headers: HeaderMap,
+        mut headers: HeaderMap,
     ) -> Result<(Task, tokio::sync::broadcast::Receiver<StreamResponse>, Call), A2aError> {
+        if p.new_context {
+            // The target's sidecar need not fetch a session nobody wrote yet.
+            headers.insert(header::SESSION_NEW, http::HeaderValue::from_static("1"));
+        }
         let id = p.task.id.clone();
         self.tasks.insert(&p.agent, p.task.clone())?;
         let (task, events) = self.tasks.subscribe(&id, &p.agent)?;

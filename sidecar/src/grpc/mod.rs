@@ -77,6 +77,7 @@ pub(crate) mod header {
     pub(crate) const LOAD: HeaderName = HeaderName::from_static(h::LOAD);
     pub(crate) const SESSION: HeaderName = HeaderName::from_static(h::SESSION);
     pub(crate) const SESSION_PREWARMED: HeaderName = HeaderName::from_static(h::SESSION_PREWARMED);
+    pub(crate) const SESSION_NEW: HeaderName = HeaderName::from_static(h::SESSION_NEW);
     pub(crate) const AGENT_CREDENTIAL: HeaderName = HeaderName::from_static(h::AGENT_CREDENTIAL);
     pub(crate) const CALLER_AGENT: HeaderName = HeaderName::from_static(h::CALLER_AGENT);
     pub(crate) const CALLER_TENANT: HeaderName = HeaderName::from_static(h::CALLER_TENANT);

@@ -146,12 +146,17 @@ impl MeshEntry {
         // Prewarm: a session new to this sidecar (its calls moved here) is fetched before
         // the agent sees the call, so the agent's first read is a cache hit. Bounded, so a
         // slow control service delays the call by at most PREWARM_WAIT.
+        // A session whose id the caller's sidecar made for this call has no context yet.
+        let new_session = parts.headers.contains_key(header::SESSION_NEW);
+        if new_session {
+            self.sessions.skipped_new();
+        }
         let prewarmed = match parts.headers.get(header::SESSION).and_then(|v| v.to_str().ok()) {
-            Some(session) => {
+            Some(session) if !new_session => {
                 let wait = timeout.map_or(PREWARM_WAIT, |t| t.min(PREWARM_WAIT * 2) / 2);
                 tokio::time::timeout(wait, self.sessions.prewarm(session)).await.unwrap_or(false)
             }
-            None => false,
+            _ => false,
         };
         // The call is one message: it is read whole before it asks for an admission slot,
         // so a caller that stalls its body holds none (and is refused after the body-read

@@ -196,6 +196,9 @@ impl Dispatch {
             && let Ok(v) = HeaderValue::from_str(s)
         {
             headers.insert(header::SESSION, v);
+            if req.headers.contains_key(header::SESSION_NEW) {
+                headers.insert(header::SESSION_NEW, HeaderValue::from_static("1"));
+            }
         }
         // This sidecar vouches for the caller it verified; the target's sidecar trusts it
         // only over mutual TLS from a sidecar of the tenant.

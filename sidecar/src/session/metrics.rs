@@ -38,6 +38,13 @@ impl prometheus_client::collector::Collector for SessionMetrics {
             None,
             counter_type,
         )?)?;
+        let skipped = ConstCounter::new(load(&s.prewarms_skipped_absent));
+        skipped.encode(encoder.encode_descriptor(
+            "session_prewarms_skipped",
+            "Calls carrying a session delivered without fetching it first: found absent in the last 5 s, or new (its id made by the caller's sidecar for this call)",
+            None,
+            counter_type,
+        )?)?;
         let mut snapshots = encoder.encode_descriptor(
             "session_snapshots",
             "Calls delivered to agents here with their session attached, and calls whose session was over --session-snapshot-max-bytes (delivered without)",

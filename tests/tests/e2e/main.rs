@@ -32,6 +32,7 @@ mod resilience;
 mod routing;
 mod session_cache_bound;
 mod session_policies;
+mod session_prewarm;
 mod session_races;
 mod session_resume;
 mod session_snapshot;
