@@ -43,7 +43,7 @@ from agent_reach._proto.agentreach.v1 import agent_pb2, common_pb2, sidecar_pb2
 from agent_reach._types import HealthState, Priority, Reply, as_reply
 from agent_reach.client import CHANNEL_OPTIONS, Client, api_token_metadata, sidecar_address, sidecar_channel
 from agent_reach.errors import HandlerError, MeshError, from_rpc_error
-from agent_reach.session import Session
+from agent_reach.session import Session, _Delivered
 
 log = logging.getLogger("agent_reach")
 
@@ -87,6 +87,8 @@ class Call:
         """The W3C trace context of the call, if any."""
         self._context = context
         self._client = client
+        caller = getattr(client, "_caller", None) if client is not None else None
+        self._delivered = _Delivered.of(request.session_id, request, getattr(caller, "agent", ""))
 
     @classmethod
     def for_test(cls, capability: str, payload: bytes | str = b"", **fields: Any) -> Call:
@@ -194,7 +196,9 @@ class Call:
     def session(self) -> Session:
         """The call's session context, written as the serving instance (see
         :mod:`agent_reach.session`)."""
-        return self.client.session(self.session_id, instance_id=self.instance_id)
+        session = self.client.session(self.session_id, instance_id=self.instance_id)
+        session._delivered = self._delivered
+        return session
 
 
 @dataclass

@@ -14,6 +14,14 @@ outside one, ``client.session("s-42")`` does the same as the client's caller ins
     async for change in session.watch(after_version=snapshot.version):
         ...
 
+In a handler, reads are answered in-process when the sidecar delivered the session with the
+call (``HandleRequest.session``: it does when it follows the session and the session is at
+most ``--session-snapshot-max-bytes``, 64 KiB by default). Such a read sees the session as
+of delivery plus the handler's own successful writes and deletes; ``read(min_version=...)``
+newer than the delivered version, ``read()`` after the handler's own writes, and every read
+after a ``ContextConflict`` or ``ContextFieldLocked`` (which show the snapshot is behind) go
+to the sidecar as before.
+
 Refusals raise the typed errors of :mod:`agent_reach.errors`: ``ContextFieldLocked`` (naming
 the first writer), ``ContextConflict`` (with the current version), ``ContextTooLarge``,
 ``ContextTooManySessions``, ``ContextPolicyOverride`` and ``ContextHistoryCompacted``. Nothing
@@ -23,13 +31,14 @@ here retries.
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import grpc
 
 from agent_reach._proto.agentreach.v1 import session_pb2
-from agent_reach.errors import InvalidArgument, from_rpc_error
+from agent_reach.errors import ContextConflict, ContextFieldLocked, InvalidArgument, MeshError, from_rpc_error
 
 _GET = "/agentreach.v1.Sidecar/GetSession"
 _PUT = "/agentreach.v1.Sidecar/PutSession"
@@ -92,6 +101,71 @@ class SessionSnapshot:
     fields: Mapping[str, SessionField] = field(default_factory=dict)
     cached: bool = False
     """Answered from the local sidecar's cache, without a round trip to control."""
+    delivered: bool = False
+    """Answered in-process from the session delivered with the call (no RPC)."""
+
+
+class _Delivered:
+    """The session a sidecar delivered with a call, shared by the call's sessions: the
+    session as of delivery plus the handler's own successful writes."""
+
+    def __init__(self, session: session_pb2.DeliveredSession, writer_agent: str = "") -> None:
+        self.live = True
+        self.found = True
+        self.version = int(session.version)
+        self.fields = {f.name: SessionField._of(f) for f in session.fields}
+        self.own_writes = False
+        self.hits = 0
+        self.writer_agent = writer_agent
+
+    @classmethod
+    def of(cls, session_id: str, request: object, writer_agent: str = "") -> _Delivered | None:
+        """The session delivered with ``request`` (a ``HandleRequest``), if it is ``session_id``'s."""
+        has = getattr(request, "HasField", None)
+        if not session_id or has is None or not has("session"):
+            return None
+        session: session_pb2.DeliveredSession = request.session  # type: ignore[attr-defined]
+        return cls(session, writer_agent) if session.session_id == session_id else None
+
+    def get(self, name: str) -> tuple[bool, SessionField | None]:
+        if not self.live:
+            return False, None
+        self.hits += 1
+        return True, self.fields.get(name)
+
+    def read(self, min_version: int, names: list[str]) -> SessionSnapshot | None:
+        if not self.live or self.own_writes or min_version > self.version:
+            return None
+        self.hits += 1
+        fields = {n: f for n, f in self.fields.items() if not names or n in names}
+        return SessionSnapshot(found=self.found, version=self.version, fields=fields, cached=True, delivered=True)
+
+    def wrote(self, writes: list[session_pb2.SessionFieldWrite], instance_id: str, version: int) -> None:
+        now = int(time.time() * 1000)
+        for w in writes:
+            self.fields[w.name] = SessionField(
+                name=w.name,
+                value=w.value,
+                content_type=w.content_type,
+                version=version,
+                writer_agent=self.writer_agent,
+                writer_instance=instance_id,
+                written_at_ms=now,
+                locked=w.policy == session_pb2.WRITE_POLICY_FIRST_WRITER,
+            )
+        self.found, self.own_writes = True, True
+
+    def deleted(self, names: list[str]) -> None:
+        if not names:
+            self.fields.clear()
+            self.found = False
+        for n in names:
+            self.fields.pop(n, None)
+        self.own_writes = True
+
+    def refused(self, e: MeshError) -> None:
+        if isinstance(e, (ContextConflict, ContextFieldLocked)):
+            self.live = False
 
 
 @dataclass(frozen=True)
@@ -137,10 +211,18 @@ class Session:
     :class:`~agent_reach.errors.ContextWriterMismatch` when ``instance_id`` is not the
     credential's instance)."""
 
-    def __init__(self, channel: grpc.aio.Channel, session_id: str, instance_id: str, credential: str = "") -> None:
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        session_id: str,
+        instance_id: str,
+        credential: str = "",
+        delivered: _Delivered | None = None,
+    ) -> None:
         self.session_id = session_id
         self.instance_id = instance_id
         self._credential = credential
+        self._delivered = delivered
         self._get = channel.unary_unary(
             _GET,
             request_serializer=session_pb2.GetSessionRequest.SerializeToString,
@@ -165,6 +247,18 @@ class Session:
     def _writer_metadata(self) -> tuple[tuple[str, str], ...]:
         return (("ar-agent-credential", self._credential),) if self._credential else ()
 
+    @property
+    def delivered_version(self) -> int | None:
+        """The version of the session delivered with the call while reads are answered from
+        it; None when none was (or after a refusal showed it is behind)."""
+        d = self._delivered
+        return d.version if d is not None and d.live else None
+
+    @property
+    def delivered_reads(self) -> int:
+        """Reads of the call's session (through any of its sessions) answered in-process."""
+        return self._delivered.hits if self._delivered is not None else 0
+
     def _check(self) -> None:
         if not self.session_id:
             raise InvalidArgument("this call carries no session id", code=grpc.StatusCode.FAILED_PRECONDITION)
@@ -173,9 +267,12 @@ class Session:
         """The session (all fields, or ``fields``), at least at ``min_version`` (e.g. a
         version a write returned on another host)."""
         self._check()
-        request = session_pb2.GetSessionRequest(
-            session_id=self.session_id, min_version=min_version, fields=list(fields)
-        )
+        names = list(fields)
+        if self._delivered is not None:
+            snapshot = self._delivered.read(min_version, names)
+            if snapshot is not None:
+                return snapshot
+        request = session_pb2.GetSessionRequest(session_id=self.session_id, min_version=min_version, fields=names)
         try:
             reply: session_pb2.GetSessionReply = await self._get(request)
         except grpc.aio.AioRpcError as e:
@@ -189,6 +286,11 @@ class Session:
 
     async def get(self, name: str) -> SessionField | None:
         """One field, or ``None`` when the session or the field does not exist."""
+        if self._delivered is not None:
+            self._check()
+            answered, found = self._delivered.get(name)
+            if answered:
+                return found
         snapshot = await self.read(fields=[name])
         return snapshot.fields.get(name)
 
@@ -201,15 +303,19 @@ class Session:
                 "writes need an instance to write as (use the agent's client or call.session())",
                 code=grpc.StatusCode.FAILED_PRECONDITION,
             )
+        protos = [w._proto() for w in writes]
         request = session_pb2.PutSessionRequest(
-            session_id=self.session_id,
-            fields=[w._proto() for w in writes],
-            writer_instance=self.instance_id,
+            session_id=self.session_id, fields=protos, writer_instance=self.instance_id
         )
         try:
             reply: session_pb2.PutSessionReply = await self._put(request, metadata=self._writer_metadata())
         except grpc.aio.AioRpcError as e:
-            raise from_rpc_error(e) from None
+            error = from_rpc_error(e)
+            if self._delivered is not None:
+                self._delivered.refused(error)
+            raise error from None
+        if self._delivered is not None:
+            self._delivered.wrote(protos, self.instance_id, int(reply.version))
         return int(reply.version)
 
     async def put(
@@ -248,7 +354,12 @@ class Session:
         try:
             reply: session_pb2.DeleteSessionReply = await self._delete(request, metadata=self._writer_metadata())
         except grpc.aio.AioRpcError as e:
-            raise from_rpc_error(e) from None
+            error = from_rpc_error(e)
+            if self._delivered is not None:
+                self._delivered.refused(error)
+            raise error from None
+        if self._delivered is not None:
+            self._delivered.deleted(list(fields))
         return bool(reply.deleted)
 
     async def watch(self, after_version: int = 0) -> AsyncIterator[SessionChange]:
