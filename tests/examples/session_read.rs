@@ -1,6 +1,8 @@
 //! Reads of session context, measured: how long a read of an unchanged session takes when
 //! the sidecar's cache answers it, inside the sidecar (the cache lookup `GetSession` does
-//! first) and as a handler sees it (the SDK's local gRPC round trip to its sidecar), next to
+//! first), through the SDK's local gRPC round trip to its sidecar, and in a handler from the
+//! session the sidecar delivered with the call (`HandleRequest.session`, answered
+//! in-process: 20,000 reads in one call, and the first read of each of 2,000 calls), next to
 //! a read the cache cannot answer (a session new to the sidecar: a round trip to control
 //! and etcd). A real etcd, control and one sidecar with one Rust SDK agent; prints
 //! p50/p99/max per kind and the cache's hit and miss counts.
@@ -15,6 +17,7 @@
 //! `cargo run -p agent-reach-e2e --example session_read -- [reads]` (default 20000).
 
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agent_reach::proto;
@@ -84,6 +87,52 @@ async fn main() {
         assert!(field.is_some());
     }
     line("SDK read via the local sidecar, cache hit", samples);
+
+    // In a handler, from the session delivered with the call: `reads` reads in one call,
+    // then the first read of each of `calls` calls (a fresh snapshot each time).
+    let timed: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let samples_in = timed.clone();
+    let in_handler = agent_reach::Agent::builder("snapshot-reader")
+        .sidecar(sidecar.local_addr().to_string())
+        .capability("read.delivered", Vec::<String>::new())
+        .handle("read.delivered", move |call| {
+            let timed = samples_in.clone();
+            async move {
+                let n: usize = call.text()?.parse().unwrap_or(1);
+                let session = call.session();
+                let mut samples = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let started = Instant::now();
+                    let field = session.get("f3").await;
+                    samples.push(started.elapsed());
+                    assert!(matches!(field, Ok(Some(_))));
+                }
+                assert_eq!(session.delivered_reads(), n as u64, "every read answered from the delivered session");
+                timed.lock().unwrap().extend(samples);
+                Ok(agent_reach::Reply::text("ok"))
+            }
+        })
+        .register_timeout(Duration::from_secs(10))
+        .start()
+        .await
+        .expect("snapshot reader");
+    wait_for_instances(&sidecar, &[agent.instance_id(), in_handler.instance_id()]).await;
+    let mesh = agent_reach::Client::connect(&sidecar.local_addr().to_string()).await.expect("client");
+    let hits_before = sidecar.session_stats().hits.load(Ordering::Relaxed);
+    mesh.invoke("read.delivered").session("bench-1").text(reads.to_string()).send().await.expect("call");
+    line("SDK read in a handler, delivered session", std::mem::take(&mut *timed.lock().unwrap()));
+    let calls = (reads / 10).max(1);
+    for _ in 0..calls {
+        mesh.invoke("read.delivered").session("bench-1").text("1").send().await.expect("call");
+    }
+    line("  first read of each call", std::mem::take(&mut *timed.lock().unwrap()));
+    let hits_after = sidecar.session_stats().hits.load(Ordering::Relaxed);
+    println!(
+        "reads in handlers that reached the sidecar: {} (snapshots attached {})",
+        hits_after - hits_before,
+        sidecar.session_stats().snapshots.load(Ordering::Relaxed)
+    );
+    in_handler.abort();
 
     // Misses: sessions written through another sidecar, each read once here (new to this
     // sidecar, so the read goes to control and etcd).
