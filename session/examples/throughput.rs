@@ -2,10 +2,14 @@
 //! same operation: starts its own etcd and redis-server (like the tests), then prints
 //! put p50/p99 (one writer), puts/s (32 writers, each on its own session) and get p50/p99,
 //! for `KvSessions` on etcd vs a raw etcd put of the same bytes, and `RedisSessions` vs a
-//! raw `HSET` + `PEXPIRE` pipeline. Two more rows say where the difference goes: a raw etcd
-//! transaction of the shape a session write commits (a compare on one key, two puts on a
-//! lease), and Redis's own time per command (`INFO commandstats`: the session script's
-//! `EVALSHA` against the raw `HSET`) over each Redis phase. Run: `cargo run --release -p
+//! raw `HSET` + `PEXPIRE` pipeline. The raw store doing the same operation as a session
+//! write: on etcd a raw transaction of the shape a session write commits (a compare on one
+//! key, two puts on a lease); on Redis a minimal Lua script of a versioned conditional
+//! per-field write ([`RAW_SCRIPT`]: read the field's version or lock, check the policy,
+//! `HSET` value + version + the hash's version, `PEXPIRE`) without the mesh's extras (no
+//! writer or content type, no size limits, no tenant cap, no watch log). Redis's own time
+//! per command (`INFO commandstats`) over each Redis phase says where the difference goes.
+//! Ends with the session/raw ratios of puts/s. Run: `cargo run --release -p
 //! agent-reach-session --features test-util --example throughput` (numbers, not a
 //! pass/fail test).
 
@@ -22,6 +26,25 @@ const VALUE: &[u8] = &[b'x'; 256];
 const LATENCY_OPS: usize = 2000;
 const WRITERS: usize = 32;
 const RUN: Duration = Duration::from_secs(3);
+
+/// The raw Redis baseline of the same operation: a versioned conditional write of one
+/// field. KEYS: the hash. ARGV: field, policy (`l`, `f` or `c`), expected version, value,
+/// TTL (ms). A `first_writer` field's version is stored as `L{version}` (locked).
+const RAW_SCRIPT: &str = r#"
+local h, name, pol, val = KEYS[1], ARGV[1], ARGV[2], ARGV[4]
+local got = redis.call('HMGET', h, '_v', 'v:' .. name)
+local cur = got[2]
+if cur then
+  if string.byte(cur) == 76 or pol == 'f' then return {'locked', cur} end
+  if pol == 'c' and ARGV[3] ~= cur then return {'conflict', cur} end
+elseif pol == 'c' and ARGV[3] ~= '0' then
+  return {'conflict', '0'}
+end
+local v = tonumber(got[1] or '0') + 1
+redis.call('HSET', h, '_v', v, 'v:' .. name, pol == 'f' and 'L' .. v or v, 'd:' .. name, val)
+redis.call('PEXPIRE', h, ARGV[5])
+return v
+"#;
 
 fn percentiles(mut samples: Vec<Duration>) -> (f64, f64) {
     samples.sort();
@@ -74,7 +97,7 @@ fn put(i: usize) -> Vec<FieldWrite> {
     vec![FieldWrite::new(format!("f{}", i % 8), Bytes::from_static(VALUE), WritePolicy::LastWriter)]
 }
 
-async fn sessions(name: &str, store: Arc<dyn SessionStore>) {
+async fn sessions(name: &str, store: Arc<dyn SessionStore>) -> f64 {
     let writer = Writer::new("bench", "bench-1");
     let (s, w) = (store.clone(), writer.clone());
     let (p50, p99) = latency(move |i| {
@@ -103,6 +126,7 @@ async fn sessions(name: &str, store: Arc<dyn SessionStore>) {
     println!(
         "{name:<22} put p50 {p50:6.3} ms  p99 {p99:6.3} ms  {rate:8.0} puts/s  get p50 {g50:6.3} ms  p99 {g99:6.3} ms"
     );
+    rate
 }
 
 #[tokio::main]
@@ -140,6 +164,7 @@ async fn main() {
     })
     .await;
     println!("{:<22} put p50 {p50:6.3} ms  p99 {p99:6.3} ms  {rate:8.0} puts/s", "raw etcd put");
+    let raw_etcd_put = rate;
     let lease = raw_etcd.grant_lease(Duration::from_secs(86_400)).await.expect("lease").id;
     for session in std::iter::once("lat".to_string()).chain((0..WRITERS).map(|w| format!("tp-{w}"))) {
         raw_etcd.put(&format!("/raw/{session}/meta"), Bytes::from_static(b"{}"), Some(lease)).await.unwrap();
@@ -157,7 +182,8 @@ async fn main() {
     })
     .await;
     println!("{:<22} put p50 {p50:6.3} ms  p99 {p99:6.3} ms  {rate:8.0} puts/s", "raw etcd txn 2 puts");
-    sessions("sessions on etcd", Arc::new(KvSessions::new(raw_etcd.clone(), limits.clone()))).await;
+    let raw_etcd_txn = rate;
+    let on_etcd = sessions("sessions on etcd", Arc::new(KvSessions::new(raw_etcd.clone(), limits.clone()))).await;
 
     let client = redis::Client::open(redis.url()).unwrap();
     let conn = redis::aio::ConnectionManager::new(client).await.unwrap();
@@ -197,10 +223,53 @@ async fn main() {
     .await;
     println!("{:<22} put p50 {p50:6.3} ms  p99 {p99:6.3} ms  {rate:8.0} puts/s", "raw redis hset+pexpire");
     println!("{:<22} {}", "  redis server time", server_time(&conn, &["hset", "pexpire"]).await);
+    let raw_redis_pipeline = rate;
+
+    reset_stats(&conn).await;
+    let script = redis::Script::new(RAW_SCRIPT);
+    let (c, s) = (conn.clone(), script.clone());
+    let (p50, p99) = latency(move |i| {
+        let (c, s) = (c.clone(), s.clone());
+        async move { raw_script(&c, &s, "raw:cas:lat", i).await }
+    })
+    .await;
+    let (c, s) = (conn.clone(), script.clone());
+    let rate = throughput(move |w, i| {
+        let (c, s) = (c.clone(), s.clone());
+        async move { raw_script(&c, &s, &format!("raw:cas:tp-{w}"), i).await }
+    })
+    .await;
+    println!("{:<22} put p50 {p50:6.3} ms  p99 {p99:6.3} ms  {rate:8.0} puts/s", "raw redis cas script");
+    println!("{:<22} {}", "  redis server time", server_time(&conn, &["evalsha"]).await);
+    let raw_redis_script = rate;
+
     reset_stats(&conn).await;
     let sessions_on_redis = RedisSessions::connect(&redis.url(), limits).await.expect("redis sessions");
-    sessions("sessions on redis", Arc::new(sessions_on_redis)).await;
+    let on_redis = sessions("sessions on redis", Arc::new(sessions_on_redis)).await;
     println!("{:<22} {}", "  redis server time", server_time(&conn, &["evalsha", "hgetall"]).await);
+    println!(
+        "ratios of puts/s (target >= 0.7): etcd {:.2} of a raw put, {:.2} of a raw txn; redis {:.2} of the raw pipeline, {:.2} of the raw cas script",
+        on_etcd / raw_etcd_put,
+        on_etcd / raw_etcd_txn,
+        on_redis / raw_redis_pipeline,
+        on_redis / raw_redis_script
+    );
+}
+
+/// One write of [`RAW_SCRIPT`] (`last_writer`, 8 field names in turn), checked to succeed.
+async fn raw_script(conn: &redis::aio::ConnectionManager, script: &redis::Script, key: &str, i: usize) {
+    let mut c = conn.clone();
+    let version: u64 = script
+        .key(key)
+        .arg(format!("f{}", i % 8))
+        .arg("l")
+        .arg(0)
+        .arg(VALUE)
+        .arg(86_400_000)
+        .invoke_async(&mut c)
+        .await
+        .expect("the raw script");
+    assert!(version > 0);
 }
 
 /// What a session write on etcd commits, raw, in one round trip: a compare on the session's
