@@ -518,11 +518,7 @@ fn entries(
         metrics: metrics.clone(),
         tracing: inner.tracing.clone(),
         limit,
-        snapshots: inbound::session_attach::Snapshots {
-            sessions: inner.sessions.clone(),
-            tenant: config.tenant.as_str().into(),
-            max_bytes: config.session_snapshot_max_bytes,
-        },
+        snapshots: inbound::session_attach::Snapshots::new(inner.sessions.clone(), config),
     });
     let outbound = outbound::stack(outbound::Parts {
         rate_limits,

@@ -28,6 +28,12 @@ pub(crate) struct Snapshots {
     pub max_bytes: usize,
 }
 
+impl Snapshots {
+    pub(crate) fn new(sessions: Arc<SessionCache>, config: &crate::config::SidecarConfig) -> Snapshots {
+        Snapshots { sessions, tenant: config.tenant.as_str().into(), max_bytes: config.session_snapshot_max_bytes }
+    }
+}
+
 /// The message's bytes spread over a few buffers, read by position.
 struct Parts<'a>(&'a [Bytes]);
 
