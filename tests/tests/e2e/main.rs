@@ -6,6 +6,7 @@ mod a2a_durable;
 mod a2a_transport;
 mod abuse;
 mod abuse_rss;
+mod abuse_rss_control;
 mod admin;
 mod agentless_reports;
 mod authz;
