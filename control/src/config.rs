@@ -247,6 +247,12 @@ pub struct ControlArgs {
     #[arg(long, env = "AGENT_REACH_IDLE_TIMEOUT", default_value = "5m", value_parser = agent_reach_support::duration::parse)]
     pub idle_timeout: Duration,
 
+    /// A connection to the gRPC port with an open stream whose flow-control send window
+    /// (or the connection's) has stayed at 0 or below for this long is closed (GOAWAY): a
+    /// client that stalls a reply by never reading it.
+    #[arg(long, env = "AGENT_REACH_SEND_STALL_TIMEOUT", default_value = "30s", value_parser = agent_reach_support::duration::parse)]
+    pub send_stall_timeout: Duration,
+
     /// Connections open at once on the gRPC port; one more is closed as soon as it is
     /// accepted (with TLS, a connection counts from its accept, its handshake included).
     #[arg(long, env = "AGENT_REACH_MAX_CONNECTIONS", default_value_t = 8192)]
@@ -361,6 +367,7 @@ impl TryFrom<&ControlArgs> for ControlConfig {
             request_timeout: a.request_timeout,
             header_read_timeout: a.header_read_timeout,
             idle_timeout: a.idle_timeout,
+            send_stall_timeout: a.send_stall_timeout,
             max_connections: a.max_connections,
             max_control_frames_per_second: a.max_control_frames_per_second,
         };

@@ -3,8 +3,8 @@
 //! accepted, and with TLS a connection holds its slot from the accept, its handshake
 //! included), the guard against HTTP/2 control-frame floods
 //! (`--max-control-frames-per-second`, [`agent_reach_support::h2guard`]) and, through the
-//! same guard, the header-read and idle timeouts (`--header-read-timeout`,
-//! `--idle-timeout`: GOAWAY NO_ERROR naming the timeout). Refusals are counted in
+//! same guard, the header-read, idle and send-stall timeouts (`--header-read-timeout`,
+//! `--idle-timeout`, `--send-stall-timeout`: GOAWAY NO_ERROR naming the timeout). Refusals are counted in
 //! [`ConnStats`](crate::limit_stats::ConnStats) (`/metrics`: `limit_refusals{limit=...}`), with those of
 //! [`crate::refusals`] (header list, request timeout).
 
@@ -32,6 +32,7 @@ pub(crate) struct Gate {
     flood: FloodLimit,
     header_read_timeout: std::time::Duration,
     idle_timeout: std::time::Duration,
+    send_stall_timeout: std::time::Duration,
     stats: Arc<ConnStats>,
 }
 
@@ -43,6 +44,7 @@ impl Gate {
             flood: FloodLimit { max_control_frames_per_second: limits.max_control_frames_per_second },
             header_read_timeout: limits.header_read_timeout,
             idle_timeout: limits.idle_timeout,
+            send_stall_timeout: limits.send_stall_timeout,
             stats,
         }
     }
@@ -62,8 +64,10 @@ impl Gate {
         let timeouts = Timeouts {
             header_read: self.header_read_timeout,
             idle: self.idle_timeout,
+            send_stall: self.send_stall_timeout,
             header_read_closed: self.stats.header_read_timeout.clone(),
             idle_closed: self.stats.idle_timeout.clone(),
+            send_stall_closed: self.stats.send_stall_timeout.clone(),
         };
         let io = FrameGuard::new(io, self.flood, self.stats.control_frames.clone()).with_timeouts(timeouts);
         Guarded { io, _slot: slot }

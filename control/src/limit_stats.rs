@@ -16,6 +16,9 @@ pub struct ConnStats {
     pub header_read_timeout: Arc<AtomicU64>,
     /// Connections closed for having no request in flight for the idle timeout.
     pub idle_timeout: Arc<AtomicU64>,
+    /// Connections closed for a flow-control window stalled at <= 0 for the send-stall
+    /// timeout.
+    pub send_stall_timeout: Arc<AtomicU64>,
     /// Requests refused for their header list.
     pub header_list: AtomicU64,
     /// Requests refused for not being answered within the request timeout.
@@ -24,13 +27,14 @@ pub struct ConnStats {
 
 impl ConnStats {
     /// `(limit label, count)` for each limit.
-    pub fn counts(&self) -> [(&'static str, u64); 6] {
+    pub fn counts(&self) -> [(&'static str, u64); 7] {
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         [
             ("max_connections", load(&self.connections)),
             ("max_control_frames_per_second", load(&self.control_frames)),
             ("header_read_timeout", load(&self.header_read_timeout)),
             ("idle_timeout", load(&self.idle_timeout)),
+            ("send_stall_timeout", load(&self.send_stall_timeout)),
             ("max_header_list_bytes", load(&self.header_list)),
             ("request_timeout", load(&self.request_timeout)),
         ]

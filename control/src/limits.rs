@@ -5,8 +5,8 @@
 //! CVE-2023-44487) or for its protocol errors, which tonic's builder would otherwise switch
 //! off. Applied to the server builder in one place, [`GrpcLimits::apply`], the header list
 //! and request timeout through [`crate::refusals`] (refused with `LIMIT_EXCEEDED`,
-//! counted). The connection cap, the control-frame budget and the header-read and idle
-//! timeouts apply to the connections before tonic gets them ([`crate::conn`]).
+//! counted). The connection cap, the control-frame budget and the header-read, idle and
+//! send-stall timeouts apply to the connections before tonic gets them ([`crate::conn`]).
 //!
 //! Not here: TLS handshakes (their own timeout in `agent_reach_identity::net`), and the
 //! HTTP/1.1 admin and dashboard ports (`agent_reach_telemetry::http1`).
@@ -36,6 +36,9 @@ pub struct GrpcLimits {
     pub header_read_timeout: Duration,
     /// A connection with no request in flight for this long is closed (`--idle-timeout`).
     pub idle_timeout: Duration,
+    /// A connection with an open stream (or itself) at a flow-control send window <= 0 for
+    /// this long is closed (`--send-stall-timeout`).
+    pub send_stall_timeout: Duration,
     /// Connections open at once on the gRPC port (`--max-connections`).
     pub max_connections: usize,
     /// PING, SETTINGS, PRIORITY and empty DATA frames one connection may send within a
@@ -52,6 +55,7 @@ impl Default for GrpcLimits {
             request_timeout: Duration::from_secs(60),
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(300),
+            send_stall_timeout: Duration::from_secs(30),
             max_connections: 8192,
             max_control_frames_per_second: 1000,
         }
@@ -74,6 +78,7 @@ impl GrpcLimits {
             ("--request-timeout", self.request_timeout),
             ("--header-read-timeout", self.header_read_timeout),
             ("--idle-timeout", self.idle_timeout),
+            ("--send-stall-timeout", self.send_stall_timeout),
         ] {
             if d.is_zero() {
                 return Err(format!("{flag} must be greater than 0"));
@@ -127,6 +132,8 @@ mod tests {
         assert!(bad.validate().unwrap_err().contains("--header-read-timeout"));
         let bad = GrpcLimits { idle_timeout: Duration::ZERO, ..GrpcLimits::default() };
         assert!(bad.validate().unwrap_err().contains("--idle-timeout"));
+        let bad = GrpcLimits { send_stall_timeout: Duration::ZERO, ..GrpcLimits::default() };
+        assert_eq!(bad.validate().unwrap_err(), "--send-stall-timeout must be greater than 0");
         let bad = GrpcLimits { max_connections: 0, ..GrpcLimits::default() };
         assert!(bad.validate().unwrap_err().contains("--max-connections"));
         let bad = GrpcLimits { max_control_frames_per_second: 0, ..GrpcLimits::default() };

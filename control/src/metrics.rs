@@ -163,6 +163,7 @@ mod tests {
         stats.feed_refusals.fetch_add(3, Ordering::Relaxed);
         stats.conn.header_read_timeout.fetch_add(4, Ordering::Relaxed);
         stats.conn.idle_timeout.fetch_add(5, Ordering::Relaxed);
+        stats.conn.send_stall_timeout.fetch_add(8, Ordering::Relaxed);
         stats.conn.header_list.fetch_add(6, Ordering::Relaxed);
         stats.conn.request_timeout.fetch_add(7, Ordering::Relaxed);
         let mut registry = Registry::with_prefix("agent_reach_control");
@@ -175,6 +176,7 @@ mod tests {
             "agent_reach_control_limit_refusals_total{limit=\"max_tenant_feeds\"} 3\n",
             "agent_reach_control_limit_refusals_total{limit=\"header_read_timeout\"} 4\n",
             "agent_reach_control_limit_refusals_total{limit=\"idle_timeout\"} 5\n",
+            "agent_reach_control_limit_refusals_total{limit=\"send_stall_timeout\"} 8\n",
             "agent_reach_control_limit_refusals_total{limit=\"max_header_list_bytes\"} 6\n",
             "agent_reach_control_limit_refusals_total{limit=\"request_timeout\"} 7\n",
         ] {

@@ -23,8 +23,18 @@
 //! HEADERS, ended by the server's END_STREAM or a RST_STREAM either way). Past either the
 //! connection gets GOAWAY NO_ERROR with debug data `header_read_timeout` or
 //! `idle_timeout`, then ends.
+//!
+//! The same timeouts hold the send-stall timeout: the guard follows the client's
+//! flow-control windows (the server's send windows) from the frames it sees: the client's
+//! SETTINGS_INITIAL_WINDOW_SIZE (65,535 until it sends one), its WINDOW_UPDATE increments
+//! and the length of each DATA frame the server writes (padding included). An open stream
+//! whose window stays <= 0 for the send-stall timeout, or the connection's window while a
+//! stream is open, gets the connection GOAWAY NO_ERROR `send_stall_timeout`. A
+//! WINDOW_UPDATE restarts its window's time. The payloads of the client's SETTINGS and
+//! WINDOW_UPDATE frames are read as they pass, an entry (6 or 4 bytes) at a time, so a
+//! frame split across reads costs at most one partial entry.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
@@ -48,7 +58,16 @@ const NO_ERROR: u32 = 0x0;
 const DATA: u8 = 0x0;
 const HEADERS: u8 = 0x1;
 const RST_STREAM: u8 = 0x3;
+const SETTINGS_FRAME: u8 = 0x4;
+const WINDOW_UPDATE: u8 = 0x8;
 const CONTINUATION: u8 = 0x9;
+const ACK_FLAG: u8 = 0x1;
+/// SETTINGS_INITIAL_WINDOW_SIZE (RFC 9113 §6.5.2).
+const SETTINGS_INITIAL_WINDOW_SIZE: u16 = 0x4;
+/// The initial stream and connection windows (RFC 9113 §6.9.2).
+const DEFAULT_WINDOW: i64 = 65_535;
+/// The largest window (RFC 9113 §6.9.1).
+const MAX_WINDOW: i64 = (1 << 31) - 1;
 const END_STREAM: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
 /// Streams the idle timeout tracks at most (h2 refuses streams far before this).
@@ -62,10 +81,39 @@ pub struct Timeouts {
     pub header_read: Duration,
     /// A connection with no stream in flight for this long is closed.
     pub idle: Duration,
+    /// An open stream's send window, or the connection's, <= 0 for this long closes the
+    /// connection.
+    pub send_stall: Duration,
     /// Connections closed for the header-read timeout.
     pub header_read_closed: Arc<AtomicU64>,
     /// Connections closed for the idle timeout.
     pub idle_closed: Arc<AtomicU64>,
+    /// Connections closed for the send-stall timeout.
+    pub send_stall_closed: Arc<AtomicU64>,
+}
+
+/// A send window the guard follows: the client's flow-control window.
+#[derive(Clone, Copy, Debug)]
+struct Window {
+    left: i64,
+    /// Since when it has been <= 0 (or since its last WINDOW_UPDATE, if that left it <= 0).
+    stalled_since: Option<Instant>,
+}
+
+impl Window {
+    fn new(left: i64, now: Instant) -> Window {
+        Window { left, stalled_since: (left <= 0).then_some(now) }
+    }
+
+    /// Adds `delta`; a WINDOW_UPDATE (`update`) restarts the stall time.
+    fn add(&mut self, delta: i64, update: bool, now: Instant) {
+        self.left = self.left.saturating_add(delta);
+        if self.left > 0 {
+            self.stalled_since = None;
+        } else if update || self.stalled_since.is_none() {
+            self.stalled_since = Some(now);
+        }
+    }
 }
 
 /// A connection's progress against its [`Timeouts`].
@@ -76,16 +124,76 @@ struct Clock {
     headers_done: bool,
     /// The frame being read ends a header block (END_HEADERS).
     block_ending: bool,
-    /// Streams the client opened that the server has not ended.
-    open: HashSet<u32>,
+    /// Streams the client opened that the server has not ended, with their send windows.
+    open: HashMap<u32, Window>,
     /// The header-read deadline, then the next idle check.
     deadline: Pin<Box<tokio::time::Sleep>>,
+    /// The client's SETTINGS_INITIAL_WINDOW_SIZE.
+    initial_window: i64,
+    /// The connection's send window.
+    conn_window: Window,
+    /// The next send-stall check.
+    stall_check: Pin<Box<tokio::time::Sleep>>,
 }
 
 impl Clock {
     fn new(timeouts: Timeouts) -> Clock {
         let deadline = Box::pin(tokio::time::sleep(timeouts.header_read));
-        Clock { timeouts, headers_done: false, block_ending: false, open: HashSet::new(), deadline }
+        let stall_check = Box::pin(tokio::time::sleep(timeouts.send_stall));
+        let now = Instant::now();
+        Clock {
+            timeouts,
+            headers_done: false,
+            block_ending: false,
+            open: HashMap::new(),
+            deadline,
+            initial_window: DEFAULT_WINDOW,
+            conn_window: Window::new(DEFAULT_WINDOW, now),
+            stall_check,
+        }
+    }
+
+    /// How many payload bytes of a client frame make one entry to read: 6 for a SETTINGS
+    /// entry, 4 for a WINDOW_UPDATE increment, 0 to read none.
+    fn entry_len(head: &Head) -> usize {
+        match head.kind {
+            SETTINGS_FRAME if head.flags & ACK_FLAG == 0 && head.len.is_multiple_of(6) => 6,
+            WINDOW_UPDATE if head.len == 4 => 4,
+            _ => 0,
+        }
+    }
+
+    /// An entry of a client frame's payload (see [`Clock::entry_len`]).
+    fn client_entry(&mut self, head: &Head, entry: &[u8]) {
+        let now = Instant::now();
+        match head.kind {
+            SETTINGS_FRAME => {
+                let id = u16::from_be_bytes([entry[0], entry[1]]);
+                let value = i64::from(u32::from_be_bytes([entry[2], entry[3], entry[4], entry[5]]));
+                // (A value over the largest window is h2's protocol error.)
+                if id == SETTINGS_INITIAL_WINDOW_SIZE && value <= MAX_WINDOW {
+                    let delta = value - self.initial_window;
+                    self.initial_window = value;
+                    if delta != 0 {
+                        for w in self.open.values_mut() {
+                            w.add(delta, false, now);
+                        }
+                    }
+                }
+            }
+            WINDOW_UPDATE => {
+                let increment = i64::from(u32::from_be_bytes([entry[0], entry[1], entry[2], entry[3]]) & 0x7fff_ffff);
+                // (An increment of 0 is h2's protocol error.)
+                if increment > 0 {
+                    if head.stream == 0 {
+                        self.conn_window.add(increment, true, now);
+                    } else if let Some(w) = self.open.get_mut(&head.stream) {
+                        w.add(increment, true, now);
+                    }
+                }
+            }
+            _ => {}
+        }
     }
 
     /// A frame the client sent; `opened` is whether a HEADERS frame opened a new stream.
@@ -97,7 +205,12 @@ impl Clock {
         }
         match head.kind {
             HEADERS if opened && self.open.len() < MAX_TRACKED_STREAMS => {
-                self.open.insert(head.stream);
+                let now = Instant::now();
+                if self.open.is_empty() && self.conn_window.left <= 0 {
+                    // The connection's window counts only while a stream is open.
+                    self.conn_window.stalled_since = Some(now);
+                }
+                self.open.insert(head.stream, Window::new(self.initial_window, now));
             }
             RST_STREAM => self.end(head.stream),
             _ => {}
@@ -117,6 +230,14 @@ impl Clock {
 
     /// A frame the server wrote.
     fn server_frame(&mut self, head: &Head) {
+        if head.kind == DATA && head.len > 0 {
+            let now = Instant::now();
+            let len = i64::try_from(head.len).unwrap_or(MAX_WINDOW);
+            self.conn_window.add(-len, false, now);
+            if let Some(w) = self.open.get_mut(&head.stream) {
+                w.add(-len, false, now);
+            }
+        }
         let ends = match head.kind {
             DATA | HEADERS => head.flags & END_STREAM != 0,
             RST_STREAM => true,
@@ -128,13 +249,41 @@ impl Clock {
     }
 
     fn end(&mut self, stream: u32) {
-        if self.open.remove(&stream) && self.open.is_empty() && self.headers_done {
+        if self.open.remove(&stream).is_some() && self.open.is_empty() && self.headers_done {
             self.deadline.as_mut().reset(Instant::now() + self.timeouts.idle);
         }
     }
 
+    /// Since when the longest stalled window has been stalled: an open stream's, or the
+    /// connection's while a stream is open.
+    fn stalled_since(&self) -> Option<Instant> {
+        let conn = if self.open.is_empty() { None } else { self.conn_window.stalled_since };
+        self.open.values().filter_map(|w| w.stalled_since).chain(conn).min()
+    }
+
+    /// Whether the send-stall timeout has closed the connection. Checked every send-stall
+    /// timeout, and at the moment the longest stall reaches it.
+    fn poll_stalled(&mut self, cx: &mut Context<'_>) -> bool {
+        while self.stall_check.as_mut().poll(cx).is_ready() {
+            let now = Instant::now();
+            let next = match self.stalled_since() {
+                Some(since) if now >= since + self.timeouts.send_stall => {
+                    self.timeouts.send_stall_closed.fetch_add(1, Ordering::Relaxed);
+                    return true;
+                }
+                Some(since) => since + self.timeouts.send_stall,
+                None => now + self.timeouts.send_stall,
+            };
+            self.stall_check.as_mut().reset(next);
+        }
+        false
+    }
+
     /// Whether a timeout has closed the connection: the debug data naming it.
     fn poll_expired(&mut self, cx: &mut Context<'_>) -> Option<&'static str> {
+        if self.poll_stalled(cx) {
+            return Some("send_stall_timeout");
+        }
         loop {
             if self.deadline.as_mut().poll(cx).is_pending() {
                 return None;
@@ -197,6 +346,20 @@ struct Frames {
     head: [u8; HEAD_LEN],
     head_len: usize,
     payload_left: usize,
+    /// The frame whose payload is being walked.
+    current: Option<Head>,
+    /// Bytes of the payload's entries to read (0: none), the entry so far and its length.
+    entry_len: usize,
+    entry: [u8; 6],
+    entry_have: usize,
+}
+
+/// What [`Frames::feed_entries`] found.
+enum Seen<'a> {
+    /// A frame header.
+    Head(Head),
+    /// An entry of the current frame's payload.
+    Entry(Head, &'a [u8]),
 }
 
 /// A frame header.
@@ -219,14 +382,37 @@ impl Frames {
     }
 
     /// Walks `bytes`, calling `on_head` for each frame header completed.
-    fn feed(&mut self, mut bytes: &[u8], mut on_head: impl FnMut(Head)) {
+    fn feed(&mut self, bytes: &[u8], mut on_head: impl FnMut(Head)) {
+        self.feed_entries(bytes, |seen| {
+            if let Seen::Head(head) = seen {
+                on_head(head);
+            }
+            0
+        });
+    }
+
+    /// Walks `bytes`, calling `on` for each frame header completed (it answers how many
+    /// bytes make an entry of that frame's payload, 0 for none) and for each entry of the
+    /// payload completed (a trailing partial entry is never passed on).
+    fn feed_entries(&mut self, mut bytes: &[u8], mut on: impl FnMut(Seen<'_>) -> usize) {
         while !bytes.is_empty() {
             if self.preface_left > 0 {
                 let n = self.preface_left.min(bytes.len());
                 self.preface_left -= n;
                 bytes = &bytes[n..];
             } else if self.payload_left > 0 {
-                let n = self.payload_left.min(bytes.len());
+                let mut n = self.payload_left.min(bytes.len());
+                if self.entry_len > 0 {
+                    n = n.min(self.entry_len - self.entry_have);
+                    self.entry[self.entry_have..self.entry_have + n].copy_from_slice(&bytes[..n]);
+                    self.entry_have += n;
+                    if self.entry_have == self.entry_len {
+                        self.entry_have = 0;
+                        if let Some(head) = self.current {
+                            on(Seen::Entry(head, &self.entry[..self.entry_len]));
+                        }
+                    }
+                }
                 self.payload_left -= n;
                 bytes = &bytes[n..];
             } else {
@@ -244,7 +430,9 @@ impl Frames {
                         stream: u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff,
                     };
                     self.payload_left = head.len;
-                    on_head(head);
+                    self.current = Some(head);
+                    self.entry_have = 0;
+                    self.entry_len = on(Seen::Head(head)).min(self.entry.len());
                 }
             }
         }
@@ -361,19 +549,32 @@ impl<IO> FrameGuard<IO> {
         let mut now = None;
         let (budget, last_stream, mut flood) = (&mut self.budget, &mut self.last_stream, None);
         let clock = &mut self.clock;
-        self.read.feed(bytes, |head| {
+        self.read.feed_entries(bytes, |seen| {
+            let head = match seen {
+                Seen::Head(head) => head,
+                Seen::Entry(head, entry) => {
+                    if let Some(clock) = clock.as_mut() {
+                        clock.client_entry(&head, entry);
+                    }
+                    return 0;
+                }
+            };
             let opened = head.kind == HEADERS && head.stream % 2 == 1 && head.stream > *last_stream;
             if opened {
                 *last_stream = head.stream;
-            }
-            if let Some(clock) = clock.as_mut() {
-                clock.client_frame(&head, opened);
             }
             if let Some(kind) = control_frame(&head)
                 && flood.is_none()
                 && !budget.take(*now.get_or_insert_with(Instant::now))
             {
                 flood = Some(kind);
+            }
+            match clock.as_mut() {
+                Some(clock) => {
+                    clock.client_frame(&head, opened);
+                    Clock::entry_len(&head)
+                }
+                None => 0,
             }
         });
         if let Some(clock) = self.clock.as_mut() {
@@ -675,8 +876,10 @@ mod tests {
         let timeouts = Timeouts {
             header_read: Duration::from_secs(10),
             idle: Duration::from_secs(30),
+            send_stall: Duration::from_secs(30),
             header_read_closed: counters[0].clone(),
             idle_closed: counters[1].clone(),
+            send_stall_closed: Arc::new(AtomicU64::new(0)),
         };
         (server.with_timeouts(timeouts), client, counters)
     }
@@ -743,6 +946,199 @@ mod tests {
         payload.extend_from_slice(b"idle_timeout");
         want.extend(frame(7, 0, 0, &payload));
         assert_eq!(got, want);
+    }
+
+    const STALL: Duration = Duration::from_secs(30);
+
+    /// A guarded pair with timeouts (header read 10 s, idle 30 s, send stall 30 s) whose
+    /// client sent the preface, a SETTINGS frame with `settings` and stream 1's request
+    /// (HEADERS with END_STREAM), all read by the server; its send-stall counter.
+    async fn stall_pair(
+        settings: &[u8],
+    ) -> (FrameGuard<tokio::io::DuplexStream>, tokio::io::DuplexStream, Arc<AtomicU64>) {
+        let (server, client, _) = pair(1000);
+        let stalls = Arc::new(AtomicU64::new(0));
+        let timeouts = Timeouts {
+            header_read: Duration::from_secs(10),
+            idle: Duration::from_secs(30),
+            send_stall: STALL,
+            header_read_closed: Arc::new(AtomicU64::new(0)),
+            idle_closed: Arc::new(AtomicU64::new(0)),
+            send_stall_closed: stalls.clone(),
+        };
+        let (mut server, mut client) = (server.with_timeouts(timeouts), client);
+        let mut out = PREFACE.to_vec();
+        out.extend(frame(4, 0, 0, settings));
+        out.extend(frame(1, 5, 1, &[0x82; 40]));
+        client.write_all(&out).await.unwrap();
+        assert!(drain(&mut server).await.1.is_none());
+        (server, client, stalls)
+    }
+
+    /// The server writes `len` bytes of DATA on `stream`, in frames of at most 16 KiB.
+    async fn server_data(server: &mut FrameGuard<tokio::io::DuplexStream>, stream: u32, mut len: usize) {
+        while len > 0 {
+            let n = len.min(16_384);
+            server.write_all(&frame(0, 0, stream, &vec![7; n])).await.unwrap();
+            len -= n;
+        }
+    }
+
+    fn window_update(stream: u32, increment: u32) -> Vec<u8> {
+        frame(8, 0, stream, &increment.to_be_bytes())
+    }
+
+    /// Reads (the paused clock running on to the next timer) until the guard closes the
+    /// connection: when it did.
+    async fn closed_at(server: &mut FrameGuard<tokio::io::DuplexStream>) -> Instant {
+        let mut buf = [0u8; 4096];
+        loop {
+            match tokio::time::timeout(Duration::from_secs(1000), server.read(&mut buf)).await {
+                Ok(Ok(n)) if n > 0 => {}
+                Ok(Err(e)) => {
+                    assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted);
+                    return Instant::now();
+                }
+                other => panic!("not closed by the guard: {other:?}"),
+            }
+        }
+    }
+
+    /// What the client reads ends with the GOAWAY NO_ERROR `send_stall_timeout` naming
+    /// `last_stream`.
+    async fn assert_stall_goaway(client: &mut tokio::io::DuplexStream, last_stream: u8) {
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).await.unwrap();
+        let mut payload = vec![0, 0, 0, last_stream, 0, 0, 0, 0];
+        payload.extend_from_slice(b"send_stall_timeout");
+        let goaway = frame(7, 0, 0, &payload);
+        assert!(got.ends_with(&goaway), "{} bytes end with the GOAWAY", got.len());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_window_exhausted_by_server_data_closes_the_connection_exactly_at_the_send_stall_timeout() {
+        let (mut server, mut client, stalls) = stall_pair(&[]).await;
+        // Sparse data (a Watch) leaves the window positive: open however long.
+        server_data(&mut server, 1, 1000).await;
+        tokio::time::advance(Duration::from_secs(100)).await;
+        assert!(drain(&mut server).await.1.is_none());
+        // The rest of the 65,535 bytes: the window is 0 from now.
+        server_data(&mut server, 1, 64_535).await;
+        let stalled = Instant::now();
+        assert_eq!(closed_at(&mut server).await - stalled, STALL);
+        assert_eq!(stalls.load(Ordering::Relaxed), 1);
+        assert!(server.write_all(&ping()).await.is_err());
+        assert_stall_goaway(&mut client, 1).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_window_update_a_second_before_the_timeout_restarts_it() {
+        let (mut server, mut client, stalls) = stall_pair(&[]).await;
+        server_data(&mut server, 1, 65_535).await;
+        tokio::time::advance(STALL - Duration::from_secs(1)).await;
+        // 100 bytes more, at once used up: stalled again from now.
+        client.write_all(&window_update(1, 100)).await.unwrap();
+        client.write_all(&window_update(0, 100)).await.unwrap();
+        assert!(drain(&mut server).await.1.is_none());
+        server_data(&mut server, 1, 100).await;
+        let stalled = Instant::now();
+        assert_eq!(closed_at(&mut server).await - stalled, STALL);
+        assert_eq!(stalls.load(Ordering::Relaxed), 1);
+        assert_stall_goaway(&mut client, 1).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_connection_window_exhausted_across_streams_closes_the_connection() {
+        // Stream windows of 1 MiB: only the connection's 65,535 runs out.
+        let (mut server, mut client, stalls) = stall_pair(&[0, 4, 0, 0x10, 0, 0]).await;
+        client.write_all(&frame(1, 5, 3, &[0x82; 40])).await.unwrap();
+        assert!(drain(&mut server).await.1.is_none());
+        server_data(&mut server, 1, 40_000).await;
+        server_data(&mut server, 3, 25_535).await;
+        // Replenished 20 s in (a connection WINDOW_UPDATE): not closed at 30 s.
+        tokio::time::advance(Duration::from_secs(20)).await;
+        client.write_all(&window_update(0, 65_535)).await.unwrap();
+        assert!(drain(&mut server).await.1.is_none());
+        tokio::time::advance(Duration::from_secs(20)).await;
+        assert!(drain(&mut server).await.1.is_none());
+        assert_eq!(stalls.load(Ordering::Relaxed), 0);
+        server_data(&mut server, 3, 65_535).await;
+        let stalled = Instant::now();
+        assert_eq!(closed_at(&mut server).await - stalled, STALL);
+        assert_eq!(stalls.load(Ordering::Relaxed), 1);
+        assert_stall_goaway(&mut client, 3).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_clients_initial_window_setting_applies_to_open_streams() {
+        // An initial window of 0 (with another setting first): stalled from the request.
+        let opened = Instant::now();
+        let (mut server, mut client, stalls) = stall_pair(&[0, 3, 0, 0, 0, 100, 0, 4, 0, 0, 0, 0]).await;
+        // 20 s in, a window of 1,000: open past 30 s.
+        tokio::time::advance(Duration::from_secs(20)).await;
+        client.write_all(&frame(4, 0, 0, &[0, 4, 0, 0, 0x03, 0xe8])).await.unwrap();
+        assert!(drain(&mut server).await.1.is_none());
+        tokio::time::advance(Duration::from_secs(20)).await;
+        assert!(drain(&mut server).await.1.is_none());
+        assert_eq!(stalls.load(Ordering::Relaxed), 0);
+        // Lowered to 400 after 1,000 bytes were sent: -600, stalled from the DATA.
+        server_data(&mut server, 1, 1000).await;
+        let stalled = Instant::now();
+        client.write_all(&frame(4, 0, 0, &[0, 4, 0, 0, 0x01, 0x90])).await.unwrap();
+        assert_eq!(closed_at(&mut server).await - stalled, STALL);
+        assert!(stalled - opened >= Duration::from_secs(40));
+        assert_eq!(stalls.load(Ordering::Relaxed), 1);
+        assert_stall_goaway(&mut client, 1).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_window_update_split_across_reads_counts() {
+        let (mut server, mut client, stalls) = stall_pair(&[]).await;
+        server_data(&mut server, 1, 65_535).await;
+        let update = window_update(1, 70_000);
+        // The frame header and half the increment, then the rest.
+        client.write_all(&update[..11]).await.unwrap();
+        assert!(drain(&mut server).await.1.is_none());
+        client.write_all(&update[11..]).await.unwrap();
+        client.write_all(&window_update(0, 70_000)).await.unwrap();
+        assert!(drain(&mut server).await.1.is_none());
+        tokio::time::advance(STALL * 3).await;
+        assert!(drain(&mut server).await.1.is_none(), "stream 1 has a window of 70,000 - 65,535");
+        assert_eq!(stalls.load(Ordering::Relaxed), 0);
+        // The stream ends, the connection's window used up: it no longer counts, and the
+        // connection idles out 30 s later.
+        server_data(&mut server, 1, 4465).await;
+        server.write_all(&frame(1, 5, 1, &[0x88])).await.unwrap();
+        let ended = Instant::now();
+        assert_eq!(closed_at(&mut server).await - ended, Duration::from_secs(30));
+        assert_eq!(stalls.load(Ordering::Relaxed), 0);
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).await.unwrap();
+        assert!(got.ends_with(b"idle_timeout"));
+    }
+
+    #[test]
+    fn payload_entries_are_read_the_same_across_any_split() {
+        let mut bytes = PREFACE.to_vec();
+        bytes.extend(frame(4, 0, 0, &[0, 4, 0, 0, 0, 9, 0, 3, 0, 0, 1, 0]));
+        bytes.extend(frame(0, 0, 1, &[1; 10]));
+        bytes.extend(window_update(1, 70_000));
+        for split in 1..bytes.len() {
+            let mut frames = Frames::with_preface();
+            let mut entries = Vec::new();
+            for part in bytes.chunks(split) {
+                frames.feed_entries(part, |seen| match seen {
+                    Seen::Head(head) => Clock::entry_len(&head),
+                    Seen::Entry(head, entry) => {
+                        entries.push((head.kind, entry.to_vec()));
+                        0
+                    }
+                });
+            }
+            let want =
+                vec![(4, vec![0, 4, 0, 0, 0, 9]), (4, vec![0, 3, 0, 0, 1, 0]), (8, 70_000u32.to_be_bytes().to_vec())];
+            assert_eq!(entries, want, "split {split}");
+        }
     }
 
     #[tokio::test(start_paused = true)]
