@@ -3,9 +3,10 @@
 //! HEADERS frame, or the preface itself, trickled a byte at a time), a connection idle
 //! after one call, a request body that never ends on control, and a reply stalled at
 //! flow-control window 0 (the client advertises a window of 0 and never sends
-//! WINDOW_UPDATE). Each: the abuser's connection (or stream) is closed within the
-//! configured time, the counter of the limit is exact, and a well-behaved client on the
-//! same port at the same time sees every call succeed.
+//! WINDOW_UPDATE; the sidecar resets the stream, control closes the connection). Each:
+//! the abuser's connection (or stream) is closed within the configured time, the counter
+//! of the limit is exact, and a well-behaved client on the same port at the same time sees
+//! every call succeed.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -246,6 +247,69 @@ async fn window_zero(addr: SocketAddr) -> RawH2 {
     let mut builder = h2::client::Builder::new();
     builder.initial_window_size(0);
     RawH2::over(TcpStream::connect(addr).await.unwrap(), addr, builder).await
+}
+
+/// The same over TLS (a harness certificate named `abuser`).
+async fn window_zero_tls(addr: SocketAddr) -> RawH2 {
+    let mut builder = h2::client::Builder::new();
+    builder.initial_window_size(0);
+    RawH2::over(tls(addr, "abuser").await, addr, builder).await
+}
+
+/// Waits for the connection of a stalled call to be closed: how long after `started`.
+async fn closed_after(started: Instant, conn: &mut RawH2) -> Duration {
+    let ended = tokio::time::timeout(Duration::from_secs(10), &mut conn.conn).await;
+    assert!(ended.is_ok(), "the stalled connection is closed");
+    started.elapsed()
+}
+
+const CONTROL_SEND_STALL: Duration = Duration::from_secs(1);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_stalled_at_window_zero_on_the_control_port_close_the_connection_after_the_send_stall_timeout() {
+    init_logging();
+    let ts = TestStore::start(Backend::Etcd).await;
+    let limits =
+        agent_reach_control::limits::GrpcLimits { send_stall_timeout: CONTROL_SEND_STALL, ..Default::default() };
+    let secure = control_with(&ts, limits.clone(), true);
+    let plain = control_with(&ts, limits, false);
+    let legit_secure = crate::floods::Legit::start(tls(secure.addr(), "well-behaved").await).await;
+    let legit_plain = crate::floods::Legit::start(TcpStream::connect(plain.addr()).await.unwrap()).await;
+
+    // A health check each, whose answer (a 5-byte message) a window of 0 lets none of
+    // through: the stream's window is 0 from its request on.
+    let mut over_tls = window_zero_tls(secure.addr()).await;
+    let mut in_plain = window_zero(plain.addr()).await;
+    let body = Bytes::from_static(EMPTY_MESSAGE);
+    let tls_sent = Instant::now();
+    let (tls_started, _tls_body) = stalled_call(&mut over_tls, HEALTH_CHECK, &[], body.clone()).await;
+    let plain_sent = Instant::now();
+    let (plain_started, _plain_body) = stalled_call(&mut in_plain, HEALTH_CHECK, &[], body).await;
+    let (tls_after, plain_after) =
+        tokio::join!(closed_after(tls_sent, &mut over_tls), closed_after(plain_sent, &mut in_plain));
+    // Closed no earlier than the timeout after the answer's headers, and within 0.5 s of
+    // it after the request was sent.
+    for (what, after, headers_at, sent) in
+        [("TLS", tls_after, tls_started, tls_sent), ("plain", plain_after, plain_started, plain_sent)]
+    {
+        let since_headers = after.saturating_sub(headers_at - sent);
+        assert!(
+            since_headers >= CONTROL_SEND_STALL - SKEW && after < CONTROL_SEND_STALL + Duration::from_millis(500),
+            "{what}: closed {after:?} after the request ({since_headers:?} after the answer's headers)"
+        );
+    }
+    for control in [&secure, &plain] {
+        let conn = &control.stats().conn;
+        assert_eq!(conn.count("send_stall_timeout"), 1);
+        assert_eq!(conn.count("idle_timeout"), 0);
+        assert_eq!(conn.count("header_read_timeout"), 0);
+    }
+    // The legitimate clients, whose windows stay open, were served all along.
+    legit_secure.assert_all_served("control over TLS").await;
+    legit_plain.assert_all_served("control in plaintext").await;
+    for control in [&secure, &plain] {
+        assert_eq!(control.stats().conn.count("send_stall_timeout"), 1);
+    }
 }
 
 /// Starts a call to `path` on `conn` sending `body`: the answer's headers arrived, and
