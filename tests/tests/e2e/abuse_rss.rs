@@ -280,15 +280,12 @@ pub(crate) struct Target {
     pub(crate) stall_path: &'static str,
     pub(crate) stall_body: Bytes,
     /// Whether the server resets a reply stalled at window 0 (the sidecar, after its
-    /// send-stall timeout). Control has no such timeout: its stalled replies stay open
-    /// until the client goes, so the abuser hangs up after [`STALL_HOLD`].
+    /// send-stall timeout); if not, it closes the connection (control, after its
+    /// `--send-stall-timeout`).
     pub(crate) stall_reset: bool,
     /// The limit a stalled body is refused for.
     pub(crate) slow_body_limit: &'static str,
 }
-
-/// How long an abuser holds replies stalled at window 0 that the server does not reset.
-const STALL_HOLD: Duration = Duration::from_millis(1500);
 
 impl Target {
     async fn connect(&self) -> Box<dyn Io> {
@@ -356,7 +353,8 @@ async fn one_round(abuse: Abuse, target: &Target) {
                     assert_eq!(err.reason(), Some(h2::Reason::CANCEL));
                 }
             } else {
-                tokio::time::sleep(STALL_HOLD).await;
+                let ended = tokio::time::timeout(ENDED_WITHIN, &mut conn.conn).await;
+                assert!(ended.is_ok(), "the stalled connection was not closed within {ENDED_WITHIN:?}");
             }
         }
         Abuse::RapidReset => target.h2(h2::client::Builder::new()).await.rapid_reset(target.path).await,

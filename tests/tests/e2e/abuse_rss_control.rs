@@ -8,9 +8,8 @@
 //! sees no failed call and a p99 within 2x of its p99 without the abuse, measured as
 //! `abuse_rss` measures them.
 //!
-//! Control has no send-stall timeout: a reply stalled at window 0 stays open until the
-//! client goes, so the stall abuser hangs up after 1.5 s itself (its cost is measured, not
-//! its end).
+//! Replies stalled at window 0 get their connection closed after `--send-stall-timeout`
+//! (1.5 s here), which the stall abuser waits for.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -51,7 +50,7 @@ impl ControlProc {
             .args(["--etcd-endpoints", etcd, "--lease-ttl", "15s"])
             .args(["--ca-cert-file", &cert, "--ca-key-file", &key, "--admin-token-file", &token, "--mtls", "required"])
             .args(["--header-read-timeout", HEADER_READ_TIMEOUT, "--request-timeout", BODY_TIMEOUT])
-            .args(["--max-concurrent-streams", "32"])
+            .args(["--max-concurrent-streams", "32", "--send-stall-timeout", "1500ms"])
             .env("RUST_LOG", "warn");
         let (child, line) = spawn_ready(cmd);
         ControlProc { addr: ready_addr(&line, "grpc="), child }
