@@ -33,8 +33,34 @@ struct UpperA2a;
 
 type Events = Pin<Box<dyn Stream<Item = Result<a2a::StreamResponse, Status>> + Send>>;
 
-fn unimplemented<T>() -> Result<T, Status> {
-    Err(Status::unimplemented("not offered by this benchmark agent"))
+/// This agent completes every task within the call and keeps none: a task id it is asked
+/// about is one it does not know (A2A's TaskNotFoundError).
+fn no_such_task<T>(id: &str) -> Result<T, Status> {
+    Err(Status::not_found(format!("task {id:?} not found: this agent completes each task in its call and keeps none")))
+}
+
+/// A2A's PushNotificationNotSupportedError: the agent's card offers no push notifications.
+fn no_push<T>() -> Result<T, Status> {
+    Err(Status::failed_precondition("push notifications are not supported by this agent (its card says so)"))
+}
+
+/// The completed task answering `message`: its text upper-cased as the artifact.
+fn upper_task(message: a2a::Message) -> a2a::Task {
+    let text = match message.parts.first().and_then(|p| p.content.as_ref()) {
+        Some(part::Content::Text(t)) => t.to_uppercase(),
+        _ => String::new(),
+    };
+    a2a::Task {
+        id: format!("t-{:032x}", rand::random::<u128>()),
+        context_id: message.context_id,
+        status: Some(a2a::TaskStatus { state: a2a::TaskState::Completed as i32, ..Default::default() }),
+        artifacts: vec![a2a::Artifact {
+            artifact_id: "upper".into(),
+            parts: vec![Part { content: Some(part::Content::Text(text)), ..Default::default() }],
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
 }
 
 #[tonic::async_trait]
@@ -43,82 +69,77 @@ impl A2aService for UpperA2a {
         &self,
         request: Request<SendMessageRequest>,
     ) -> Result<Response<a2a::SendMessageResponse>, Status> {
-        let message = request.into_inner().message.unwrap_or_default();
-        let text = match message.parts.first().and_then(|p| p.content.as_ref()) {
-            Some(part::Content::Text(t)) => t.to_uppercase(),
-            _ => String::new(),
-        };
-        let task = a2a::Task {
-            id: format!("t-{:032x}", rand::random::<u128>()),
-            context_id: message.context_id,
-            status: Some(a2a::TaskStatus { state: a2a::TaskState::Completed as i32, ..Default::default() }),
-            artifacts: vec![a2a::Artifact {
-                artifact_id: "upper".into(),
-                parts: vec![Part { content: Some(part::Content::Text(text)), ..Default::default() }],
-                ..Default::default()
-            }],
-            ..Default::default()
-        };
+        let task = upper_task(request.into_inner().message.unwrap_or_default());
         Ok(Response::new(a2a::SendMessageResponse { payload: Some(send_message_response::Payload::Task(task)) }))
     }
 
     type SendStreamingMessageStream = Events;
 
-    async fn send_streaming_message(&self, _: Request<SendMessageRequest>) -> Result<Response<Events>, Status> {
-        unimplemented()
+    async fn send_streaming_message(&self, request: Request<SendMessageRequest>) -> Result<Response<Events>, Status> {
+        let task = upper_task(request.into_inner().message.unwrap_or_default());
+        let event = a2a::StreamResponse { payload: Some(a2a::stream_response::Payload::Task(task)) };
+        Ok(Response::new(Box::pin(futures_util::stream::iter([Ok(event)]))))
     }
 
-    async fn get_task(&self, _: Request<a2a::GetTaskRequest>) -> Result<Response<a2a::Task>, Status> {
-        unimplemented()
+    async fn get_task(&self, request: Request<a2a::GetTaskRequest>) -> Result<Response<a2a::Task>, Status> {
+        no_such_task(&request.into_inner().id)
     }
 
     async fn list_tasks(&self, _: Request<a2a::ListTasksRequest>) -> Result<Response<a2a::ListTasksResponse>, Status> {
-        unimplemented()
+        Ok(Response::new(a2a::ListTasksResponse::default()))
     }
 
-    async fn cancel_task(&self, _: Request<a2a::CancelTaskRequest>) -> Result<Response<a2a::Task>, Status> {
-        unimplemented()
+    async fn cancel_task(&self, request: Request<a2a::CancelTaskRequest>) -> Result<Response<a2a::Task>, Status> {
+        no_such_task(&request.into_inner().id)
     }
 
     type SubscribeToTaskStream = Events;
 
-    async fn subscribe_to_task(&self, _: Request<a2a::SubscribeToTaskRequest>) -> Result<Response<Events>, Status> {
-        unimplemented()
+    async fn subscribe_to_task(
+        &self,
+        request: Request<a2a::SubscribeToTaskRequest>,
+    ) -> Result<Response<Events>, Status> {
+        no_such_task(&request.into_inner().id)
     }
 
     async fn create_task_push_notification_config(
         &self,
         _: Request<a2a::TaskPushNotificationConfig>,
     ) -> Result<Response<a2a::TaskPushNotificationConfig>, Status> {
-        unimplemented()
+        no_push()
     }
 
     async fn get_task_push_notification_config(
         &self,
         _: Request<a2a::GetTaskPushNotificationConfigRequest>,
     ) -> Result<Response<a2a::TaskPushNotificationConfig>, Status> {
-        unimplemented()
+        no_push()
     }
 
     async fn list_task_push_notification_configs(
         &self,
         _: Request<a2a::ListTaskPushNotificationConfigsRequest>,
     ) -> Result<Response<a2a::ListTaskPushNotificationConfigsResponse>, Status> {
-        unimplemented()
+        no_push()
     }
 
     async fn get_extended_agent_card(
         &self,
         _: Request<a2a::GetExtendedAgentCardRequest>,
     ) -> Result<Response<a2a::AgentCard>, Status> {
-        unimplemented()
+        Ok(Response::new(a2a::AgentCard {
+            name: "a2aupper".into(),
+            description: "answers every message with its text upper-cased".into(),
+            version: "1.0.0".into(),
+            ..Default::default()
+        }))
     }
 
     async fn delete_task_push_notification_config(
         &self,
         _: Request<a2a::DeleteTaskPushNotificationConfigRequest>,
     ) -> Result<Response<pbjson_types::Empty>, Status> {
-        unimplemented()
+        no_push()
     }
 }
 
