@@ -199,7 +199,9 @@ async fn drive(spec: LoadSpec) -> Result<LoadResult, String> {
     })
 }
 
-async fn connect(addr: SocketAddr) -> Result<SendRequest<Bytes>, String> {
+/// One HTTP/2 connection to `addr` (stream window 1 MiB, connection window 8 MiB,
+/// TCP_NODELAY), its driver spawned on the current `LocalSet`.
+pub(crate) async fn connect(addr: SocketAddr) -> Result<SendRequest<Bytes>, String> {
     let tcp = TcpStream::connect(addr).await.map_err(|e| format!("connect {addr}: {e}"))?;
     tcp.set_nodelay(true).map_err(|e| e.to_string())?;
     let (sender, connection) = h2::client::Builder::new()
@@ -248,7 +250,8 @@ async fn call(sender: SendRequest<Bytes>, uri: Uri, body: Bytes, min_len: usize)
     Ok(())
 }
 
-fn grpc_ok(headers: &http::HeaderMap) -> Result<(), String> {
+/// Ok for `grpc-status: 0`; else the status and message.
+pub(crate) fn grpc_ok(headers: &http::HeaderMap) -> Result<(), String> {
     match headers.get("grpc-status").map(|v| v.as_bytes()) {
         Some(b"0") => Ok(()),
         Some(code) => Err(format!(

@@ -5,6 +5,7 @@
 //!   BENCHMARKS.md); writes `latest.json` and `latest.md`.
 //! - `up`: starts every path as `run` does and keeps it up (for profiling).
 //! - `load`: the open-loop fixed-rate generator `run` uses; prints JSON.
+//! - `stream`: the streaming client `run` uses (64 KiB chunks); prints JSON.
 //! - `agent`: the echo agent `run` uses.
 //! - `overload`: one instance offered a multiple of its capacity through two sidecars
 //!   (admission control of issue #6).
@@ -21,6 +22,7 @@ use std::time::Duration;
 
 use agent_reach_bench::load::{self, LoadSpec};
 use agent_reach_bench::orchestrate::{self, RunArgs};
+use agent_reach_bench::stream::{self, StreamSpec};
 use agent_reach_bench::wire::Kind;
 use agent_reach_bench::{agent, embedded, instructions, latency, overload, table_rss};
 use clap::{Parser, Subcommand};
@@ -115,6 +117,31 @@ enum Command {
         #[arg(long, default_value = "5s", value_parser = duration)]
         timeout: Duration,
     },
+    /// Server-streaming calls of 64 KiB chunks against one path for a fixed duration;
+    /// prints the payload MB/s and every stream's outcome as JSON.
+    Stream {
+        /// First hop ("127.0.0.1:port").
+        #[arg(long)]
+        addr: SocketAddr,
+        /// `agent`: Agent/HandleStream (direct, nginx, Envoy); `mesh`: Sidecar/InvokeStream.
+        #[arg(long, value_enum)]
+        kind: Kind,
+        /// Chunks of 64 KiB each stream asks for.
+        #[arg(long, default_value_t = 64)]
+        chunks: u32,
+        /// Streams in flight at once.
+        #[arg(long, default_value_t = 4)]
+        concurrency: usize,
+        #[arg(long, default_value_t = 2)]
+        connections: usize,
+        #[arg(long, default_value = "10s", value_parser = duration)]
+        duration: Duration,
+        #[arg(long, default_value = "2s", value_parser = duration)]
+        warmup: Duration,
+        /// A stream not finished after this counts as an error.
+        #[arg(long, default_value = "30s", value_parser = duration)]
+        timeout: Duration,
+    },
     /// The echo agent: registers with a sidecar and answers every call with its payload.
     Agent {
         /// The sidecar's local API ("host:port").
@@ -192,6 +219,12 @@ fn main() -> ExitCode {
         Command::Load { addr, kind, payload, rate, duration, warmup, connections, timeout } => {
             let spec = LoadSpec { addr, kind, payload, rate, duration, warmup, connections, timeout };
             load::run(&spec)
+                .and_then(|r| serde_json::to_string(&r).map_err(|e| e.to_string()))
+                .map(|json| println!("{json}"))
+        }
+        Command::Stream { addr, kind, chunks, concurrency, connections, duration, warmup, timeout } => {
+            let spec = StreamSpec { addr, kind, chunks, concurrency, connections, duration, warmup, timeout };
+            stream::run(&spec)
                 .and_then(|r| serde_json::to_string(&r).map_err(|e| e.to_string()))
                 .map(|json| println!("{json}"))
         }

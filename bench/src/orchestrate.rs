@@ -7,20 +7,30 @@
 //! (client, agent, control) to CPU 0, the same for every path. For each repetition,
 //! payload and path (interleaved, so drift hits all paths alike) it verifies the path with
 //! a real gRPC client, runs h2load closed loop, then the open-loop generator at each fixed
-//! rate, reading CPU and peak RSS of every process before and after each run. Then it
+//! rate, reading CPU and peak RSS of every process before and after each run (and, where
+//! `perf stat` counts them, instructions and cycles of every proxy process over each
+//! fixed-rate run: [`crate::hwcounters`], detected once at start). After the payloads of
+//! each repetition, every path carries server-streaming calls of 64 KiB chunks
+//! ([`crate::stream`]; `--no-stream` skips them), with CPU per MB of every process. Then it
 //! measures sidecar memory with large routing tables, and writes `latest.json` and
-//! `latest.md` to the output directory. Any error answer on any path fails the run.
+//! `latest.md` to the output directory. Any error answer on any path, or any stream that
+//! does not end with grpc-status 0 and every byte, fails the run.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::h2load::{self, H2loadSpec};
+use crate::hwcounters::{self, Availability};
 use crate::load::LoadResult;
 use crate::machine::{self, Machine};
 use crate::procs::{self, Binaries, Proc};
 use crate::procstat;
 use crate::proxies::{self, Tools};
-use crate::report::{self, Measurement, ProcUsage, Report, Settings, Verification};
+use crate::report::{
+    self, Measurement, ProcUsage, Report, RoleCounters, Settings, StreamMeasurement, StreamProcUsage, Streaming,
+    Verification,
+};
+use crate::stream::StreamResult;
 use crate::table_rss;
 use crate::tls::TlsFiles;
 use crate::verify;
@@ -125,6 +135,21 @@ pub struct RunArgs {
     /// Keep the temporary directory (configs and logs of every process).
     #[arg(long)]
     pub keep_tmp: bool,
+    /// Skip the streaming measurement (server-streaming calls of 64 KiB chunks).
+    #[arg(long)]
+    pub no_stream: bool,
+    /// Streaming: measured duration per path and repetition.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    pub stream_duration: Duration,
+    /// Streaming: 64 KiB chunks per stream.
+    #[arg(long, default_value_t = 64)]
+    pub stream_chunks: u32,
+    /// Streaming: streams in flight at once.
+    #[arg(long, default_value_t = 4)]
+    pub stream_concurrency: usize,
+    /// Streaming: HTTP/2 connections the streams share.
+    #[arg(long, default_value_t = 2)]
+    pub stream_connections: usize,
     /// TLS 1.3 with client certificates between the two proxies of every path: the mesh
     /// with its secure defaults (mutual TLS, certificates from control), nginx with
     /// `grpc_pass grpcs://`, Envoy with TLS transport sockets (see `tls.rs`).
@@ -143,6 +168,9 @@ impl RunArgs {
             self.rates = if self.tls { vec![100, 200] } else { vec![200, 500] };
             self.table_sizes = vec![100];
             self.verify_calls = 5;
+            self.stream_duration = Duration::from_millis(400);
+            self.stream_chunks = 8;
+            self.stream_concurrency = 2;
         }
     }
 }
@@ -345,6 +373,33 @@ impl Probe {
         Probe { groups, before, started: Instant::now() }
     }
 
+    /// `perf stat` on each proxy group of the probe (not the agent), when counters exist.
+    fn counters(
+        &self,
+        hw: &Availability,
+        cpus: Option<&str>,
+        dir: &Path,
+        tag: &str,
+    ) -> Vec<(String, Vec<u32>, hwcounters::Session)> {
+        if !hw.available() {
+            return Vec::new();
+        }
+        self.groups
+            .iter()
+            .filter(|(role, _)| role != "agent")
+            .filter_map(|(role, pids)| {
+                let out = dir.join(format!("perf-{tag}-{}.csv", role.replace(' ', "-")));
+                match hwcounters::Session::start(pids, cpus, &out) {
+                    Ok(s) => Some((role.clone(), pids.clone(), s)),
+                    Err(e) => {
+                        eprintln!("#   perf stat on {role}: {e}");
+                        None
+                    }
+                }
+            })
+            .collect()
+    }
+
     /// Usage per group for `calls` calls; and cores used by other processes.
     fn finish(self, calls: u64) -> (Vec<ProcUsage>, f64, f64) {
         let wall = self.started.elapsed().as_secs_f64();
@@ -393,6 +448,8 @@ pub async fn run(mut args: RunArgs) -> Result<Report, String> {
     let machine = Machine::current();
     eprintln!("# agent-reach-bench run — {date}, {}", machine.describe());
     eprintln!("# load average at start: {:.2} {:.2} {:.2}", loadavg_start[0], loadavg_start[1], loadavg_start[2]);
+    let hw = hwcounters::detect();
+    eprintln!("# hardware counters: {}", hw.describe());
 
     let settings = Settings {
         smoke: args.smoke,
@@ -442,6 +499,7 @@ pub async fn run(mut args: RunArgs) -> Result<Report, String> {
         nginx: format!("{}.{}.{}", nginx_version.0, nginx_version.1, nginx_version.2),
         envoy: proxies::envoy_version(&tools.envoy),
         h2load: h2load::version(&tools.h2load),
+        hardware_counters: hw.describe(),
     };
 
     let tls = if args.tls { Some(TlsFiles::create(&dir)?) } else { None };
@@ -465,6 +523,7 @@ pub async fn run(mut args: RunArgs) -> Result<Report, String> {
     let mut measurements: Vec<Measurement> = Vec::new();
     let mut verifications = Vec::new();
     let mut failures = Vec::new();
+    let mut stream_measurements: Vec<StreamMeasurement> = Vec::new();
     for rep in 1..=args.reps {
         for &payload in &args.payloads {
             for &path in &args.paths {
@@ -498,7 +557,7 @@ pub async fn run(mut args: RunArgs) -> Result<Report, String> {
                 measurements.push(m);
                 for &rate in &args.rates {
                     wait_quiet(args.quiet_below, args.quiet_wait).await;
-                    let m = open_loop(&args, &binaries, &pin, &topo, path, payload, rep, port, rate).await?;
+                    let m = open_loop(&args, &binaries, &pin, &topo, path, payload, rep, port, rate, &hw, &dir).await?;
                     if let Some(o) = &m.open_loop
                         && o.errors > 0
                     {
@@ -515,6 +574,30 @@ pub async fn run(mut args: RunArgs) -> Result<Report, String> {
                     }
                     measurements.push(m);
                 }
+            }
+        }
+        if !args.no_stream {
+            for &path in &args.paths {
+                topo.check_alive()?;
+                let name = path.as_str();
+                eprintln!("# rep {rep}/{} · streaming 64 KiB chunks · {name}", args.reps);
+                wait_quiet(args.quiet_below, args.quiet_wait).await;
+                let m = streaming(&args, &binaries, &pin, &topo, path, rep).await?;
+                let r = &m.result;
+                if r.errors > 0 || r.measured_streams == 0 {
+                    failures.push(format!(
+                        "{name}, streaming, rep {rep}: {} failed streams of {}, {} measured, e.g. {:?}",
+                        r.errors,
+                        r.errors + r.ok,
+                        r.measured_streams,
+                        r.error_samples
+                    ));
+                }
+                eprintln!(
+                    "#   {:.1} MB/s ({} streams of {} chunks, {} errors)",
+                    r.mb_per_s, r.measured_streams, r.chunks_per_stream, r.errors
+                );
+                stream_measurements.push(m);
             }
         }
     }
@@ -537,8 +620,32 @@ pub async fn run(mut args: RunArgs) -> Result<Report, String> {
 
     let paths: Vec<String> = settings.paths.clone();
     let summary = report::summarize(&measurements, &paths, &args.payloads, &args.rates);
-    let (ratios, targets) = report::ratios_and_targets(&summary, &args.payloads, &args.rates, &table_rss);
-    let others: Vec<f64> = measurements.iter().map(|m| m.other_cores).collect();
+    let (ratios, mut targets) = report::ratios_and_targets(&summary, &args.payloads, &args.rates, &table_rss);
+    let streaming = (!args.no_stream).then(|| {
+        let summary = report::summarize_streams(&stream_measurements, &paths);
+        let ratios = report::stream_ratios(&summary, crate::wire::STREAM_CHUNK);
+        targets.extend(report::stream_target(&ratios));
+        Streaming {
+            setup: format!(
+                "agent-reach-bench stream: {} server-streaming calls in flight over {} HTTP/2 connections, each \
+                 asking the echo agent for {} chunks of 64 KiB (Agent/HandleStream; mesh: Sidecar/InvokeStream), \
+                 {:.1} s measured after {:.1} s warm-up; every stream checked for grpc-status 0 and every chunk",
+                args.stream_concurrency,
+                args.stream_connections,
+                args.stream_chunks,
+                args.stream_duration.as_secs_f64(),
+                args.warmup.as_secs_f64()
+            ),
+            measurements: stream_measurements,
+            summary,
+            ratios,
+        }
+    });
+    let others: Vec<f64> = measurements
+        .iter()
+        .map(|m| m.other_cores)
+        .chain(streaming.iter().flat_map(|s| s.measurements.iter().map(|m| m.other_cores)))
+        .collect();
     let load = report::MachineLoad {
         loadavg_start,
         loadavg_end,
@@ -557,6 +664,7 @@ pub async fn run(mut args: RunArgs) -> Result<Report, String> {
         ratios,
         targets,
         table_rss,
+        streaming,
         ok: failures.is_empty(),
         failures,
     };
@@ -642,6 +750,7 @@ async fn closed_loop(
         h2load: Some(result),
         open_loop: None,
         processes,
+        counters: Vec::new(),
         other_cores,
         loadavg_1m: machine::loadavg()[0],
     })
@@ -658,6 +767,8 @@ async fn open_loop(
     rep: usize,
     port: u16,
     rate: u32,
+    hw: &Availability,
+    dir: &Path,
 ) -> Result<Measurement, String> {
     let mut cmd = tokio::process::Command::from(binaries.bench(pin.client()));
     cmd.args([
@@ -680,6 +791,7 @@ async fn open_loop(
     .stdin(std::process::Stdio::null())
     .kill_on_drop(true);
     let probe = Probe::start(topo, path);
+    let perf = probe.counters(hw, pin.client(), dir, &format!("{rep}-{payload}-{}-{rate}", path.as_str()));
     let out = cmd.output().await.map_err(|e| format!("load generator: {e}"))?;
     if !out.status.success() {
         return Err(format!(
@@ -691,6 +803,21 @@ async fn open_loop(
     }
     let result: LoadResult = serde_json::from_slice(&out.stdout).map_err(|e| format!("load generator output: {e}"))?;
     let (processes, other_cores, wall_s) = probe.finish(result.ok);
+    let calls = result.ok.max(1) as f64;
+    let mut counters = Vec::new();
+    for (role, pids, session) in perf {
+        match session.finish() {
+            Ok(c) => counters.push(RoleCounters {
+                role,
+                pids,
+                instructions: c.instructions,
+                cycles: c.cycles,
+                instructions_per_call: c.instructions as f64 / calls,
+                cycles_per_call: c.cycles as f64 / calls,
+            }),
+            Err(e) => eprintln!("#   perf stat on {role}: no counts ({e})"),
+        }
+    }
     Ok(Measurement {
         rep,
         payload,
@@ -704,6 +831,72 @@ async fn open_loop(
         latency_ms: Some(result.latency_ms.clone()),
         h2load: None,
         open_loop: Some(result),
+        processes,
+        counters,
+        other_cores,
+        loadavg_1m: machine::loadavg()[0],
+    })
+}
+
+/// One streaming run on `path`: the streaming client in its own process (on the client
+/// CPUs, like the open-loop generator), CPU of every process of the path around it.
+async fn streaming(
+    args: &RunArgs,
+    binaries: &Binaries,
+    pin: &Pinning,
+    topo: &Topology,
+    path: PathName,
+    rep: usize,
+) -> Result<StreamMeasurement, String> {
+    let mut cmd = tokio::process::Command::from(binaries.bench(pin.client()));
+    cmd.args([
+        "stream",
+        "--addr",
+        &format!("127.0.0.1:{}", topo.port(path)),
+        "--kind",
+        if path.kind() == Kind::Mesh { "mesh" } else { "agent" },
+        "--chunks",
+        &args.stream_chunks.to_string(),
+        "--concurrency",
+        &args.stream_concurrency.to_string(),
+        "--connections",
+        &args.stream_connections.to_string(),
+        "--duration",
+        &format!("{}ms", args.stream_duration.as_millis()),
+        "--warmup",
+        &format!("{}ms", args.warmup.as_millis()),
+    ])
+    .stdin(std::process::Stdio::null())
+    .kill_on_drop(true);
+    let probe = Probe::start(topo, path);
+    let out = cmd.output().await.map_err(|e| format!("streaming client: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "streaming client on the {} path failed ({}): {}",
+            path.as_str(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let result: StreamResult =
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("streaming client output: {e}"))?;
+    let (usage, other_cores, wall_s) = probe.finish(0);
+    let mb = result.payload_bytes as f64 / 1e6;
+    let processes = usage
+        .into_iter()
+        .map(|u| StreamProcUsage {
+            cpu_ms_per_mb: if mb > 0.0 { u.cpu_s * 1e3 / mb } else { f64::NAN },
+            role: u.role,
+            pids: u.pids,
+            cpu_s: u.cpu_s,
+            peak_rss_kib: u.peak_rss_kib,
+        })
+        .collect();
+    Ok(StreamMeasurement {
+        rep,
+        path: path.as_str().into(),
+        wall_s,
+        result,
         processes,
         other_cores,
         loadavg_1m: machine::loadavg()[0],

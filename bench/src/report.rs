@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::h2load::H2loadResult;
 use crate::load::{LoadResult, Percentiles};
 use crate::machine::Machine;
+use crate::stream::StreamResult;
 use crate::table_rss::TableRss;
 
 /// Median and range of one quantity over repetitions.
@@ -48,6 +49,17 @@ pub struct ProcUsage {
     pub peak_rss_kib: u64,
 }
 
+/// Hardware counters (`perf stat`) of one process group during one fixed-rate run.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RoleCounters {
+    pub role: String,
+    pub pids: Vec<u32>,
+    pub instructions: u64,
+    pub cycles: u64,
+    pub instructions_per_call: f64,
+    pub cycles_per_call: f64,
+}
+
 /// One load run on one path.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Measurement {
@@ -67,9 +79,58 @@ pub struct Measurement {
     pub h2load: Option<H2loadResult>,
     pub open_loop: Option<LoadResult>,
     pub processes: Vec<ProcUsage>,
+    /// Instructions and cycles of each proxy process (fixed-rate runs, where `perf stat`
+    /// counts them; empty otherwise).
+    #[serde(default)]
+    pub counters: Vec<RoleCounters>,
     /// CPU cores used on average by processes outside the benchmark during the run.
     pub other_cores: f64,
     pub loadavg_1m: f64,
+}
+
+/// CPU and memory of one process group during one streaming run.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StreamProcUsage {
+    pub role: String,
+    pub pids: Vec<u32>,
+    pub cpu_s: f64,
+    /// CPU milliseconds per MB (10^6 bytes) of chunk payload streamed, warm-up included.
+    pub cpu_ms_per_mb: f64,
+    pub peak_rss_kib: u64,
+}
+
+/// One streaming run on one path.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StreamMeasurement {
+    pub rep: usize,
+    pub path: String,
+    pub wall_s: f64,
+    pub result: StreamResult,
+    pub processes: Vec<StreamProcUsage>,
+    pub other_cores: f64,
+    pub loadavg_1m: f64,
+}
+
+/// Medians of one path's streaming runs.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StreamSummary {
+    pub path: String,
+    pub mb_per_s: Option<Stat>,
+    /// CPU ms per MB of each process of the path (proxies, then the agent).
+    pub cpu_ms_per_mb: Vec<(String, Option<Stat>)>,
+    pub streams: u64,
+    pub errors: u64,
+}
+
+/// The streaming measurement of a run: server-streaming calls of 64 KiB chunks.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Streaming {
+    /// How the streams were driven.
+    pub setup: String,
+    pub measurements: Vec<StreamMeasurement>,
+    pub summary: Vec<StreamSummary>,
+    /// "stream MB/s mesh/nginx" and the like; `payload` is the chunk size.
+    pub ratios: Vec<Ratio>,
 }
 
 /// One verification with the real gRPC client.
@@ -101,6 +162,9 @@ pub struct Settings {
     pub nginx: String,
     pub envoy: String,
     pub h2load: String,
+    /// What `perf stat` counts here, or why it counts nothing.
+    #[serde(default)]
+    pub hardware_counters: String,
 }
 
 /// Median open-loop figures of one path at one rate.
@@ -126,6 +190,16 @@ pub struct RoleCpu {
     pub cpu_ms_per_1k_calls: Option<Stat>,
 }
 
+/// Instructions and cycles per call of one process of a path at one fixed rate.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RoleCounterStat {
+    pub role: String,
+    /// "open@<rate>".
+    pub load: String,
+    pub instructions_per_call: Option<Stat>,
+    pub cycles_per_call: Option<Stat>,
+}
+
 /// Everything measured on one path with one payload.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PathSummary {
@@ -136,6 +210,10 @@ pub struct PathSummary {
     pub cpu: Vec<RoleCpu>,
     /// Largest peak RSS of each process over all runs, KiB.
     pub peak_rss_kib: Vec<(String, u64)>,
+    /// Hardware counters per call of each proxy at each fixed rate (empty where `perf
+    /// stat` counts nothing).
+    #[serde(default)]
+    pub counters: Vec<RoleCounterStat>,
     pub calls: u64,
     pub errors: u64,
 }
@@ -183,6 +261,9 @@ pub struct Report {
     pub ratios: Vec<Ratio>,
     pub targets: Vec<TargetCheck>,
     pub table_rss: Vec<TableRss>,
+    /// The streaming measurement (absent with `--no-stream`).
+    #[serde(default)]
+    pub streaming: Option<Streaming>,
     /// Errors that make the run fail (any path answering errors).
     pub failures: Vec<String>,
     pub ok: bool,
@@ -264,6 +345,29 @@ pub fn summarize(ms: &[Measurement], paths: &[String], payloads: &[usize], rates
                     .unwrap_or(0);
                 peak_rss_kib.push((role.to_string(), peak));
             }
+            let mut counters = Vec::new();
+            for role in proxy_roles(path) {
+                for &rate in rates {
+                    let of = |f: fn(&RoleCounters) -> f64| {
+                        let values: Vec<f64> = mine
+                            .iter()
+                            .filter(|m| m.load == "open" && m.rate == Some(rate))
+                            .filter_map(|m| m.counters.iter().find(|c| c.role == *role).map(f))
+                            .collect();
+                        Stat::of(&values)
+                    };
+                    let (instructions_per_call, cycles_per_call) =
+                        (of(|c| c.instructions_per_call), of(|c| c.cycles_per_call));
+                    if instructions_per_call.is_some() || cycles_per_call.is_some() {
+                        counters.push(RoleCounterStat {
+                            role: role.to_string(),
+                            load: format!("open@{rate}"),
+                            instructions_per_call,
+                            cycles_per_call,
+                        });
+                    }
+                }
+            }
             out.push(PathSummary {
                 payload,
                 path: path.clone(),
@@ -271,6 +375,7 @@ pub fn summarize(ms: &[Measurement], paths: &[String], payloads: &[usize], rates
                 open,
                 cpu,
                 peak_rss_kib,
+                counters,
                 calls: mine.iter().map(|m| m.calls).sum(),
                 errors: mine.iter().map(|m| m.errors).sum(),
             });
@@ -343,6 +448,23 @@ pub fn ratios_and_targets(
             );
         }
 
+        let per_call = |path: &str, role: &str, load: &str, cycles: bool| {
+            let c = get(path)?.counters.iter().find(|c| c.role == role && c.load == load)?;
+            (if cycles { c.cycles_per_call } else { c.instructions_per_call }).map(|s| s.median)
+        };
+        for rate in rates {
+            let load = format!("open@{rate}");
+            for (hop, sidecar, nginx) in [("A", "sidecar A", "nginx A"), ("B", "sidecar B", "nginx B")] {
+                for (what, cycles) in [("instructions", false), ("cycles", true)] {
+                    let (mesh, other) =
+                        (per_call("mesh", sidecar, &load, cycles), per_call("nginx", nginx, &load, cycles));
+                    if mesh.is_some() || other.is_some() {
+                        push(format!("{what} per call sidecar {hop}/nginx {hop} @{rate}/s"), ratio(mesh, other));
+                    }
+                }
+            }
+        }
+
         let mut check = |target: String, value: f64, relation: &str, limit: f64| {
             let met = value.is_finite() && if relation == "≥" { value >= limit } else { value <= limit };
             targets.push(TargetCheck { payload: Some(payload), target, value, limit, relation: relation.into(), met });
@@ -383,6 +505,76 @@ pub fn ratios_and_targets(
     (ratios, targets)
 }
 
+/// Medians per path of the streaming runs.
+pub fn summarize_streams(ms: &[StreamMeasurement], paths: &[String]) -> Vec<StreamSummary> {
+    paths
+        .iter()
+        .map(|path| {
+            let mine: Vec<&StreamMeasurement> = ms.iter().filter(|m| &m.path == path).collect();
+            let cpu_ms_per_mb = proxy_roles(path)
+                .iter()
+                .chain(["agent"].iter())
+                .map(|role| {
+                    let values: Vec<f64> = mine
+                        .iter()
+                        .filter_map(|m| m.processes.iter().find(|p| p.role == *role).map(|p| p.cpu_ms_per_mb))
+                        .collect();
+                    (role.to_string(), Stat::of(&values))
+                })
+                .collect();
+            StreamSummary {
+                path: path.clone(),
+                mb_per_s: Stat::of(&mine.iter().map(|m| m.result.mb_per_s).collect::<Vec<_>>()),
+                cpu_ms_per_mb,
+                streams: mine.iter().map(|m| m.result.ok).sum(),
+                errors: mine.iter().map(|m| m.result.errors).sum(),
+            }
+        })
+        .collect()
+}
+
+/// MB/s and CPU per MB of the mesh against the other paths; `chunk` is the chunk size
+/// (the ratios' `payload`).
+pub fn stream_ratios(s: &[StreamSummary], chunk: usize) -> Vec<Ratio> {
+    let get = |path: &str| s.iter().find(|p| p.path == path);
+    let mbps = |path: &str| get(path).and_then(|p| p.mb_per_s).map(|m| m.median);
+    let cpu_pair = |path: &str| -> Option<f64> {
+        let p = get(path)?;
+        let of = |role: &str| p.cpu_ms_per_mb.iter().find(|(r, _)| r == role).and_then(|(_, c)| *c).map(|c| c.median);
+        let roles = proxy_roles(path);
+        Some(of(roles[0])? + of(roles[1])?)
+    };
+    let mut out = Vec::new();
+    for other in ["nginx", "envoy", "direct"] {
+        out.push(Ratio {
+            payload: chunk,
+            name: format!("stream MB/s mesh/{other}"),
+            value: ratio(mbps("mesh"), mbps(other)),
+        });
+    }
+    for other in ["nginx", "envoy"] {
+        out.push(Ratio {
+            payload: chunk,
+            name: format!("stream CPU per MB sidecars/{other}"),
+            value: ratio(cpu_pair("mesh"), cpu_pair(other)),
+        });
+    }
+    out
+}
+
+/// The streaming target: MB/s through both sidecars ≥ nginx's `grpc_pass`.
+pub fn stream_target(ratios: &[Ratio]) -> Option<TargetCheck> {
+    let r = ratios.iter().find(|r| r.name == "stream MB/s mesh/nginx")?;
+    Some(TargetCheck {
+        payload: Some(r.payload),
+        target: "stream MB/s mesh/nginx".into(),
+        value: r.value,
+        limit: 1.0,
+        relation: "≥".into(),
+        met: r.value.is_finite() && r.value >= 1.0,
+    })
+}
+
 fn ms(s: Option<Stat>) -> String {
     match s {
         Some(s) if s.n > 1 => format!("{:.3} ({:.3}–{:.3})", s.median, s.min, s.max),
@@ -401,6 +593,26 @@ fn cpu(s: Option<Stat>) -> String {
 
 fn rate(s: Option<Stat>) -> String {
     let k = |v: f64| if v >= 1000.0 { format!("{:.1}k", v / 1000.0) } else { format!("{v:.0}") };
+    match s {
+        Some(s) if s.n > 1 => format!("{} ({}–{})", k(s.median), k(s.min), k(s.max)),
+        Some(s) => k(s.median),
+        None => "–".into(),
+    }
+}
+
+/// A per-call count: "12,345" (median), with the range when there are several.
+fn count(s: Option<Stat>) -> String {
+    let k = |v: f64| {
+        let digits = format!("{:.0}", v.max(0.0));
+        let mut out = String::new();
+        for (i, c) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i).is_multiple_of(3) {
+                out.push(',');
+            }
+            out.push(c);
+        }
+        out
+    };
     match s {
         Some(s) if s.n > 1 => format!("{} ({}–{})", k(s.median), k(s.min), k(s.max)),
         Some(s) => k(s.median),
@@ -444,6 +656,9 @@ pub fn markdown(r: &Report) -> String {
     let _ = writeln!(o, "- Pinning: {}", s.pinning);
     let _ = writeln!(o, "- Closed loop: {}", s.closed_loop);
     let _ = writeln!(o, "- Open loop: {}", s.open_loop);
+    if !s.hardware_counters.is_empty() {
+        let _ = writeln!(o, "- Hardware counters: {}", s.hardware_counters);
+    }
     let _ = writeln!(
         o,
         "- {} repetition(s), paths interleaved within each; cells show the median and (min–max) over repetitions.",
@@ -516,6 +731,36 @@ pub fn markdown(r: &Report) -> String {
             }
         }
         let _ = writeln!(o);
+        if r.summary.iter().any(|p| p.payload == payload && !p.counters.is_empty()) {
+            let _ = writeln!(
+                o,
+                "### {} payload: instructions and cycles per call (perf stat) of each proxy\n",
+                payload_name(payload)
+            );
+            let mut header = "| path | process |".to_string();
+            let mut rule = "|---|---|".to_string();
+            for rate in &s.rates {
+                let _ = write!(header, " instructions @{rate}/s | cycles @{rate}/s |");
+                rule.push_str("---|---|");
+            }
+            let _ = writeln!(o, "{header}\n{rule}");
+            for p in r.summary.iter().filter(|p| p.payload == payload) {
+                for role in proxy_roles(&p.path) {
+                    let _ = write!(o, "| {} | {role} |", p.path);
+                    for rate in &s.rates {
+                        let c = p.counters.iter().find(|c| c.role == *role && c.load == format!("open@{rate}"));
+                        let _ = write!(
+                            o,
+                            " {} | {} |",
+                            count(c.and_then(|c| c.instructions_per_call)),
+                            count(c.and_then(|c| c.cycles_per_call))
+                        );
+                    }
+                    let _ = writeln!(o);
+                }
+            }
+            let _ = writeln!(o);
+        }
     }
 
     let _ = writeln!(o, "### Ratios (medians)\n");
@@ -539,6 +784,36 @@ pub fn markdown(r: &Report) -> String {
             let _ = write!(o, " {} |", num(v, 2));
         }
         let _ = writeln!(o);
+    }
+
+    if let Some(st) = &r.streaming {
+        let _ = writeln!(
+            o,
+            "\n### Streaming: {} chunks, MB/s of payload (10^6 bytes)\n",
+            payload_name(crate::wire::STREAM_CHUNK)
+        );
+        let _ = writeln!(o, "{}\n", st.setup);
+        let _ = writeln!(o, "| path | MB/s | streams (errors) | CPU ms per MB of each process |\n|---|---|---|---|");
+        for p in &st.summary {
+            let cpu_cells: Vec<String> = p
+                .cpu_ms_per_mb
+                .iter()
+                .map(|(role, c)| format!("{role} {}", ms(c.map(|c| Stat { n: 1, ..c }))))
+                .collect();
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} ({}) | {} |",
+                path_label(&p.path),
+                cpu(p.mb_per_s),
+                p.streams,
+                p.errors,
+                cpu_cells.join("; ")
+            );
+        }
+        let _ = writeln!(o);
+        for x in &st.ratios {
+            let _ = writeln!(o, "- {}: {}", x.name, num(x.value, 2));
+        }
     }
 
     let _ = writeln!(o, "\n### Targets\n\n| target | payload | value | target | met |\n|---|---|---|---|---|");
@@ -598,6 +873,57 @@ mod tests {
         assert_eq!(Stat::of(&[4.0, 1.0]).unwrap().median, 2.5);
         assert_eq!(Stat::of(&[]), None);
         assert_eq!(Stat::of(&[f64::NAN]), None);
+    }
+
+    #[test]
+    fn counts_read_with_thousands_separators() {
+        assert_eq!(count(Some(Stat { median: 1_234_567.4, min: 1.0, max: 1e6, n: 3 })), "1,234,567 (1–1,000,000)");
+        assert_eq!(count(Some(Stat { median: 999.0, min: 999.0, max: 999.0, n: 1 })), "999");
+        assert_eq!(count(None), "–");
+    }
+
+    fn streamed(path: &str, rep: usize, mb_per_s: f64, cpu: &[(&str, f64)]) -> StreamMeasurement {
+        StreamMeasurement {
+            rep,
+            path: path.into(),
+            wall_s: 1.0,
+            result: StreamResult { mb_per_s, ok: 10, ..Default::default() },
+            processes: cpu
+                .iter()
+                .map(|(role, c)| StreamProcUsage {
+                    role: role.to_string(),
+                    pids: vec![1],
+                    cpu_s: 0.0,
+                    cpu_ms_per_mb: *c,
+                    peak_rss_kib: 0,
+                })
+                .collect(),
+            other_cores: 0.0,
+            loadavg_1m: 0.0,
+        }
+    }
+
+    #[test]
+    fn streaming_ratios_and_target() {
+        let ms = vec![
+            streamed("mesh", 1, 300.0, &[("sidecar A", 1.0), ("sidecar B", 2.0)]),
+            streamed("mesh", 2, 500.0, &[("sidecar A", 1.0), ("sidecar B", 2.0)]),
+            streamed("nginx", 1, 500.0, &[("nginx A", 0.5), ("nginx B", 1.0)]),
+            streamed("nginx", 2, 300.0, &[("nginx A", 0.5), ("nginx B", 1.0)]),
+            streamed("direct", 1, 1600.0, &[]),
+        ];
+        let paths: Vec<String> = ["direct", "mesh", "nginx", "envoy"].iter().map(|p| p.to_string()).collect();
+        let summary = summarize_streams(&ms, &paths);
+        assert_eq!(summary[1].mb_per_s.unwrap().median, 400.0);
+        assert_eq!(summary[1].streams, 20);
+        let ratios = stream_ratios(&summary, 65536);
+        let get = |name: &str| ratios.iter().find(|r| r.name == name).unwrap().value;
+        assert_eq!(get("stream MB/s mesh/nginx"), 1.0);
+        assert_eq!(get("stream MB/s mesh/direct"), 0.25);
+        assert_eq!(get("stream CPU per MB sidecars/nginx"), 2.0);
+        assert!(get("stream MB/s mesh/envoy").is_nan(), "no Envoy runs");
+        let target = stream_target(&ratios).unwrap();
+        assert!(target.met && target.payload == Some(65536) && target.relation == "≥");
     }
 
     #[test]

@@ -13,6 +13,14 @@ pub const CAPABILITY: &str = "bench.echo";
 pub const PATH_HANDLE: &str = "/agentreach.v1.Agent/Handle";
 /// The sidecar's method (mesh path).
 pub const PATH_INVOKE: &str = "/agentreach.v1.Sidecar/Invoke";
+/// The agent's streaming method (direct, nginx and Envoy paths of the streaming run).
+pub const PATH_HANDLE_STREAM: &str = "/agentreach.v1.Agent/HandleStream";
+/// The sidecar's streaming method (mesh path of the streaming run).
+pub const PATH_INVOKE_STREAM: &str = "/agentreach.v1.Sidecar/InvokeStream";
+/// Payload bytes of each chunk the echo agent streams.
+pub const STREAM_CHUNK: usize = 64 * 1024;
+/// Most chunks one streamed call may ask for.
+pub const MAX_STREAM_CHUNKS: u32 = 65_536;
 
 /// What the first hop of a path expects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
@@ -29,6 +37,14 @@ impl Kind {
         match self {
             Kind::Agent => PATH_HANDLE,
             Kind::Mesh => PATH_INVOKE,
+        }
+    }
+
+    /// The server-streaming method of the same first hop.
+    pub fn stream_path(self) -> &'static str {
+        match self {
+            Kind::Agent => PATH_HANDLE_STREAM,
+            Kind::Mesh => PATH_INVOKE_STREAM,
         }
     }
 }
@@ -75,6 +91,25 @@ pub fn request_body(kind: Kind, len: usize) -> Bytes {
     grpc_frame(&request_message(kind, &payload(len)))
 }
 
+/// The request body of a streamed call asking the echo agent for `chunks` chunks of
+/// [`STREAM_CHUNK`] bytes: the same message as a unary call of `kind`, its payload the
+/// count in decimal.
+pub fn stream_request_body(kind: Kind, chunks: u32) -> Bytes {
+    grpc_frame(&request_message(kind, &Bytes::from(chunks.to_string())))
+}
+
+/// The chunk count a streamed call's payload asks for (see [`stream_request_body`]).
+pub fn parse_stream_request(payload: &[u8]) -> Result<u32, String> {
+    let n: u32 = std::str::from_utf8(payload)
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .ok_or_else(|| format!("the payload must be a chunk count in decimal, got {} bytes", payload.len()))?;
+    if n == 0 || n > MAX_STREAM_CHUNKS {
+        return Err(format!("chunk count {n} is not within 1..={MAX_STREAM_CHUNKS}"));
+    }
+    Ok(n)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,5 +128,18 @@ mod tests {
         let req = proto::InvokeRequest::decode(&body[5..]).unwrap();
         assert_eq!(req.payload, payload(1024));
         assert!(matches!(req.target.unwrap().kind, Some(proto::target::Kind::Capability(c)) if c == CAPABILITY));
+    }
+
+    #[test]
+    fn stream_requests_carry_the_chunk_count() {
+        let body = stream_request_body(Kind::Mesh, 64);
+        let req = proto::InvokeRequest::decode(&body[5..]).unwrap();
+        assert_eq!(parse_stream_request(&req.payload), Ok(64));
+        let req = proto::HandleRequest::decode(&stream_request_body(Kind::Agent, 3)[5..]).unwrap();
+        assert_eq!((parse_stream_request(&req.payload), req.capability.as_str()), (Ok(3), CAPABILITY));
+        assert!(parse_stream_request(b"0").is_err());
+        assert!(parse_stream_request(b"65537").is_err());
+        assert!(parse_stream_request(b"abc").is_err());
+        assert_eq!(Kind::Agent.stream_path(), "/agentreach.v1.Agent/HandleStream");
     }
 }

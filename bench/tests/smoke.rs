@@ -2,9 +2,10 @@
 //! --smoke --embedded` (one repetition, a few hundred calls per path and load, a
 //! 100-instance routing table) through every path — direct, mesh, nginx → nginx, Envoy →
 //! Envoy — with both payloads, asserting that every path answered every call with
-//! grpc-status 0. It needs nginx, h2load and Envoy (`scripts/install-bench-tools.sh`) and
-//! fails, never skips, when one is missing. A second run does the same with `--tls` (one
-//! payload). The real benchmark is not part of the tests.
+//! grpc-status 0, and that every path streamed 64 KiB chunks with every stream complete.
+//! It needs nginx, h2load and Envoy (`scripts/install-bench-tools.sh`) and fails, never
+//! skips, when one is missing. A second run does the same with `--tls` (one payload). The
+//! real benchmark is not part of the tests.
 
 use std::process::Command;
 
@@ -73,11 +74,57 @@ fn check_paths(report: &Value, payloads: &[u64]) {
             }
         }
     }
+    check_streaming(report);
+    check_counters(report);
     let table = report["table_rss"].as_array().unwrap();
     // The sidecar memory measurement (plaintext: it registers fake sidecars directly).
     assert_eq!(table.len(), 3, "idle, incremental and snapshot rows");
     for row in table {
         assert_eq!(row["converged"], Value::Bool(true), "routing table did not converge: {row}");
         assert!(row["rss_kib"].as_u64().unwrap() > 0, "{row}");
+    }
+}
+
+/// Every path streamed: no failed stream, and exactly the chunks asked for in bytes.
+fn check_streaming(report: &Value) {
+    let streaming = &report["streaming"];
+    let runs = streaming["measurements"].as_array().expect("a streaming measurement");
+    for path in ["direct", "mesh", "nginx", "envoy"] {
+        let mine: Vec<&Value> = runs.iter().filter(|m| m["path"] == path).collect();
+        assert_eq!(mine.len(), 1, "{path}: one streaming run");
+        let r = &mine[0]["result"];
+        assert_eq!(r["errors"].as_u64(), Some(0), "{path}: {}", r["error_samples"]);
+        let (streams, chunks) = (r["measured_streams"].as_u64().unwrap(), r["chunks_per_stream"].as_u64().unwrap());
+        assert!(streams > 0, "{path}: no stream measured");
+        assert_eq!(r["measured_bytes"].as_u64(), Some(streams * chunks * 65536), "{path}: bytes");
+        assert_eq!(r["payload_bytes"].as_u64(), Some(r["ok"].as_u64().unwrap() * chunks * 65536), "{path}");
+        assert!(r["mb_per_s"].as_f64().unwrap() > 0.0, "{path}");
+        for p in mine[0]["processes"].as_array().unwrap() {
+            assert!(p["cpu_ms_per_mb"].as_f64().is_some_and(|c| c >= 0.0), "{path}: {p}");
+        }
+    }
+    let ratios = streaming["ratios"].as_array().unwrap();
+    assert!(ratios.iter().any(|r| r["name"] == "stream MB/s mesh/nginx" && r["value"].as_f64().unwrap() > 0.0));
+    let targets = report["targets"].as_array().unwrap();
+    assert!(targets.iter().any(|t| t["target"] == "stream MB/s mesh/nginx" && t["payload"] == 65536));
+}
+
+/// Hardware counters: recorded for each proxy of each fixed-rate run where perf counts
+/// them; where it does not, the report says why.
+fn check_counters(report: &Value) {
+    let line = report["settings"]["hardware_counters"].as_str().unwrap();
+    let open: Vec<&Value> = report["measurements"].as_array().unwrap().iter().filter(|m| m["load"] == "open").collect();
+    if line.starts_with("not available on this machine (perf stat: ") {
+        assert!(line.contains("agent-reach-bench instructions"), "{line}");
+        assert!(open.iter().all(|m| m["counters"].as_array().unwrap().is_empty()));
+    } else {
+        assert!(line.starts_with("perf stat"), "{line}");
+        for m in open.iter().filter(|m| m["path"] != "direct") {
+            let counters = m["counters"].as_array().unwrap();
+            assert_eq!(counters.len(), 2, "both proxies of {} counted: {counters:?}", m["path"]);
+            for c in counters {
+                assert!(c["instructions_per_call"].as_f64().unwrap() > 0.0, "{c}");
+            }
+        }
     }
 }
