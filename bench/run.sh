@@ -3,8 +3,10 @@
 # missing (scripts/install-bench-tools.sh), builds the release binaries, and runs
 # `agent-reach-bench run`, which measures every path side by side and writes
 # bench/results/latest.json and latest.md. Extra arguments go to `agent-reach-bench run`
-# (e.g. --reps 5, --smoke, --pin none, --tls for TLS between the proxies of every path);
-# `--help` lists them.
+# (e.g. --reps 5, --smoke, --pin none, --tls for TLS between the proxies of every path,
+# --no-stream to skip the 64 KiB streaming measurement); `--help` lists them. Where
+# `perf stat` counts instructions and cycles, the run records them per call for every
+# proxy; elsewhere the report says why not (then use `agent-reach-bench instructions`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

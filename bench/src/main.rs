@@ -9,7 +9,8 @@
 //! - `agent`: the echo agent `run` uses.
 //! - `overload`: one instance offered a multiple of its capacity through two sidecars
 //!   (admission control of issue #6).
-//! - `instructions`: instructions per call of each sidecar under valgrind's callgrind.
+//! - `instructions`: instructions per call of each sidecar, and of each nginx of the
+//!   nginx → nginx path, under valgrind's callgrind.
 //! - `table-rss`: sidecar memory with large routing tables alone (the table of `run`).
 //! - `fill`: registers fake instances with a running control service (for heap profiles
 //!   of a sidecar holding them).
@@ -162,8 +163,9 @@ enum Command {
         #[arg(long)]
         embedded: bool,
     },
-    /// Instructions per call of each sidecar, counted by valgrind's callgrind (needs
-    /// valgrind); prints JSON. A measure that does not depend on the machine's load.
+    /// Instructions per call of each sidecar, and of each nginx of the nginx → nginx path,
+    /// counted by valgrind's callgrind (needs valgrind); prints JSON (and the two side by
+    /// side on stderr). A measure that does not depend on the machine's load.
     Instructions {
         /// Calls counted (after the warm-up).
         #[arg(long, default_value_t = 2000)]
@@ -178,6 +180,9 @@ enum Command {
         /// Run the sidecar and control from this binary instead of the release binaries.
         #[arg(long)]
         embedded: bool,
+        /// Count the sidecars only, not the nginx → nginx path beside them.
+        #[arg(long)]
+        no_nginx: bool,
     },
     /// Registers fake instances (as `table-rss` does) with a running control service.
     Fill {
@@ -234,8 +239,9 @@ fn main() -> ExitCode {
                 rt.block_on(agent::run(sidecar, listen))
             })
         }
-        Command::Instructions { calls, warmup, concurrency, payload, embedded } => {
-            instructions::run_blocking(&instructions::Spec { calls, warmup, concurrency, payload, embedded })
+        Command::Instructions { calls, warmup, concurrency, payload, embedded, no_nginx } => {
+            let spec = instructions::Spec { calls, warmup, concurrency, payload, embedded, nginx: !no_nginx };
+            instructions::run_blocking(&spec)
         }
         Command::TableRss { sizes, embedded } => table_rss::run_blocking(&sizes, embedded),
         Command::Fill { control_port, instances } => agent_reach_support::process::runtime(2)
