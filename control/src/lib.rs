@@ -38,6 +38,7 @@ pub mod limit_stats;
 pub mod limits;
 pub mod load;
 pub mod metrics;
+mod permissive;
 pub mod record;
 pub mod refusals;
 pub mod registry;
@@ -328,8 +329,8 @@ pub async fn serve_parts(
         mode => {
             if mode == identity::Mtls::Permissive {
                 tracing::warn!(
-                    "mutual TLS is PERMISSIVE: Control calls without a sidecar certificate are let through as \
-                     anonymous (migration only; use --mtls required)"
+                    "mutual TLS is PERMISSIVE: plaintext connections and Control calls without a sidecar \
+                     certificate are let through as anonymous (migration only; use --mtls required)"
                 );
             }
             let tls = match identity::server_tls(&identity_config) {
@@ -345,12 +346,22 @@ pub async fn serve_parts(
                 let gate = gate.clone();
                 move |_| gate.admit()
             };
-            let accepted = agent_reach_identity::net::accept_tls_admitted(listener, tls, handshakes, admit);
-            let incoming =
-                futures_util::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(accepted), move |accepted| {
-                    accepted.map(|(tls, slot)| gate.guarded(tls, slot))
-                });
-            let served = router.serve_with_incoming_shutdown(incoming, shutdown).await;
+            let served = if mode == identity::Mtls::Permissive {
+                let accepted =
+                    agent_reach_identity::net::accept_either_admitted(listener, tls, handshakes, admit, true);
+                let incoming = futures_util::StreamExt::map(
+                    tokio_stream::wrappers::ReceiverStream::new(accepted),
+                    move |accepted| accepted.map(|(io, slot)| gate.guarded(permissive::Either::new(io), slot)),
+                );
+                router.serve_with_incoming_shutdown(incoming, shutdown).await
+            } else {
+                let accepted = agent_reach_identity::net::accept_tls_admitted(listener, tls, handshakes, admit);
+                let incoming = futures_util::StreamExt::map(
+                    tokio_stream::wrappers::ReceiverStream::new(accepted),
+                    move |accepted| accepted.map(|(tls, slot)| gate.guarded(tls, slot)),
+                );
+                router.serve_with_incoming_shutdown(incoming, shutdown).await
+            };
             renew.abort();
             served
         }

@@ -27,7 +27,7 @@ struct StatsCollector {
 impl Collector for StatsCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let s = &self.stats;
-        let counters: [(&str, &str, &std::sync::atomic::AtomicU64); 16] = [
+        let counters: [(&str, &str, &std::sync::atomic::AtomicU64); 17] = [
             (
                 "anonymous_calls",
                 "Control calls without a certificate let through (permissive mTLS)",
@@ -35,6 +35,11 @@ impl Collector for StatsCollector {
             ),
             ("tls_handshakes", "TLS handshakes completed on the gRPC port", &s.tls.accepted),
             ("tls_handshakes_failed", "TLS handshakes refused or timed out on the gRPC port", &s.tls.failed),
+            (
+                "plaintext_connections",
+                "Plaintext connections served by the gRPC port in permissive mutual TLS (--mtls permissive)",
+                &s.tls.plaintext,
+            ),
             ("registrations", "Registrations stored (new and re-registrations)", &s.registrations),
             ("heartbeats", "Instance heartbeats received from sidecars", &s.heartbeats),
             ("heartbeat_requests", "Heartbeat requests (batches) received", &s.heartbeat_requests),

@@ -293,7 +293,9 @@ impl Sidecar {
         let mesh_handler = move |req| mesh_api(mesh_inner.clone(), mesh_entry.clone(), req);
         // With an identity the mesh port is mutual TLS with the sidecar's certificate.
         match workload.as_ref().and_then(|w| w.tls.workload()) {
-            Some(configs) => tasks.spawn(mesh_tls::serve(mesh, configs, mesh_port, shutdown_rx, mesh_handler)),
+            Some(tls) => {
+                tasks.spawn(mesh_tls::serve(mesh, tls, config.mesh_permissive, mesh_port, shutdown_rx, mesh_handler))
+            }
             None => tasks.spawn(serve_http2(mesh, mesh_port, shutdown_rx, mesh_handler)),
         };
         tracing::info!(

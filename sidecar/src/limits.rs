@@ -143,6 +143,9 @@ pub(crate) struct LimitStats {
     pub connections_per_peer: AtomicU64,
     /// Streams reset because their reply stalled (shared with the ports' executors).
     pub send_stall_timeout: Arc<AtomicU64>,
+    /// Plaintext connections a permissive mesh port served (not a refusal: not in
+    /// [`LimitStats::counts`]).
+    pub plaintext_connections: AtomicU64,
 }
 
 impl LimitStats {
@@ -241,6 +244,12 @@ impl Port {
     pub(crate) fn guard<IO>(&self, io: IO) -> FrameGuard<IO> {
         let limit = FloodLimit { max_control_frames_per_second: self.limits.max_control_frames_per_second };
         FrameGuard::new(io, limit, self.stats.control_frames.clone())
+    }
+
+    /// Counts a plaintext connection served by a permissive mesh port.
+    pub(crate) fn count_plaintext(&self) {
+        self.stats.plaintext_connections.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!("plaintext connection served by the permissive mesh port");
     }
 
     /// A slot for one more connection of the verified `peer`, or `None` (counted) when

@@ -5,6 +5,11 @@
 //! A connection takes its slot of `--max-connections` when accepted, before its handshake,
 //! and then one of its peer's `--max-connections-per-peer` (peers are sidecar identities).
 //!
+//! With `--mesh-mtls permissive` (migration only, warned about at start) a connection that
+//! does not open with a TLS handshake is served in plaintext, without a peer identity
+//! (counted: `agent_reach_mesh_plaintext_connections_total`); its requests are trusted as
+//! on a plaintext mesh. TLS connections are checked exactly as in the required mode.
+//!
 //! The peer's identity travels with each request as [`MeshPeer`]; [`authorize`] refuses a
 //! request whose `ar-tenant` header names another tenant than its certificate, and one
 //! from another tenant's sidecar unless it is a Deliver naming that tenant
@@ -17,6 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agent_reach::reason::{self, Reason};
+use agent_reach_identity::net::Accepted;
 use agent_reach_identity::{PeerId, TlsConfigs};
 use http::Request;
 use hyper::body::Incoming;
@@ -33,28 +39,49 @@ use crate::serve::HandlerFuture;
 pub struct MeshPeer(pub PeerId);
 
 /// Accepts TLS connections on `listener` until shutdown and serves HTTP/2 on them with
-/// `handler` within `port`'s limits, each request carrying its [`MeshPeer`].
+/// `handler` within `port`'s limits, each request carrying its [`MeshPeer`]; with
+/// `permissive`, plaintext connections too (without one).
 pub async fn serve<F>(
     listener: TcpListener,
     configs: Arc<TlsConfigs>,
+    permissive: bool,
     port: Arc<Port>,
     mut shutdown: watch::Receiver<bool>,
     handler: F,
 ) where
     F: Fn(Request<Incoming>) -> HandlerFuture + Clone + Send + Sync + 'static,
 {
+    if permissive {
+        tracing::warn!(
+            "mutual TLS on the mesh port is PERMISSIVE (--mesh-mtls permissive): plaintext connections are served \
+             without a verified peer and their ar-tenant header is trusted (migration only; counted in \
+             agent_reach_mesh_plaintext_connections_total)"
+        );
+    }
     let builder = port.builder();
     let (running, mut all_ended) = mpsc::channel::<()>(1);
     let admit = {
         let port = port.clone();
         move |_| port.admit()
     };
-    let mut accepted = agent_reach_identity::net::accept_tls_admitted(listener, configs, Arc::default(), admit);
+    let mut accepted =
+        agent_reach_identity::net::accept_either_admitted(listener, configs, Arc::default(), admit, permissive);
     loop {
         let (tls, slot) = tokio::select! {
             _ = agent_reach_support::process::stopped(&mut shutdown) => break,
             a = accepted.recv() => match a {
-                Some(Ok(tls)) => tls,
+                Some(Ok((Accepted::Tls(tls), slot))) => (tls, slot),
+                Some(Ok((Accepted::Plain(tcp), slot))) => {
+                    port.count_plaintext();
+                    let activity = Activity::new();
+                    let service = port.clone().service(activity.clone(), handler.clone());
+                    let conn = builder.serve_connection(TokioIo::new(port.guard(tcp)), service);
+                    let (port, shutdown, running) = (port.clone(), shutdown.clone(), running.clone());
+                    tokio::spawn(async move {
+                        port.drive(conn, |c| c.graceful_shutdown(), activity, shutdown, slot, running).await;
+                    });
+                    continue;
+                }
                 Some(Err(_)) => continue,
                 None => break,
             },

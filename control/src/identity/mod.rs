@@ -150,6 +150,9 @@ impl IdentityService {
 /// The verified identity of a request's peer, from its TLS certificate (none over
 /// plaintext or without a client certificate).
 pub fn request_peer<T>(request: &Request<T>) -> Option<PeerId> {
+    if let Some(crate::permissive::ConnPeer(peer)) = request.extensions().get::<crate::permissive::ConnPeer>() {
+        return peer.clone();
+    }
     let certs = request.peer_certs()?;
     agent_reach_identity::tls::peer_identity(Some(&certs)).ok().flatten()
 }

@@ -224,6 +224,12 @@ pub struct SidecarArgs {
     #[arg(long, env = "AGENT_REACH_IDENTITY_FILE")]
     pub identity_file: Option<String>,
 
+    /// Mutual TLS on the mesh port: "required" (every peer presents a sidecar certificate
+    /// of the trust bundle) or "permissive" (migration only: plaintext connections are
+    /// served too, without a verified peer, counted and warned about at start).
+    #[arg(long, env = "AGENT_REACH_MESH_MTLS", default_value = "required", value_parser = ["required", "permissive"])]
+    pub mesh_mtls: String,
+
     /// Trust domain of the mesh's SPIFFE ids.
     #[arg(long, env = "AGENT_REACH_TRUST_DOMAIN", default_value = agent_reach_identity::DEFAULT_TRUST_DOMAIN)]
     pub trust_domain: String,
@@ -309,6 +315,8 @@ pub struct SidecarConfig {
     pub identity: Option<crate::identity::IdentitySettings>,
     /// Where the workload certificate is kept (`--identity-file`); `None`: in memory only.
     pub identity_file: Option<PathBuf>,
+    /// `--mesh-mtls permissive`: the mesh port serves plaintext connections too.
+    pub mesh_permissive: bool,
     /// Non-loopback hosts an HTTP agent's endpoint may name (`--http-agent-allowed-hosts`).
     pub http_agent_allowed_hosts: Vec<String>,
     /// Durable tasks: how long this sidecar's dispatch claim lasts unless renewed.
@@ -357,6 +365,7 @@ impl SidecarConfig {
             a2a_max_tasks: 10_000,
             identity: None,
             identity_file: None,
+            mesh_permissive: false,
             http_agent_allowed_hosts: Vec::new(),
             task_claim_ttl: Duration::from_secs(30),
             task_timeout: Duration::from_secs(3600),
@@ -445,6 +454,11 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
             Some(path) => Some(PathBuf::from(path)),
             None => table_file.as_ref().map(|t| t.with_extension("identity.json")),
         };
+        if a.mesh_mtls == "permissive" && a.insecure_plaintext_control {
+            return Err("--mesh-mtls permissive needs a certificate (--trust-bundle-file and --join-token-file); \
+                        with --insecure-plaintext-control the mesh port is plaintext already"
+                .into());
+        }
         Ok(SidecarConfig {
             tenant: a.tenant.clone(),
             sidecar_id,
@@ -498,6 +512,7 @@ impl TryFrom<&SidecarArgs> for SidecarConfig {
                 }
             },
             identity_file,
+            mesh_permissive: a.mesh_mtls == "permissive",
             http_agent_allowed_hosts: a
                 .http_agent_allowed_hosts
                 .iter()

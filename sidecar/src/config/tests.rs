@@ -18,9 +18,14 @@ fn bad_flags_are_named() {
         SidecarArgs::try_parse_from(["sidecar", "--insecure-plaintext-control", "--trust-bundle-file", "/b"]).is_err(),
         "plaintext and a trust bundle contradict each other"
     );
+    let args = SidecarArgs::parse_from(["sidecar", "--insecure-plaintext-control", "--mesh-mtls", "permissive"]);
+    let error = SidecarConfig::try_from(&args).unwrap_err();
+    assert!(error.contains("--mesh-mtls permissive needs a certificate"), "{error}");
+    assert!(SidecarArgs::try_parse_from(["sidecar", "--mesh-mtls", "off"]).is_err(), "only required or permissive");
     let args = SidecarArgs::parse_from(["sidecar", "--insecure-plaintext-control"]);
     let cfg = SidecarConfig::try_from(&args).unwrap();
     assert!(cfg.identity.is_none());
+    assert!(!cfg.mesh_permissive, "mutual TLS on the mesh port is required by default");
     assert_eq!(cfg.dead_after, Duration::from_secs(30));
     assert_eq!(cfg.control, vec!["http://127.0.0.1:7800".to_string()]);
     assert_eq!(cfg.max_payload_bytes, 4 * 1024 * 1024);

@@ -105,6 +105,13 @@ impl Collector for ScrapeCollector {
                 ConstCounter::new(value).encode(refusals.encode_family(&[("port", *port), ("limit", limit)])?)?;
             }
         }
+        let plaintext = self.limits.iter().map(|(_, s)| load(&s.plaintext_connections)).sum();
+        counter(
+            &mut encoder,
+            "mesh_plaintext_connections",
+            "Plaintext connections served by the mesh port in permissive mutual TLS (--mesh-mtls permissive)",
+            plaintext,
+        )?;
         counter(&mut encoder, "cache_hits", "Calls answered from the result cache", load(&r.cache_hits))?;
         counter(
             &mut encoder,

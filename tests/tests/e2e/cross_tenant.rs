@@ -59,7 +59,7 @@ async fn wait_for_no_policy(sidecar: &Sidecar, kind: PolicyKind, name: &str) {
 }
 
 /// `GET path` on an admin port: the body.
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+pub(crate) async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     tcp.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes()).await.unwrap();

@@ -26,6 +26,7 @@ mod lifecycle;
 mod malformed;
 mod observability;
 mod offline_start;
+mod permissive;
 mod policies;
 mod replicas;
 mod reply_headers;
