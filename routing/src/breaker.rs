@@ -9,7 +9,10 @@
 //! Overload answers (RESOURCE_EXHAUSTED) are not failures here: the balancer penalises
 //! them instead. Times are nanoseconds on [`crate::clock`], passed in, so the state
 //! machine is tested without real time. One short `std::sync::Mutex` per instance; never
-//! held across an await.
+//! held across an await. The counters behind it are allocated on the first recorded
+//! outcome and dropped again when the breaker closes after probation, so the breakers of
+//! instances this sidecar never calls (most of a large table) cost a lock word, not the
+//! window's slices.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -55,7 +58,8 @@ const SLICES: usize = 10;
 /// See the module documentation.
 #[derive(Debug, Default)]
 pub struct Breaker {
-    inner: Mutex<Inner>,
+    /// None: closed with no outcome in the window (the state of a breaker never called).
+    inner: Mutex<Option<Box<Inner>>>,
     /// Mirrors `inner.open`, so the common case (closed) takes no lock.
     tripped: std::sync::atomic::AtomicBool,
 }
@@ -65,14 +69,17 @@ fn ns(d: Duration) -> u64 {
 }
 
 impl Breaker {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Box<Inner>>> {
         // A poisoned lock only means a panic elsewhere; the counters stay usable.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The state at `now`.
     pub fn state(&self, now: u64) -> BreakerState {
-        let b = self.lock();
+        let guard = self.lock();
+        let Some(b) = guard.as_deref() else {
+            return BreakerState::Closed;
+        };
         if !b.open {
             BreakerState::Closed
         } else if now < b.until {
@@ -88,8 +95,8 @@ impl Breaker {
         if !self.tripped.load(std::sync::atomic::Ordering::Relaxed) {
             return true;
         }
-        let b = self.lock();
-        !b.open || (now >= b.until && b.probes_sent < settings.half_open_probes())
+        let guard = self.lock();
+        guard.as_deref().is_none_or(|b| !b.open || (now >= b.until && b.probes_sent < settings.half_open_probes()))
     }
 
     /// Takes a pass for a call about to be sent (a probe slot when half open). False when
@@ -98,10 +105,10 @@ impl Breaker {
         if !self.tripped.load(std::sync::atomic::Ordering::Relaxed) {
             return true;
         }
-        let mut b = self.lock();
-        if !b.open {
+        let mut guard = self.lock();
+        let Some(b) = guard.as_deref_mut().filter(|b| b.open) else {
             return true;
-        }
+        };
         if now < b.until || b.probes_sent >= settings.half_open_probes() {
             return false;
         }
@@ -111,18 +118,19 @@ impl Breaker {
 
     /// Records the outcome of a call that was let through.
     pub fn record(&self, now: u64, failed: bool, settings: &Settings) {
-        let mut b = self.lock();
+        let mut guard = self.lock();
+        let b = guard.get_or_insert_with(Box::default);
         if b.open {
             if now < b.until {
                 return; // a straggler from before the breaker opened
             }
             if failed {
                 let period = (b.period.saturating_mul(2)).min(ns(settings.max_open()));
-                open(&mut b, now, period);
+                open(b, now, period);
             } else {
                 b.probes_ok += 1;
                 if b.probes_ok >= settings.half_open_probes() {
-                    *b = Inner::default();
+                    *guard = None;
                     self.tripped.store(false, std::sync::atomic::Ordering::Relaxed);
                 }
             }
@@ -147,7 +155,7 @@ impl Breaker {
         let rate_trips =
             total >= settings.min_requests() && f64::from(failures) / f64::from(total) >= settings.failure_rate();
         if failed && (b.consecutive >= settings.consecutive_failures() || rate_trips) {
-            open(&mut b, now, ns(settings.open()));
+            open(b, now, ns(settings.open()));
             self.tripped.store(true, std::sync::atomic::Ordering::Relaxed);
         }
     }
@@ -219,7 +227,8 @@ mod tests {
         // makes 1 request, below min_requests, so the breaker stays closed.
         b.record(11_000 * MS, true, &s);
         assert_eq!(b.state(11_000 * MS), BreakerState::Closed);
-        let inner = b.lock();
+        let guard = b.lock();
+        let inner = guard.as_deref().expect("outcomes were recorded");
         let live: u32 =
             inner.slices.iter().filter(|(sl, _, _)| *sl + 10 > 11_000 * MS / (1_000 * MS)).map(|(_, c, _)| c).sum();
         assert_eq!(live, 1);
@@ -241,7 +250,27 @@ mod tests {
         assert_eq!(b.state(after + MS), BreakerState::HalfOpen);
         b.record(after + 2 * MS, false, &s);
         assert_eq!(b.state(after + 2 * MS), BreakerState::Closed);
+        assert!(b.lock().is_none(), "closing after probation drops the window");
         assert!(b.acquire(after + 3 * MS, &s));
+        // Closed afresh: the old failures are gone, three new ones open it again.
+        for i in 0..2 {
+            b.record(after + (4 + i) * MS, true, &s);
+        }
+        assert_eq!(b.state(after + 6 * MS), BreakerState::Closed);
+        b.record(after + 6 * MS, true, &s);
+        assert_eq!(b.state(after + 6 * MS), BreakerState::Open);
+    }
+
+    #[test]
+    fn a_breaker_never_called_holds_no_window() {
+        let (b, s) = (Breaker::default(), settings());
+        assert_eq!(b.state(5 * MS), BreakerState::Closed);
+        assert!(b.can_pass(5 * MS, &s));
+        assert!(b.acquire(5 * MS, &s));
+        assert!(b.lock().is_none(), "state, can_pass and acquire allocate nothing");
+        b.record(6 * MS, false, &s);
+        assert!(b.lock().is_some(), "the first outcome starts the window");
+        assert!(std::mem::size_of::<Breaker>() <= 24, "{}", std::mem::size_of::<Breaker>());
     }
 
     #[test]

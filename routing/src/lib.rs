@@ -7,6 +7,8 @@
 
 pub mod breaker;
 pub mod budget;
+#[cfg(test)]
+mod memory_tests;
 pub mod ring;
 pub mod route;
 pub mod split;

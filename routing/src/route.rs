@@ -213,7 +213,7 @@ fn pick_in(group: &Group, req: &PickRequest<'_>) -> Option<u32> {
 fn pick_first_tier(group: &Group, req: &PickRequest<'_>, ticket: usize, breaker: &CircuitBreaker) -> Option<u32> {
     let by_state = if req.priority == Priority::High { &group.up } else { &group.up_or_degraded };
     // With required tags, sample among members carrying the rarest of them.
-    let list = match req.target.tags.iter().map(|t| group.by_tag.get(t)).min_by_key(|l| l.map_or(0, Vec::len)) {
+    let list = match req.target.tags.iter().map(|t| group.tagged(t)).min_by_key(|l| l.map_or(0, Vec::len)) {
         Some(None) => return None,
         Some(Some(tagged)) if tagged.len() < by_state.len() => tagged,
         _ => by_state,

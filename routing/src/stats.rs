@@ -213,6 +213,12 @@ mod tests {
     }
 
     #[test]
+    fn stats_of_an_instance_never_called_are_small() {
+        // Every instance of the table has one; a table of 10,000 instances holds 10,000.
+        assert!(std::mem::size_of::<InstanceStats>() <= 64, "{}", std::mem::size_of::<InstanceStats>());
+    }
+
+    #[test]
     fn overload_marks_expire() {
         let s = InstanceStats::default();
         s.mark_overloaded(10 * MS);

@@ -81,8 +81,10 @@ pub struct Group {
     /// `weighted`: the largest member weight (for rejection sampling of tagged calls).
     pub max_weight: u32,
     /// Members carrying each tag (for capability groups, the tags of that capability), so
-    /// a call with required tags samples among members that can match.
-    pub by_tag: HashMap<String, Vec<u32>>,
+    /// a call with required tags samples among members that can match; sorted by tag (see
+    /// [`Group::tagged`]). A group has a few tags: a sorted list costs one allocation where
+    /// a map cost a table of buckets per group.
+    pub by_tag: Vec<(String, Vec<u32>)>,
     ring: OnceLock<Ring>,
 }
 
@@ -93,14 +95,14 @@ impl Group {
         policy: Option<Arc<Policy>>,
         capability: Option<&str>,
     ) -> Group {
-        let mut up = Vec::new();
-        let mut up_or_degraded = Vec::new();
-        let mut by_tag: HashMap<String, Vec<u32>> = HashMap::new();
+        let mut up = Vec::with_capacity(members.len());
+        let mut up_or_degraded = Vec::with_capacity(members.len());
+        let mut tagged: HashMap<&str, Vec<u32>> = HashMap::new();
         for (i, m) in members.iter().enumerate() {
             for cap in &m.instance.record.registration.capabilities {
                 if capability.is_none_or(|c| c == cap.name) {
                     for tag in &cap.tags {
-                        let list = by_tag.entry(tag.clone()).or_default();
+                        let list = tagged.entry(tag.as_str()).or_default();
                         if list.last() != Some(&(i as u32)) {
                             list.push(i as u32);
                         }
@@ -116,6 +118,9 @@ impl Group {
                 _ => {}
             }
         }
+        let mut by_tag: Vec<(String, Vec<u32>)> =
+            tagged.into_iter().map(|(tag, list)| (tag.to_string(), exact(list))).collect();
+        by_tag.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let spec = policy.as_ref().map(|p| &p.spec);
         let cumulative_weights = if spec.and_then(|s| s.strategy) == Some(Strategy::Weighted) {
             let mut total = 0u64;
@@ -135,13 +140,19 @@ impl Group {
             members,
             state,
             policy,
-            up,
-            up_or_degraded,
+            up: exact(up),
+            up_or_degraded: exact(up_or_degraded),
             cumulative_weights,
             max_weight,
             by_tag,
             ring: OnceLock::new(),
         }
+    }
+
+    /// The members carrying `tag` (indices ascending), or None when no member does.
+    pub fn tagged(&self, tag: &str) -> Option<&Vec<u32>> {
+        let at = self.by_tag.binary_search_by(|(t, _)| t.as_str().cmp(tag)).ok()?;
+        Some(&self.by_tag[at].1)
     }
 
     /// The routing strategy (policy's, else least_loaded).
@@ -209,29 +220,46 @@ impl RoutingTable {
                 (id, Member { instance, stats })
             })
             .collect();
-        let mut caps: HashMap<String, Vec<Member>> = HashMap::new();
-        let mut agents: HashMap<String, Vec<Member>> = HashMap::new();
+        // Group sizes first, so every member list is allocated once at its exact size (each
+        // instance is in about three lists: its agent's and one per capability).
+        let mut cap_sizes: HashMap<&str, usize> = HashMap::new();
+        let mut agent_sizes: HashMap<&str, usize> = HashMap::new();
         for m in members.values() {
             let reg = &m.instance.record.registration;
-            agents.entry(reg.agent.clone()).or_default().push(m.clone());
+            *agent_sizes.entry(reg.agent.as_str()).or_default() += 1;
             for cap in &reg.capabilities {
-                caps.entry(cap.name.clone()).or_default().push(m.clone());
+                *cap_sizes.entry(cap.name.as_str()).or_default() += 1;
             }
         }
-        let finish = |groups: HashMap<String, Vec<Member>>, kind: PolicyKind| -> HashMap<String, Group> {
+        fn lists(sizes: HashMap<&str, usize>) -> HashMap<&str, Vec<Member>> {
+            sizes.into_iter().map(|(name, n)| (name, Vec::with_capacity(n))).collect()
+        }
+        let (mut caps, mut agents) = (lists(cap_sizes), lists(agent_sizes));
+        for m in members.values() {
+            let reg = &m.instance.record.registration;
+            if let Some(list) = agents.get_mut(reg.agent.as_str()) {
+                list.push(m.clone());
+            }
+            for cap in &reg.capabilities {
+                if let Some(list) = caps.get_mut(cap.name.as_str()) {
+                    list.push(m.clone());
+                }
+            }
+        }
+        let finish = |groups: HashMap<&str, Vec<Member>>, kind: PolicyKind| -> HashMap<String, Group> {
             groups
                 .into_iter()
                 .map(|(name, mut list)| {
                     list.sort_by(|a, b| a.id().cmp(b.id()));
                     let prior = previous.and_then(|p| match kind {
-                        PolicyKind::Agent => p.by_agent.get(&name),
-                        _ => p.by_capability.get(&name),
+                        PolicyKind::Agent => p.by_agent.get(name),
+                        _ => p.by_capability.get(name),
                     });
                     let state = prior.map(|g| g.state.clone()).unwrap_or_default();
-                    let policy = policies.get(&(kind, name.clone())).cloned();
-                    let capability = (kind == PolicyKind::Capability).then_some(name.as_str());
+                    let policy = policies.get(&(kind, name.to_string())).cloned();
+                    let capability = (kind == PolicyKind::Capability).then_some(name);
                     let group = Group::new(list, state, policy, capability);
-                    (name, group)
+                    (name.to_string(), group)
                 })
                 .collect()
         };
@@ -277,6 +305,17 @@ impl RoutingTable {
     pub fn is_empty(&self) -> bool {
         self.instances.is_empty()
     }
+}
+
+/// `v` in an allocation of exactly its length. (`shrink_to_fit` may keep the block:
+/// allocators such as mimalloc shrink in place while the new size is at least half.)
+fn exact<T>(v: Vec<T>) -> Vec<T> {
+    if v.capacity() == v.len() {
+        return v;
+    }
+    let mut out = Vec::with_capacity(v.len());
+    out.extend(v);
+    out
 }
 
 /// The current table, swapped atomically.
