@@ -1,40 +1,47 @@
 //! [`RedisSessions`]: sessions on Redis, for high write rates.
 //!
 //! Keys (names cannot contain `:`, see [`crate::check_name`], so no two sessions' keys
-//! collide):
-//! - `agent-reach:v2:session:{tenant}:{session}` → a hash: `_v` (the session's version,
-//!   +1 per write), `_size`, `_n` (field count), `_e` (when a write last set the session's
-//!   expiry, ms), and per field `m:{name}` (its metadata as one plain string, see
+//! collide, and a session key's last `:` segment is the session id):
+//! - `agent-reach:v3:session:{tenant}:{session}` → a hash: `_h` (the session's header:
+//!   version, size, field count and when a write last set the session's expiry in ms, as
+//!   four little-endian `f64`s, 32 bytes), and per field `m:{name}` (its metadata, see
 //!   [`Meta`]) and `d:{name}` (the value's bytes);
 //! - `…:{session}:log` → a stream of the session's writes with ids `0-{version}` (capped
-//!   at [`LOG_LEN`] entries, approximately), which watches read and resume from; an entry
-//!   holds the hash fields its write set;
-//! - `agent-reach:v2:sessions:{tenant}` → a sorted set of the tenant's sessions scored by
+//!   at [`LOG_LEN`] entries, approximately: `XADD … MAXLEN ~`), which watches read and
+//!   resume from; an entry holds the `m:`/`d:` pairs its write set (or `r` pairs naming
+//!   the fields a delete removed, or `end`);
+//! - `agent-reach:v3:sessions:{tenant}` → a sorted set of the tenant's sessions scored by
 //!   expiry time, for the cap on live sessions (exact: checked inside the script, and a
 //!   session's score is set by the same script call that sets its expiry).
 //!
-//! Each write and delete is one Lua script, so its policy checks, limits and effects are
-//! atomic. A write of a live session whose expiry was set less than a tenth of the TTL ago
-//! is three commands whatever the number of fields: one `HMGET` (the counters and the
-//! written fields' metadata), one `HSET`, one `XADD`; the other writes also set the expiry
-//! of the hash and the log (`PEXPIRE`) and the session's score in the tenant index
-//! (`ZADD`), and a write creating a session checks the cap first. So, like the etcd
-//! backend, a session lives between 0.9 and 1 TTL after its last write (with the clocks of
-//! the writing processes agreeing within a tenth of the TTL: the script takes their time).
-//! The metadata is parsed in Lua with one `string.match` (no JSON), the limits are
-//! constants of the script text (one script per [`Limits`]), and the client sends each
-//! field's metadata but the version precomputed.
+//! Each write and delete is one Lua script (`EVALSHA` of a script whose sha the client
+//! keeps), so its policy checks, limits and effects are atomic. A write of a live session
+//! whose expiry was set less than a tenth of the TTL ago is three commands whatever the
+//! number of fields: one `HMGET` (the header and the written fields' metadata), one `HSET`,
+//! one `XADD`; the other writes also set the expiry of the hash and the log (`PEXPIRE`) and
+//! the session's score in the tenant index (`ZADD`), and a write creating a session checks
+//! the cap first. So, like the etcd backend, a session lives between 0.9 and 1 TTL after
+//! its last write (with the clocks of the writing processes agreeing within a tenth of the
+//! TTL: the script takes their time).
+//!
+//! What the script reads and writes is binary (`struct.pack`/`struct.unpack` in Lua): no
+//! decimal text is parsed (`string.match`, `tonumber`) or printed (`tostring`) on Redis's
+//! thread but the entry id. The client sends per field its name, a control string (the
+//! policy, its expected version and the field's metadata but the version, precomputed, see
+//! [`control`]) and the value; the limits are constants of the script text (one script
+//! per [`Limits`]). Versions are exact as `f64` up to 2^53.
 //!
 //! A watch uses a connection of its own (its `XREAD BLOCK` would stall shared requests)
 //! and, when the session's hash disappears without a delete entry, reports the session
 //! ended (expired). Versions of one session are consecutive, so a watch that finds a hole
 //! (entries trimmed from the log) fails with `Compacted` instead of skipping changes.
 //!
-//! Format: `v2` replaced `v1` (JSON field metadata, expiry and index refreshed on every
-//! write). This backend neither reads nor writes `v1` keys: sessions written before an
-//! upgrade are not seen after it (a read finds nothing, a write starts the session again)
-//! and their keys expire by their own TTL (24 h by default). Upgrade every control replica
-//! using one Redis together, or accept that sessions restart once.
+//! Format: `v3` replaced `v2` (decimal header fields `_v`, `_size`, `_n`, `_e` and text
+//! field metadata parsed with `string.match`; log entries repeating the header), which
+//! replaced `v1` (JSON field metadata). This backend reads and writes neither: sessions
+//! written before an upgrade are not seen after it (a read finds nothing, a write starts
+//! the session again) and their keys expire by their own TTL (24 h by default). Upgrade
+//! every control replica using one Redis together, or accept that sessions restart once.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -56,95 +63,105 @@ const DELETED_LOG_GRACE_MS: u64 = 60_000;
 const WATCH_POLL: Duration = Duration::from_millis(500);
 
 /// The write script. `@…@` are the limits, replaced by [`put_script`]. KEYS: hash, log,
-/// index. ARGV: now (ms), session id, field count n, then per field `m:{name}`,
-/// `d:{name}`, policy (`l`, `f`, or the expected version of a compare_and_set), the
-/// field's size, its metadata after the version ([`meta_tail`]), its value.
+/// index. ARGV: now (ms, an `f64`), then per field its name, its [`control`] string and
+/// its value. Replies the new version, or a refusal `{reason, …}` (see [`refusal`]).
 const PUT: &str = r#"
 local h, log, idx = KEYS[1], KEYS[2], KEYS[3]
-local now, n = tonumber(ARGV[1]), tonumber(ARGV[3])
-local want = {'_v', '_size', '_n', '_e'}
-for k = 1, n do want[4 + k] = ARGV[k * 6 - 2] end
-local got = redis.call('HMGET', h, unpack(want))
-local exists = got[1] ~= false
-if not exists then
+local now = struct.unpack('<d', ARGV[1])
+local n = (#ARGV - 1) / 3
+local got
+if n == 1 then
+  got = redis.call('HMGET', h, '_h', 'm:' .. ARGV[2])
+else
+  local want = {'_h'}
+  for k = 1, n do want[k + 1] = 'm:' .. ARGV[k * 3 - 1] end
+  got = redis.call('HMGET', h, unpack(want))
+end
+local v, size, count, e
+if got[1] then
+  v, size, count, e = struct.unpack('<dddd', got[1])
+  v = v + 1
+else
   redis.call('ZREMRANGEBYSCORE', idx, '-inf', now)
   if redis.call('ZCARD', idx) >= @MAX_SESSIONS@ then return {'sessions'} end
+  v, size, count = 1, 0, 0
 end
-local size, count = tonumber(got[2] or 0), tonumber(got[3] or 0)
-local v = tonumber(got[1] or 0) + 1
-local sets = {'_v', v, '_size', 0, '_n', 0}
+local vb = struct.pack('<d', v)
+local sets = {'_h', false}
 for k = 1, n do
-  local b = k * 6 - 2
-  local pol, cur = ARGV[b + 2], got[4 + k]
+  local b = k * 3 - 1
+  local name, ctl = ARGV[b], ARGV[b + 1]
+  local pol, expected, fsize = struct.unpack('<Bdd', ctl)
+  local cur = got[k + 1]
   if cur then
-    local cv, cs, cl = string.match(cur, '^(%d+)|(%d+)|(%d)')
-    if cl == '1' or pol == 'f' then return {'locked', k, cur} end
-    if pol ~= 'l' and pol ~= cv then return {'conflict', k, cv} end
-    size = size - cs
+    local cv, cs, cl = struct.unpack('<ddB', cur)
+    if cl == 1 or pol == 102 then return {'locked', k, cur} end
+    if pol == 99 and expected ~= cv then return {'conflict', k, cv} end
+    size = size - cs + fsize
   else
-    if pol ~= 'l' and pol ~= 'f' and pol ~= '0' then return {'conflict', k, '0'} end
+    if pol == 99 and expected ~= 0 then return {'conflict', k, 0} end
     count = count + 1
+    size = size + fsize
   end
-  size = size + ARGV[b + 3]
-  local at = #sets
-  sets[at + 1], sets[at + 2], sets[at + 3], sets[at + 4] = ARGV[b], v .. ARGV[b + 4], ARGV[b + 1], ARGV[b + 5]
+  local at = k * 4 - 1
+  sets[at], sets[at + 1], sets[at + 2], sets[at + 3] = 'm:' .. name, vb .. string.sub(ctl, 10), 'd:' .. name, ARGV[b + 2]
 end
 if count > @MAX_FIELDS@ then return {'fields', count} end
 if size > @MAX_SESSION_BYTES@ then return {'size', size} end
-sets[4], sets[6] = size, count
-local e = tonumber(got[4] or 0)
-local refresh = not exists or now - e >= @REFRESH_MS@ or e - now >= @REFRESH_MS@
+local refresh = not e or now - e >= @REFRESH_MS@ or e - now >= @REFRESH_MS@
 if refresh then
-  if not exists then redis.call('DEL', log) end
-  sets[#sets + 1], sets[#sets + 2] = '_e', now
+  if not e then redis.call('DEL', log) end
+  e = now
 end
+sets[2] = struct.pack('<dddd', v, size, count, e)
 redis.call('HSET', h, unpack(sets))
-redis.call('XADD', log, 'MAXLEN', '~', @LOG_LEN@, '0-' .. v, unpack(sets))
+redis.call('XADD', log, 'MAXLEN', '~', '@LOG_LEN@', string.format('0-%d', v), unpack(sets, 3))
 if refresh then
-  redis.call('PEXPIRE', h, @TTL_MS@)
-  redis.call('PEXPIRE', log, @TTL_MS@)
-  redis.call('ZADD', idx, now + @TTL_MS@, ARGV[2])
+  redis.call('PEXPIRE', h, '@TTL_MS@')
+  redis.call('PEXPIRE', log, '@TTL_MS@')
+  redis.call('ZADD', idx, now + @TTL_MS@, string.match(h, '[^:]*$'))
 end
-return {'ok', v}
+return v
 "#;
 
-/// The delete script. KEYS: hash, log, index. ARGV: session id, field count n, then the
-/// n distinct field names (none: the whole session).
+/// The delete script. KEYS: hash, log, index. ARGV: the distinct field names (none: the
+/// whole session). Replies the new version, `{'none'}` when nothing was there to delete,
+/// or `{'locked', k, metadata}`.
 const DELETE: &str = r#"
 local h, log, idx = KEYS[1], KEYS[2], KEYS[3]
-local sid, n = ARGV[1], tonumber(ARGV[2])
+local n = #ARGV
 if n == 0 then
-  if redis.call('EXISTS', h) == 0 then return {'none'} end
-  local v = redis.call('HINCRBY', h, '_v', 1)
-  redis.call('XADD', log, 'MAXLEN', '~', @LOG_LEN@, '0-' .. v, 'end', '1')
-  redis.call('PEXPIRE', log, @GRACE_MS@)
+  local head = redis.call('HGET', h, '_h')
+  if not head then return {'none'} end
+  local v = struct.unpack('<d', head) + 1
+  redis.call('XADD', log, 'MAXLEN', '~', '@LOG_LEN@', string.format('0-%d', v), 'end', '1')
+  redis.call('PEXPIRE', log, '@GRACE_MS@')
   redis.call('DEL', h)
-  redis.call('ZREM', idx, sid)
-  return {'ok', v}
+  redis.call('ZREM', idx, string.match(h, '[^:]*$'))
+  return v
 end
-local want = {'_v', '_size', '_n'}
-for k = 1, n do want[3 + k] = 'm:' .. ARGV[2 + k] end
+local want = {'_h'}
+for k = 1, n do want[k + 1] = 'm:' .. ARGV[k] end
 local got = redis.call('HMGET', h, unpack(want))
 if not got[1] then return {'none'} end
-local size, count = tonumber(got[2]), tonumber(got[3])
+local v, size, count, e = struct.unpack('<dddd', got[1])
 local gone, entry = {}, {}
 for k = 1, n do
-  local cur = got[3 + k]
+  local cur = got[k + 1]
   if cur then
-    local cv, cs, cl = string.match(cur, '^(%d+)|(%d+)|(%d)')
-    if cl == '1' then return {'locked', k, cur} end
+    local cv, cs, cl = struct.unpack('<ddB', cur)
+    if cl == 1 then return {'locked', k, cur} end
     size, count = size - cs, count - 1
-    local name = ARGV[2 + k]
-    gone[#gone + 1], gone[#gone + 2] = 'm:' .. name, 'd:' .. name
-    entry[#entry + 1], entry[#entry + 2] = 'r', name
+    gone[#gone + 1], gone[#gone + 2] = want[k + 1], 'd:' .. ARGV[k]
+    entry[#entry + 1], entry[#entry + 2] = 'r', ARGV[k]
   end
 end
 if #gone == 0 then return {'none'} end
-local v = tonumber(got[1]) + 1
+v = v + 1
 redis.call('HDEL', h, unpack(gone))
-redis.call('HSET', h, '_v', v, '_size', size, '_n', count)
-redis.call('XADD', log, 'MAXLEN', '~', @LOG_LEN@, '0-' .. v, unpack(entry))
-return {'ok', v}
+redis.call('HSET', h, '_h', struct.pack('<dddd', v, size, count, e))
+redis.call('XADD', log, 'MAXLEN', '~', '@LOG_LEN@', string.format('0-%d', v), unpack(entry))
+return v
 "#;
 
 /// The write script for `limits`.
@@ -163,21 +180,22 @@ fn delete_script() -> String {
 }
 
 fn session_key(tenant: &str, session: &str) -> String {
-    format!("agent-reach:v2:session:{tenant}:{session}")
+    format!("agent-reach:v3:session:{tenant}:{session}")
 }
 
 fn log_key(tenant: &str, session: &str) -> String {
-    format!("agent-reach:v2:session:{tenant}:{session}:log")
+    format!("agent-reach:v3:session:{tenant}:{session}:log")
 }
 
 fn index_key(tenant: &str) -> String {
-    format!("agent-reach:v2:sessions:{tenant}")
+    format!("agent-reach:v3:sessions:{tenant}")
 }
 
-/// A field's metadata as stored in `m:{name}`:
-/// `{version}|{size}|{locked 0/1}|{time ms}|{agent length}|{instance length}|` then the
-/// agent, the instance and the content type, unseparated (lengths in bytes). The script
-/// reads only the first three numbers.
+/// A field's metadata as stored in `m:{name}`: its version and size as little-endian
+/// `f64`s, a byte 1 when it is locked (`first_writer`) else 0 (the 17 bytes the scripts
+/// read with `struct.unpack('<ddB', …)`), then as text
+/// `{time ms}|{agent length}|{instance length}|` followed by the agent, the instance and
+/// the content type, unseparated (lengths in bytes), which only this side reads.
 #[derive(Debug, PartialEq, Eq)]
 struct Meta {
     version: Version,
@@ -188,36 +206,71 @@ struct Meta {
     content_type: String,
 }
 
-/// What follows the version in the metadata of a field `write` writes.
-fn meta_tail(writer: &Writer, now: u64, write: &FieldWrite) -> String {
+/// The byte of a policy in a [`control`] string (`struct.unpack('<B')` in the script).
+fn policy_code(policy: WritePolicy) -> (u8, Version) {
+    match policy {
+        WritePolicy::LastWriter => (b'l', 0),
+        WritePolicy::FirstWriter => (b'f', 0),
+        WritePolicy::CompareAndSet { expected } => (b'c', expected),
+    }
+}
+
+/// What the write script gets for one field besides its name and value: the policy's byte
+/// and expected version (`f64`), then the field's metadata but its leading version (size,
+/// locked, then the text part of [`Meta`]). The script reads the first 17 bytes
+/// (`struct.unpack('<Bdd')`) and stores the write's version followed by this from byte 10.
+fn control(writer: &Writer, now: u64, write: &FieldWrite) -> Vec<u8> {
     let size = Field::size(&write.name, &write.value, &write.content_type);
-    let locked = u8::from(write.policy == WritePolicy::FirstWriter);
-    format!(
-        "|{size}|{locked}|{now}|{}|{}|{}{}{}",
+    let (code, expected) = policy_code(write.policy);
+    let text = format!(
+        "{now}|{}|{}|{}{}{}",
         writer.agent.len(),
         writer.instance.len(),
         writer.agent,
         writer.instance,
         write.content_type
-    )
+    );
+    let mut out = Vec::with_capacity(18 + text.len());
+    out.push(code);
+    out.extend_from_slice(&(expected as f64).to_le_bytes());
+    out.extend_from_slice(&(size as f64).to_le_bytes());
+    out.push(u8::from(write.policy == WritePolicy::FirstWriter));
+    out.extend_from_slice(text.as_bytes());
+    out
+}
+
+/// An `f64` the scripts wrote that must be a whole number >= 0.
+fn whole(raw: &[u8]) -> Option<u64> {
+    let x = f64::from_le_bytes(raw.try_into().ok()?);
+    (x >= 0.0 && x.fract() == 0.0 && x < 2f64.powi(64)).then_some(x as u64)
+}
+
+/// The version in a session's `_h` header.
+fn header_version(raw: &[u8]) -> Result<Version> {
+    raw.get(..8)
+        .filter(|_| raw.len() == 32)
+        .and_then(whole)
+        .ok_or_else(|| SessionError::Corrupt(format!("session header {raw:?}")))
 }
 
 fn parse_meta(raw: &[u8]) -> Result<Meta> {
     let corrupt = || SessionError::Corrupt(format!("field metadata {:?}", String::from_utf8_lossy(raw)));
-    let text = std::str::from_utf8(raw).map_err(|_| corrupt())?;
-    let mut parts = text.splitn(7, '|');
+    if raw.len() < 17 || raw[16] > 1 {
+        return Err(corrupt());
+    }
+    let (version, size) = (whole(&raw[..8]).ok_or_else(corrupt)?, whole(&raw[8..16]).ok_or_else(corrupt)?);
+    let text = std::str::from_utf8(&raw[17..]).map_err(|_| corrupt())?;
+    let mut parts = text.splitn(4, '|');
     let mut num = || parts.next().and_then(|p| p.parse::<u64>().ok()).ok_or_else(corrupt);
-    let (version, size, locked, written_at_ms, agent_len, instance_len) =
-        (num()?, num()?, num()?, num()?, num()?, num()?);
+    let (written_at_ms, agent_len, instance_len) = (num()?, num()? as usize, num()? as usize);
     let rest = parts.next().ok_or_else(corrupt)?;
-    let (agent_len, instance_len) = (agent_len as usize, instance_len as usize);
     let agent = rest.get(..agent_len).ok_or_else(corrupt)?;
     let instance = rest.get(agent_len..agent_len + instance_len).ok_or_else(corrupt)?;
     let content_type = rest.get(agent_len + instance_len..).ok_or_else(corrupt)?;
     Ok(Meta {
         version,
         size: size as usize,
-        locked: locked == 1,
+        locked: raw[16] == 1,
         written_at_ms,
         writer: Writer::new(agent, instance),
         content_type: content_type.to_string(),
@@ -278,14 +331,6 @@ impl RedisSessions {
     }
 }
 
-/// Redis replies of a script as strings.
-fn strings(value: Value) -> Result<Vec<String>> {
-    match value {
-        Value::Array(items) => items.into_iter().map(string).collect(),
-        other => Err(SessionError::Corrupt(format!("unexpected script reply {other:?}"))),
-    }
-}
-
 fn string(value: Value) -> Result<String> {
     match value {
         Value::BulkString(b) => String::from_utf8(b).map_err(|e| SessionError::Corrupt(e.to_string())),
@@ -307,25 +352,45 @@ fn number(s: &str) -> Result<u64> {
     s.parse().map_err(|_| SessionError::Corrupt(format!("not a number: {s:?}")))
 }
 
-/// Turns a script's reply into the write's version or its refusal. `names` are the fields
-/// the script was given, in order (the script names a field by its position, from 1).
-fn refusal(reply: &[String], limits: &Limits, names: &[&str], writes: &[FieldWrite]) -> Result<Version> {
-    let at = |i: usize| reply.get(i).cloned().unwrap_or_default();
-    let field = || -> Result<String> {
-        let k = number(&at(1))? as usize;
-        k.checked_sub(1)
-            .and_then(|i| names.get(i))
-            .map(|name| name.to_string())
-            .ok_or_else(|| SessionError::Corrupt(format!("script reply {reply:?} names no field")))
-    };
-    match reply.first().map(String::as_str) {
-        Some("ok") => number(&at(1)),
-        Some("locked") => {
-            let meta = parse_meta(at(2).as_bytes())?;
-            Err(SessionError::FieldLocked { field: field()?, writer: meta.writer, version: meta.version })
+/// What a write or delete script replied: the new version, nothing to delete, or a refusal
+/// (its reason, then what [`refusal`] reads).
+enum Reply {
+    Ok(Version),
+    None,
+    Refused(String, Vec<Value>),
+}
+
+fn reply_of(value: Value) -> Result<Reply> {
+    match value {
+        Value::Int(v) if v > 0 => Ok(Reply::Ok(v as Version)),
+        Value::Array(mut items) if !items.is_empty() => {
+            let reason = string(items.remove(0))?;
+            if reason == "none" { Ok(Reply::None) } else { Ok(Reply::Refused(reason, items)) }
         }
-        Some("conflict") => {
-            let field = field()?;
+        other => Err(SessionError::Corrupt(format!("unexpected script reply {other:?}"))),
+    }
+}
+
+/// The error a script's refusal stands for. `names` are the fields the script was given,
+/// in order (the script names a field by its position, from 1).
+fn refusal(reason: &str, rest: Vec<Value>, limits: &Limits, names: &[&str], writes: &[FieldWrite]) -> SessionError {
+    let detail = format!("unexpected script reply {reason:?} {rest:?}");
+    let corrupt = || SessionError::Corrupt(detail.clone());
+    let mut rest = rest.into_iter();
+    let num = |v: Option<Value>| v.and_then(|v| string(v).ok()).and_then(|s| s.parse::<u64>().ok());
+    let field = |k: Option<u64>| k.and_then(|k| (k as usize).checked_sub(1)).and_then(|i| names.get(i).copied());
+    match reason {
+        "locked" => {
+            let (Some(field), Some(raw)) = (field(num(rest.next())), rest.next()) else { return corrupt() };
+            match bytes_of(raw).and_then(|raw| parse_meta(&raw)) {
+                Ok(meta) => {
+                    SessionError::FieldLocked { field: field.to_string(), writer: meta.writer, version: meta.version }
+                }
+                Err(e) => e,
+            }
+        }
+        "conflict" => {
+            let (Some(field), Some(current)) = (field(num(rest.next())), num(rest.next())) else { return corrupt() };
             let expected = writes
                 .iter()
                 .find(|w| w.name == field)
@@ -334,16 +399,18 @@ fn refusal(reply: &[String], limits: &Limits, names: &[&str], writes: &[FieldWri
                     _ => None,
                 })
                 .unwrap_or(0);
-            Err(SessionError::Conflict { field, expected, current: number(&at(2))? })
+            SessionError::Conflict { field: field.to_string(), expected, current }
         }
-        Some("fields") => {
-            Err(SessionError::TooManyFields { count: number(&at(1))? as usize, limit: limits.max_fields })
-        }
-        Some("size") => {
-            Err(SessionError::SessionTooLarge { size: number(&at(1))? as usize, limit: limits.max_session_bytes })
-        }
-        Some("sessions") => Err(SessionError::TooManySessions { limit: limits.max_sessions_per_tenant }),
-        _ => Err(SessionError::Corrupt(format!("unexpected script reply {reply:?}"))),
+        "fields" => match num(rest.next()) {
+            Some(count) => SessionError::TooManyFields { count: count as usize, limit: limits.max_fields },
+            None => corrupt(),
+        },
+        "size" => match num(rest.next()) {
+            Some(size) => SessionError::SessionTooLarge { size: size as usize, limit: limits.max_session_bytes },
+            None => corrupt(),
+        },
+        "sessions" => SessionError::TooManySessions { limit: limits.max_sessions_per_tenant },
+        _ => corrupt(),
     }
 }
 
@@ -365,15 +432,16 @@ impl SessionStore for RedisSessions {
         if all.is_empty() {
             return Ok(None);
         }
-        let mut version = 0;
+        let mut version = None;
         let mut rest = Vec::with_capacity(all.len());
         for (key, value) in all {
-            if key == b"_v" {
-                version = number(&string(value)?)?;
+            if key == b"_h" {
+                version = Some(header_version(&bytes_of(value)?)?);
             } else {
                 rest.push((key, value));
             }
         }
+        let version = version.ok_or_else(|| SessionError::Corrupt("a session hash without its header".into()))?;
         Ok(Some(Session { version, fields: fields_of(rest)? }))
     }
 
@@ -385,24 +453,20 @@ impl SessionStore for RedisSessions {
             .key(session_key(tenant, session))
             .key(log_key(tenant, session))
             .key(index_key(tenant))
-            .arg(now)
-            .arg(session)
-            .arg(writes.len());
+            .arg(&(now as f64).to_le_bytes()[..]);
         for write in &writes {
-            let size = Field::size(&write.name, &write.value, &write.content_type);
-            invocation.arg(format!("m:{}", write.name)).arg(format!("d:{}", write.name));
-            match write.policy {
-                WritePolicy::FirstWriter => invocation.arg("f"),
-                WritePolicy::LastWriter => invocation.arg("l"),
-                WritePolicy::CompareAndSet { expected } => invocation.arg(expected),
-            };
-            invocation.arg(size).arg(meta_tail(writer, now, write)).arg(write.value.as_ref());
+            invocation.arg(&write.name).arg(control(writer, now, write)).arg(write.value.as_ref());
         }
         let mut conn = self.conn.clone();
-        let reply: Value = invocation.invoke_async(&mut conn).await.map_err(redis_error)?;
-        let names: Vec<&str> = writes.iter().map(|w| w.name.as_str()).collect();
-        let version = refusal(&strings(reply)?, &self.limits, &names, &writes)?;
-        Ok(Written { version })
+        let reply = invocation.invoke_async(&mut conn).await.map_err(redis_error)?;
+        match reply_of(reply)? {
+            Reply::Ok(version) => Ok(Written { version }),
+            Reply::Refused(reason, rest) => {
+                let names: Vec<&str> = writes.iter().map(|w| w.name.as_str()).collect();
+                Err(refusal(&reason, rest, &self.limits, &names, &writes))
+            }
+            Reply::None => Err(SessionError::Corrupt("the write script replied none".into())),
+        }
     }
 
     async fn delete(&self, tenant: &str, session: &str, fields: &[String]) -> Result<Option<Version>> {
@@ -419,21 +483,16 @@ impl SessionStore for RedisSessions {
             }
         }
         let mut invocation = self.delete.prepare_invoke();
-        invocation
-            .key(session_key(tenant, session))
-            .key(log_key(tenant, session))
-            .key(index_key(tenant))
-            .arg(session)
-            .arg(names.len());
+        invocation.key(session_key(tenant, session)).key(log_key(tenant, session)).key(index_key(tenant));
         for name in &names {
             invocation.arg(*name);
         }
         let mut conn = self.conn.clone();
-        let reply = strings(invocation.invoke_async(&mut conn).await.map_err(redis_error)?)?;
-        if reply.first().map(String::as_str) == Some("none") {
-            return Ok(None);
+        match reply_of(invocation.invoke_async(&mut conn).await.map_err(redis_error)?)? {
+            Reply::Ok(version) => Ok(Some(version)),
+            Reply::None => Ok(None),
+            Reply::Refused(reason, rest) => Err(refusal(&reason, rest, &self.limits, &names, &[])),
         }
-        refusal(&reply, &self.limits, &names, &[]).map(Some)
     }
 
     async fn watch(&self, tenant: &str, session: &str, after: Version) -> Result<ChangeStream> {
@@ -598,14 +657,25 @@ fn change_of(version: Version, pairs: Vec<Value>) -> Result<Change> {
 mod tests {
     use super::*;
 
+    /// The metadata the write script stores for a field written at `version` with `ctl`.
+    fn stored(version: Version, ctl: &[u8]) -> Vec<u8> {
+        let mut out = (version as f64).to_le_bytes().to_vec();
+        out.extend_from_slice(&ctl[9..]);
+        out
+    }
+
     #[test]
     fn field_metadata_reads_back_as_written() {
         let writer = Writer::new("refund|agent", "refund-1");
         let write = FieldWrite::new("order", "12345", WritePolicy::FirstWriter).content_type("text/plain; q=0.5");
-        let raw = format!("42{}", meta_tail(&writer, 1_764_000_000_123, &write));
-        assert_eq!(raw, "42|27|1|1764000000123|12|8|refund|agentrefund-1text/plain; q=0.5");
+        let ctl = control(&writer, 1_764_000_000_123, &write);
+        assert_eq!(ctl[0], b'f');
+        assert_eq!(f64::from_le_bytes(ctl[1..9].try_into().unwrap()), 0.0);
+        assert_eq!(f64::from_le_bytes(ctl[9..17].try_into().unwrap()), 27.0);
+        assert_eq!(ctl[17], 1);
+        assert_eq!(&ctl[18..], b"1764000000123|12|8|refund|agentrefund-1text/plain; q=0.5");
         assert_eq!(
-            parse_meta(raw.as_bytes()),
+            parse_meta(&stored(42, &ctl)),
             Ok(Meta {
                 version: 42,
                 size: 27,
@@ -615,13 +685,30 @@ mod tests {
                 content_type: "text/plain; q=0.5".into(),
             })
         );
+        let cas =
+            control(&Writer::new("a", "a-1"), 5, &FieldWrite::new("n", "", WritePolicy::CompareAndSet { expected: 9 }));
+        assert_eq!((cas[0], f64::from_le_bytes(cas[1..9].try_into().unwrap()), cas[17]), (b'c', 9.0, 0));
         let plain =
-            format!("7{}", meta_tail(&Writer::new("a", "a-1"), 5, &FieldWrite::new("n", "", WritePolicy::LastWriter)));
-        assert_eq!(plain, "7|1|0|5|1|3|aa-1");
-        assert!(!parse_meta(plain.as_bytes()).unwrap().locked);
-        for bad in ["", "7|1|0|5|1", "7|1|0|5|9|3|aa-1", "x|1|0|5|1|3|aa-1"] {
-            assert!(matches!(parse_meta(bad.as_bytes()), Err(SessionError::Corrupt(_))), "{bad:?}");
+            stored(7, &control(&Writer::new("a", "a-1"), 5, &FieldWrite::new("n", "", WritePolicy::LastWriter)));
+        let meta = parse_meta(&plain).unwrap();
+        assert_eq!((meta.version, meta.size, meta.locked, meta.written_at_ms), (7, 1, false, 5));
+        let mut locked_two = plain.clone();
+        locked_two[16] = 2;
+        let mut half = plain.clone();
+        half[..8].copy_from_slice(&7.5f64.to_le_bytes());
+        for bad in [&b""[..], &plain[..16], &plain[..20], &locked_two, &half, &stored(7, &[b'l'; 30])] {
+            assert!(matches!(parse_meta(bad), Err(SessionError::Corrupt(_))), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn the_header_holds_the_version_first() {
+        let mut head = Vec::new();
+        for x in [12.0f64, 300.0, 2.0, 1_764_000_000_123.0] {
+            head.extend_from_slice(&x.to_le_bytes());
+        }
+        assert_eq!(header_version(&head), Ok(12));
+        assert!(matches!(header_version(&head[..24]), Err(SessionError::Corrupt(_))));
     }
 
     #[test]
@@ -629,7 +716,8 @@ mod tests {
         let limits = Limits { ttl: Duration::from_secs(3), ..Limits::default() };
         let script = put_script(&limits);
         assert!(!script.contains('@') && !delete_script().contains('@'));
-        assert!(script.contains(">= 300 or e - now >= 300") && script.contains("PEXPIRE', h, 3000)"));
+        assert!(script.contains(">= 300 or e - now >= 300") && script.contains("PEXPIRE', h, '3000')"));
         assert!(script.contains(">= 10000 then return {'sessions'}") && script.contains("> 1048576 then"));
+        assert!(script.contains("'MAXLEN', '~', '1000'") && delete_script().contains("PEXPIRE', log, '60000')"));
     }
 }
