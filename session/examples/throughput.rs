@@ -1,15 +1,18 @@
 //! Session-context write and read costs on each backend, next to the raw store doing the
 //! same operation: starts its own etcd and redis-server (like the tests), then prints
 //! put p50/p99 (one writer), puts/s (32 writers, each on its own session) and get p50/p99,
-//! for `KvSessions` on etcd vs a raw etcd put of the same bytes, and `RedisSessions` vs a
-//! raw `HSET` + `PEXPIRE` pipeline. The raw store doing the same operation as a session
-//! write: on etcd a raw transaction of the shape a session write commits (a compare on one
-//! key, two puts on a lease); on Redis a minimal Lua script of a versioned conditional
-//! per-field write ([`RAW_SCRIPT`]: read the field's version or lock, check the policy,
-//! `HSET` value + version + the hash's version, `PEXPIRE`) without the mesh's extras (no
-//! writer or content type, no size limits, no tenant cap, no watch log). Redis's own time
-//! per command (`INFO commandstats`) over each Redis phase says where the difference goes.
-//! Ends with the session/raw ratios of puts/s. Run: `cargo run --release -p
+//! for `KvSessions` on etcd vs a raw etcd put of the same bytes, and `RedisSessions` vs
+//! three raw Redis baselines. The raw store doing the same operation as a session write: on
+//! etcd a raw transaction of the shape a session write commits (a compare on one key, two
+//! puts on a lease); on Redis a minimal Lua script of a versioned conditional per-field
+//! write ([`RAW_SCRIPT`]: read the field's version or lock, check the policy, `HSET` value +
+//! version + the hash's version, `PEXPIRE`) that also appends the write to a stream
+//! ([`raw_log_script`]: `XADD … MAXLEN ~ 1000` of the field's name and value with the
+//! version as the entry id), as a session write appends its change for watches; without
+//! the mesh's extras (no writer or content type, no size limits, no tenant cap). The same
+//! script without the stream, and a raw `HSET` + `PEXPIRE` pipeline, are shown too. Redis's
+//! own time per command (`INFO commandstats`) over each Redis phase says where the
+//! difference goes. Ends with the session/raw ratios of puts/s. Run: `cargo run --release -p
 //! agent-reach-session --features test-util --example throughput` (numbers, not a
 //! pass/fail test).
 
@@ -45,6 +48,15 @@ redis.call('HSET', h, '_v', v, 'v:' .. name, pol == 'f' and 'L' .. v or v, 'd:' 
 redis.call('PEXPIRE', h, ARGV[5])
 return v
 "#;
+
+/// [`RAW_SCRIPT`] that also appends the write to a stream, KEYS[2] (the minimal change
+/// feed a watch could resume from: the field's name and value at id `0-{version}`).
+fn raw_log_script() -> String {
+    let script = RAW_SCRIPT
+        .replace("return v\n", "redis.call('XADD', KEYS[2], 'MAXLEN', '~', '1000', '0-' .. v, name, val)\nreturn v\n");
+    assert!(script.contains("XADD"), "the raw script's return line moved");
+    script
+}
 
 fn percentiles(mut samples: Vec<Duration>) -> (f64, f64) {
     samples.sort();
@@ -244,23 +256,44 @@ async fn main() {
     let raw_redis_script = rate;
 
     reset_stats(&conn).await;
+    let script = redis::Script::new(&raw_log_script());
+    let (c, s) = (conn.clone(), script.clone());
+    let (p50, p99) = latency(move |i| {
+        let (c, s) = (c.clone(), s.clone());
+        async move { raw_script(&c, &s, "raw:log:lat", i).await }
+    })
+    .await;
+    let (c, s) = (conn.clone(), script.clone());
+    let rate = throughput(move |w, i| {
+        let (c, s) = (c.clone(), s.clone());
+        async move { raw_script(&c, &s, &format!("raw:log:tp-{w}"), i).await }
+    })
+    .await;
+    println!("{:<22} put p50 {p50:6.3} ms  p99 {p99:6.3} ms  {rate:8.0} puts/s", "raw redis cas+xadd");
+    println!("{:<22} {}", "  redis server time", server_time(&conn, &["evalsha", "xadd"]).await);
+    let raw_redis_log = rate;
+
+    reset_stats(&conn).await;
     let sessions_on_redis = RedisSessions::connect(&redis.url(), limits).await.expect("redis sessions");
     let on_redis = sessions("sessions on redis", Arc::new(sessions_on_redis)).await;
-    println!("{:<22} {}", "  redis server time", server_time(&conn, &["evalsha", "hgetall"]).await);
+    println!("{:<22} {}", "  redis server time", server_time(&conn, &["evalsha", "xadd", "hgetall"]).await);
     println!(
-        "ratios of puts/s (target >= 0.7): etcd {:.2} of a raw put, {:.2} of a raw txn; redis {:.2} of the raw pipeline, {:.2} of the raw cas script",
+        "ratios of puts/s (target >= 0.7): etcd {:.2} of a raw put, {:.2} of a raw txn; redis {:.2} of the raw pipeline, {:.2} of the raw cas script, {:.2} of the raw cas+xadd script",
         on_etcd / raw_etcd_put,
         on_etcd / raw_etcd_txn,
         on_redis / raw_redis_pipeline,
-        on_redis / raw_redis_script
+        on_redis / raw_redis_script,
+        on_redis / raw_redis_log
     );
 }
 
-/// One write of [`RAW_SCRIPT`] (`last_writer`, 8 field names in turn), checked to succeed.
+/// One write of [`RAW_SCRIPT`] or [`raw_log_script`] (`last_writer`, 8 field names in
+/// turn; the stream is `{key}:log`), checked to succeed.
 async fn raw_script(conn: &redis::aio::ConnectionManager, script: &redis::Script, key: &str, i: usize) {
     let mut c = conn.clone();
     let version: u64 = script
         .key(key)
+        .key(format!("{key}:log"))
         .arg(format!("f{}", i % 8))
         .arg("l")
         .arg(0)
