@@ -5,10 +5,18 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Frees this thread's empty pages and purges every arena's freed memory now: called after
+/// each swap of a large routing table (see `control::set_after_swap`).
+fn collect() {
+    // SAFETY: mimalloc's collect may run on any thread at any time.
+    unsafe { libmimalloc_sys::mi_collect(true) }
+}
+
 use agent_reach_sidecar::{Sidecar, SidecarArgs, SidecarConfig};
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
+    agent_reach_sidecar::control::set_after_swap(collect);
     let args = SidecarArgs::parse();
     let config = match SidecarConfig::try_from(&args) {
         Ok(c) => c,

@@ -1,6 +1,11 @@
 //! Applying watch events to the routing table: a snapshot replaces it whole, a delta
 //! applies only on top of the revision it follows, a batch of events costs one table
 //! build, and removals after a reconnection are held as [`crate::grace`] decides.
+//!
+//! Records are converted from protobuf as they arrive ([`Converted`]: a large snapshot part
+//! by part, so its messages are never held whole), and each is stored with its lists at
+//! their exact size ([`convert_instance`]): a table keeps every record as long as the
+//! instance stays registered.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,6 +20,92 @@ use agent_reach_routing::{RoutingTable, TableHandle};
 
 use super::{Applied, WatchStats};
 use crate::grace::Held;
+
+/// A whole snapshot, converted to the table's records: instances by id and policies by
+/// kind and name (records that failed conversion were counted and left out).
+#[derive(Debug, Default)]
+pub struct Converted {
+    pub revision: i64,
+    pub resync: bool,
+    pub instances: HashMap<String, Arc<Instance>>,
+    pub policies: HashMap<(PolicyKind, String), Arc<Policy>>,
+}
+
+impl Converted {
+    /// Adds the records of one snapshot part (the part is consumed: its messages are freed
+    /// as they are converted).
+    pub fn extend(&mut self, part: proto::Snapshot, stats: &WatchStats) {
+        self.instances.reserve(part.instances.len());
+        for p in part.instances {
+            match convert_instance(p) {
+                Ok(i) => {
+                    self.instances.insert(i.record.instance_id.clone(), Arc::new(i));
+                }
+                Err(e) => invalid(stats, "instance", &e),
+            }
+        }
+        for p in part.policies {
+            match policy_from_proto(p) {
+                Ok(p) => {
+                    self.policies.insert((p.kind, p.name.clone()), Arc::new(p));
+                }
+                Err(e) => invalid(stats, "policy", &e),
+            }
+        }
+    }
+
+    /// A snapshot in one part.
+    pub fn of(s: proto::Snapshot, stats: &WatchStats) -> Converted {
+        let mut c = Converted { revision: s.revision, resync: s.resync, ..Default::default() };
+        c.extend(s, stats);
+        c
+    }
+}
+
+/// A watch event ready to apply: a delta as received, or a converted snapshot.
+#[derive(Debug)]
+pub enum Ready {
+    Snapshot(Converted),
+    Delta(proto::Delta),
+    /// An event with nothing in it (it changes nothing; the table still counts as confirmed).
+    Empty,
+}
+
+impl Ready {
+    /// `event` ready to apply (a snapshot converted at once).
+    pub fn of(event: proto::WatchEvent, stats: &WatchStats) -> Ready {
+        match event.event {
+            Some(proto::watch_event::Event::Snapshot(s)) => Ready::Snapshot(Converted::of(s, stats)),
+            Some(proto::watch_event::Event::Delta(d)) => Ready::Delta(d),
+            None => Ready::Empty,
+        }
+    }
+}
+
+/// An instance from control as the table keeps it: converted, with its capability and tag
+/// lists in allocations of their exact size (decoding grows them by pushing: two
+/// capabilities sat in room for four).
+pub fn convert_instance(p: proto::Instance) -> Result<Instance, agent_reach::model::FieldError> {
+    let mut i = instance_from_proto(p)?;
+    let caps = &mut i.record.registration.capabilities;
+    if caps.capacity() > caps.len() {
+        *caps = exact(std::mem::take(caps));
+    }
+    for c in caps.iter_mut() {
+        if c.tags.capacity() > c.tags.len() {
+            c.tags = exact(std::mem::take(&mut c.tags));
+        }
+    }
+    Ok(i)
+}
+
+/// `v` in a new allocation of exactly its length (`shrink_to_fit` may keep the block:
+/// mimalloc shrinks in place while the new size is at least half).
+fn exact<T>(v: Vec<T>) -> Vec<T> {
+    let mut out = Vec::with_capacity(v.len());
+    out.extend(v);
+    out
+}
 
 /// Applies one watch event to the table: a snapshot replaces it whole; a delta applies
 /// only on top of the revision it follows.
@@ -55,14 +146,26 @@ pub fn apply_batch_holding(
     held: &mut Held,
     now: tokio::time::Instant,
 ) -> Vec<Applied> {
+    let ready = events.into_iter().map(|e| Ready::of(e, stats)).collect();
+    apply_ready(table, ready, stats, held, now)
+}
+
+/// [`apply_batch_holding`] of events already converted.
+pub fn apply_ready(
+    table: &TableHandle,
+    events: Vec<Ready>,
+    stats: &WatchStats,
+    held: &mut Held,
+    now: tokio::time::Instant,
+) -> Vec<Applied> {
     let current = table.load_full();
     let mut batch =
         Batch { current: &current, revision: current.revision, instances: None, policies: None, stats, held, now };
     let mut out = Vec::with_capacity(events.len());
     for event in events {
-        match event.event {
-            Some(proto::watch_event::Event::Snapshot(s)) => out.push(batch.snapshot(s)),
-            Some(proto::watch_event::Event::Delta(d)) => {
+        match event {
+            Ready::Snapshot(s) => out.push(batch.snapshot(s)),
+            Ready::Delta(d) => {
                 let applied = batch.delta(d);
                 let gap = matches!(applied, Applied::Refused { gap: true, .. });
                 out.push(applied);
@@ -71,7 +174,7 @@ pub fn apply_batch_holding(
                     break;
                 }
             }
-            None => {}
+            Ready::Empty => {}
         }
     }
     if batch.revision != current.revision || batch.instances.is_some() || batch.policies.is_some() {
@@ -108,14 +211,9 @@ struct Batch<'a> {
 impl Batch<'_> {
     /// A snapshot replaces everything before it; instances it no longer has may only have
     /// lost their lease during an outage, and are held after a reconnection.
-    fn snapshot(&mut self, s: proto::Snapshot) -> Applied {
+    fn snapshot(&mut self, s: Converted) -> Applied {
         let stats = self.stats;
-        let mut inst: HashMap<String, Arc<Instance>> = s
-            .instances
-            .into_iter()
-            .filter_map(|p| instance_from_proto(p).map_err(|e| invalid(stats, "instance", &e)).ok())
-            .map(|i| (i.record.instance_id.clone(), Arc::new(i)))
-            .collect();
+        let Converted { revision, resync, instances: mut inst, policies: pol } = s;
         for id in inst.keys() {
             self.held.upserted(id);
         }
@@ -129,27 +227,15 @@ impl Batch<'_> {
                 inst.insert(id, i);
             }
         }
-        let pol: HashMap<(PolicyKind, String), Arc<Policy>> = s
-            .policies
-            .into_iter()
-            .filter_map(|p| policy_from_proto(p).map_err(|e| invalid(stats, "policy", &e)).ok())
-            .map(|p| ((p.kind, p.name.clone()), Arc::new(p)))
-            .collect();
-        tracing::info!(
-            revision = s.revision,
-            instances = inst.len(),
-            policies = pol.len(),
-            resync = s.resync,
-            "applied snapshot"
-        );
+        tracing::info!(revision, instances = inst.len(), policies = pol.len(), resync, "applied snapshot");
         self.instances = Some(inst);
         self.policies = Some(pol);
-        self.revision = s.revision;
+        self.revision = revision;
         stats.snapshots.fetch_add(1, Ordering::Relaxed);
-        if s.resync {
+        if resync {
             stats.resyncs.fetch_add(1, Ordering::Relaxed);
         }
-        Applied::Snapshot { revision: s.revision, resync: s.resync }
+        Applied::Snapshot { revision, resync }
     }
 
     /// A delta applies only on top of the revision it follows: one that does not move
@@ -183,7 +269,7 @@ impl Batch<'_> {
             inst.remove(id);
         }
         for p in d.upserted {
-            match instance_from_proto(p) {
+            match convert_instance(p) {
                 Ok(i) => {
                     self.held.upserted(&i.record.instance_id);
                     inst.insert(i.record.instance_id.clone(), Arc::new(i));

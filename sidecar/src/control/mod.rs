@@ -32,7 +32,7 @@ use agent_reach::proto::identity_client::IdentityClient;
 use tonic::Status;
 use tonic::transport::{Channel, Endpoint};
 
-pub use apply::{apply, apply_batch, apply_batch_holding};
+pub use apply::{Converted, Ready, apply, apply_batch, apply_batch_holding, apply_ready, convert_instance};
 pub(crate) use failover::{Failover, Rules};
 pub use watch::{Applied, SnapshotParts, WatchObserver, run_watch, run_watch_holding, run_watch_observed};
 
@@ -135,6 +135,32 @@ impl ControlClients {
         self.control.len() == 0
     }
 }
+
+/// Called after each table swap, on the thread that built the table and again on the watch
+/// loop's: the binary hands memory the swap freed back to the OS there (the sidecar binary
+/// asks mimalloc to collect, see its `main.rs`). Every batch rebuilds the table whole and
+/// frees the previous one; without this, an idle sidecar keeps those pages resident until
+/// the allocator's next purge, which only allocation activity brings.
+static AFTER_SWAP: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// Sets the function called after each table swap (the first call wins).
+pub fn set_after_swap(f: fn()) {
+    let _ = AFTER_SWAP.set(f);
+}
+
+/// Runs the function set by [`set_after_swap`], if any, after a swap to a table of
+/// `instances` instances: from [`COLLECT_MIN_INSTANCES`] on, where the swap freed a
+/// previous table worth collecting (and its rebuild cost far more than the collection).
+pub(crate) fn after_swap(instances: usize) {
+    if instances >= COLLECT_MIN_INSTANCES
+        && let Some(f) = AFTER_SWAP.get()
+    {
+        f();
+    }
+}
+
+/// Tables smaller than this are swapped without [`after_swap`]'s collection.
+pub const COLLECT_MIN_INSTANCES: usize = 1000;
 
 /// Counters of the watch loop.
 #[derive(Debug, Default)]

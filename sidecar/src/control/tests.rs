@@ -26,28 +26,70 @@ fn part(revision: i64, ids: &[&str], more: bool) -> proto::WatchEvent {
     }
 }
 
-fn ids(event: &proto::WatchEvent) -> Vec<String> {
-    match &event.event {
-        Some(proto::watch_event::Event::Snapshot(s)) => s.instances.iter().map(|i| i.instance_id.clone()).collect(),
+fn ids(ready: &Ready) -> (i64, Vec<String>) {
+    match ready {
+        Ready::Snapshot(s) => {
+            let mut ids: Vec<String> = s.instances.keys().cloned().collect();
+            ids.sort();
+            (s.revision, ids)
+        }
         _ => panic!("not a snapshot"),
     }
 }
 
 #[test]
 fn snapshot_parts_are_gathered_into_one_snapshot() {
-    let mut parts = SnapshotParts::default();
+    let (mut parts, stats) = (SnapshotParts::default(), WatchStats::default());
     // A snapshot in one part passes through.
-    assert_eq!(ids(&parts.gather(part(3, &["a"], false)).unwrap().unwrap()), ["a"]);
-    assert!(parts.gather(part(5, &["a", "b"], true)).unwrap().is_none());
-    assert!(parts.gather(part(5, &["c"], true)).unwrap().is_none());
-    let whole = parts.gather(part(5, &["d"], false)).unwrap().unwrap();
-    assert_eq!(ids(&whole), ["a", "b", "c", "d"]);
+    assert_eq!(ids(&parts.gather(part(3, &["a"], false), &stats).unwrap().unwrap()), (3, vec!["a".into()]));
+    assert!(parts.gather(part(5, &["a", "b"], true), &stats).unwrap().is_none());
+    assert!(parts.gather(part(5, &["c"], true), &stats).unwrap().is_none());
+    let whole = parts.gather(part(5, &["d"], false), &stats).unwrap().unwrap();
+    assert_eq!(ids(&whole), (5, ["a", "b", "c", "d"].map(String::from).to_vec()));
     // A part of another revision, or a delta, in the middle of a snapshot breaks it.
-    assert!(parts.gather(part(6, &["a"], true)).unwrap().is_none());
-    assert!(parts.gather(part(7, &["b"], false)).unwrap_err().contains("revision 7"));
-    assert!(parts.gather(part(8, &["a"], true)).unwrap().is_none());
+    assert!(parts.gather(part(6, &["a"], true), &stats).unwrap().is_none());
+    assert!(parts.gather(part(7, &["b"], false), &stats).unwrap_err().contains("revision 7"));
+    assert!(parts.gather(part(8, &["a"], true), &stats).unwrap().is_none());
     let delta = proto::WatchEvent { event: Some(proto::watch_event::Event::Delta(proto::Delta::default())) };
-    assert!(parts.gather(delta).unwrap_err().contains("delta"));
+    assert!(parts.gather(delta.clone(), &stats).unwrap_err().contains("delta"));
+    // Outside a snapshot a delta passes through (a broken stream is dropped with its parts).
+    assert!(matches!(SnapshotParts::default().gather(delta, &stats), Ok(Some(Ready::Delta(_)))));
+    assert_eq!(stats.invalid_instances.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn a_part_is_converted_when_it_arrives_and_invalid_records_are_counted() {
+    let (mut parts, stats) = (SnapshotParts::default(), WatchStats::default());
+    let mut first = part(9, &["a-1", "b-1"], true);
+    if let Some(proto::watch_event::Event::Snapshot(s)) = &mut first.event {
+        s.instances[1].registration = None;
+    }
+    assert!(parts.gather(first, &stats).unwrap().is_none());
+    // Counted with its part, before the snapshot is whole.
+    assert_eq!(stats.invalid_instances.load(Ordering::Relaxed), 1);
+    let whole = parts.gather(part(9, &["c-1"], false), &stats).unwrap().unwrap();
+    assert_eq!(ids(&whole), (9, vec!["a-1".into(), "c-1".into()]));
+    let table = TableHandle::default();
+    let applied = apply_ready(&table, vec![whole], &stats, &mut Held::new(Duration::ZERO), tokio::time::Instant::now());
+    assert_eq!(applied, [Applied::Snapshot { revision: 9, resync: false }]);
+    assert_eq!((table.load().revision, table.load().len()), (9, 2));
+}
+
+#[test]
+fn records_are_kept_with_lists_at_their_exact_size() {
+    use prost::Message;
+    // As the wire delivers them: decoded, so every list grew by pushing.
+    let mut wire = proto::Instance::from(
+        &fixture::instance("a-1").agent("a").capability("c", &["x", "y"]).capability("d", &[]).build(),
+    );
+    wire = proto::Instance::decode(wire.encode_to_vec().as_slice()).unwrap();
+    let reg = wire.registration.as_ref().unwrap();
+    assert!(reg.capabilities.capacity() > 2 && reg.capabilities[0].tags.capacity() > 2, "decoding over-allocates");
+    let i = convert_instance(wire).unwrap();
+    let caps = &i.record.registration.capabilities;
+    assert_eq!((caps.len(), caps.capacity()), (2, 2));
+    assert_eq!((caps[0].tags.clone(), caps[0].tags.capacity()), (vec!["x".to_string(), "y".to_string()], 2));
+    assert_eq!(i, fixture::instance("a-1").agent("a").capability("c", &["x", "y"]).capability("d", &[]).build());
 }
 
 #[test]

@@ -11,7 +11,7 @@ use agent_reach_routing::TableHandle;
 use tokio::sync::watch;
 use tonic::Status;
 
-use super::apply::{apply_batch_holding, release_held};
+use super::apply::{Converted, Ready, apply_ready, release_held};
 use super::{ControlClients, WatchStats};
 use crate::grace::Held;
 
@@ -151,6 +151,7 @@ impl Watcher {
                     if let Some(h) = self.held.as_mut() {
                         release_held(&self.table, h, &self.stats, tokio::time::Instant::now());
                         self.revision_tx.send_replace(self.table.load().revision);
+                        super::after_swap(self.table.load().len());
                     }
                     continue;
                 }
@@ -158,7 +159,7 @@ impl Watcher {
             let ended = match msg {
                 Ok(Some(event)) => {
                     self.failures = 0;
-                    let (events, ended) = take_ready(&mut stream, &mut parts, event);
+                    let (events, ended) = take_ready(&mut stream, &mut parts, event, &self.stats);
                     if events.is_empty() && ended.is_none() {
                         continue;
                     }
@@ -183,13 +184,14 @@ impl Watcher {
     /// Applies `events` in one table build, off the runtime's thread, and tells the
     /// observer and the revision channel. False when the stream must be resumed (a gap:
     /// changes were missed; or the build failed).
-    async fn apply(&mut self, uri: &str, events: Vec<proto::WatchEvent>) -> bool {
+    async fn apply(&mut self, uri: &str, events: Vec<Ready>) -> bool {
         let (t, st) = (self.table.clone(), self.stats.clone());
         let mut h = self.held.take().unwrap_or_else(|| Held::new(self.removal_grace));
         h.live();
         let now = tokio::time::Instant::now();
         let applied = match tokio::task::spawn_blocking(move || {
-            let applied = apply_batch_holding(&t, events, &st, &mut h, now);
+            let applied = apply_ready(&t, events, &st, &mut h, now);
+            super::after_swap(t.load().len());
             (applied, h)
         })
         .await
@@ -203,6 +205,8 @@ impl Watcher {
                 return false;
             }
         };
+        // The snapshot parts were decoded and converted on this thread.
+        super::after_swap(self.table.load().len());
         self.stats.confirm();
         if let Some(observer) = &self.observer {
             applied.iter().for_each(|a| observer(a));
@@ -218,18 +222,19 @@ impl Watcher {
 
 /// Takes `first` and every event already received (without waiting), up to [`MAX_BATCH`]
 /// whole events: a burst of changes (thousands of registrations) costs one table build,
-/// not one each. The parts of a snapshot are gathered first. Also returns how the stream
-/// ended, when it did meanwhile.
+/// not one each. The parts of a snapshot are gathered (converted) first. Also returns how
+/// the stream ended, when it did meanwhile.
 fn take_ready(
     stream: &mut tonic::Streaming<proto::WatchEvent>,
     parts: &mut SnapshotParts,
     first: proto::WatchEvent,
-) -> (Vec<proto::WatchEvent>, Option<StreamEnd>) {
+    stats: &WatchStats,
+) -> (Vec<Ready>, Option<StreamEnd>) {
     let mut events = Vec::new();
     let mut ended = None;
     let mut next = Some(first);
     while let Some(e) = next.take() {
-        match parts.gather(e) {
+        match parts.gather(e, stats) {
             Ok(Some(whole)) => events.push(whole),
             Ok(None) => {}
             Err(why) => {
@@ -257,28 +262,33 @@ async fn sleep_until_some(at: Option<tokio::time::Instant>) {
     }
 }
 
-/// The parts of a snapshot received so far (see `Snapshot.more`).
+/// The parts of a snapshot received so far (see `Snapshot.more`), converted as each part
+/// arrives: a large snapshot is never held whole as protobuf messages next to its records.
 #[derive(Default)]
 pub struct SnapshotParts {
-    gathered: Option<proto::Snapshot>,
+    gathered: Option<Converted>,
 }
 
 impl SnapshotParts {
     /// Takes one event: a whole event to apply, nothing while a snapshot's parts are still
     /// arriving, or why the stream is broken (a part of another revision, or a delta in the
-    /// middle of a snapshot).
-    pub fn gather(&mut self, event: proto::WatchEvent) -> Result<Option<proto::WatchEvent>, String> {
+    /// middle of a snapshot). Records that fail conversion are counted in `stats`.
+    pub fn gather(&mut self, event: proto::WatchEvent, stats: &WatchStats) -> Result<Option<Ready>, String> {
         let part = match event.event {
             Some(proto::watch_event::Event::Snapshot(part)) => part,
             other => {
                 if self.gathered.is_some() {
                     return Err("control sent a delta in the middle of a snapshot".into());
                 }
-                return Ok(Some(proto::WatchEvent { event: other }));
+                return Ok(Some(match other {
+                    Some(proto::watch_event::Event::Delta(d)) => Ready::Delta(d),
+                    _ => Ready::Empty,
+                }));
             }
         };
+        let more = part.more;
         let whole = match self.gathered.take() {
-            None => part,
+            None => Converted::of(part, stats),
             Some(mut whole) => {
                 if whole.revision != part.revision || whole.resync != part.resync {
                     return Err(format!(
@@ -286,17 +296,15 @@ impl SnapshotParts {
                         part.revision, whole.revision
                     ));
                 }
-                whole.instances.extend(part.instances);
-                whole.policies.extend(part.policies);
-                whole.more = part.more;
+                whole.extend(part, stats);
                 whole
             }
         };
-        if whole.more {
+        if more {
             self.gathered = Some(whole);
             return Ok(None);
         }
-        Ok(Some(proto::WatchEvent { event: Some(proto::watch_event::Event::Snapshot(whole)) }))
+        Ok(Some(Ready::Snapshot(whole)))
     }
 }
 
