@@ -7,31 +7,38 @@
 //! 3. control: the sidecars heartbeat 2,000 instances per second (each sidecar reports its
 //!    100 instances every 5 s, loads drifting as a random walk); counts etcd writes and
 //!    keep-alives per heartbeat at steady load, after the first round;
-//! 4. propagation: with 100 and then 1,000 sidecars watching the 10,000-agent tenant
-//!    through the control service, the time from a put in etcd until every sidecar has
-//!    applied it; and the same with 100 and 1,000 clients watching etcd directly.
+//! 4. snapshot fan-out: 100 and then 1,000 sidecars, their connections to control opened
+//!    beforehand, start watching the 10,000-agent tenant at once; timed from that start
+//!    until the last of them has read its snapshot's last part. Each simulated sidecar
+//!    walks the parts' fields (revision, flags, one count per instance) rather than
+//!    decoding 10,000 instances, so the figure is control's delivery, not the bench's own
+//!    decoding on the same cores; each must have every instance the store holds at a
+//!    revision no older than the tenant's newest change, and one decodes its snapshot fully
+//!    afterwards and checks the instance ids;
+//! 5. propagation: with those watchers, the time from a put in etcd until every sidecar
+//!    has applied it; and the same with 100 and 1,000 clients watching etcd directly.
 //!
 //! Control runs on its own runtime (2 threads named `ar-control`) with its own etcd
 //! client, like a separate process; its CPU time is read from /proc per thread. Run with
 //! `cargo run --release -p agent-reach-control --example scale` (it starts its own etcd;
 //! `AGENT_REACH_ETCD_BIN` names the binary). Everything shares this machine's cores.
 
-use std::collections::HashSet;
-use std::hash::Hasher;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use agent_reach::model::{Registration, fixture};
 use agent_reach::proto;
 use agent_reach::proto::control_client::ControlClient;
 use agent_reach_control::record::{StoredInstance, encode};
+use agent_reach_control::routes::WATCH_PATH;
 use agent_reach_control::{ControlConfig, ControlReplica, ControlStats, keys};
 use agent_reach_store::testing::EtcdServer;
 use agent_reach_store::{EtcdOptions, EtcdStore, Store};
+use bytes::{Buf, Bytes};
 use clap::Parser;
 use futures_util::StreamExt;
+use prost::Message;
 use rand::Rng;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::{Channel, Endpoint};
 
 #[derive(Parser, Debug)]
@@ -97,6 +104,26 @@ fn thread_cpu(name: &str) -> f64 {
     }
     // USER_HZ is 100 on Linux.
     ticks as f64 / 100.0
+}
+
+/// Write calls and bytes written so far by this process's threads named `name` (the
+/// kernel's `syscw` and `wchar` per thread).
+fn thread_writes(name: &str) -> (u64, u64) {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return (0, 0) };
+    let (mut calls, mut bytes) = (0, 0);
+    for task in tasks.flatten() {
+        let path = task.path();
+        let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+        if comm.trim_end() != name {
+            continue;
+        }
+        for line in std::fs::read_to_string(path.join("io")).unwrap_or_default().lines() {
+            let value = |prefix: &str| line.strip_prefix(prefix).and_then(|v| v.trim().parse::<u64>().ok());
+            calls += value("syscw:").unwrap_or(0);
+            bytes += value("wchar:").unwrap_or(0);
+        }
+    }
+    (calls, bytes)
 }
 
 fn stored(instance_id: &str, agent: &str, capability: &str, sidecar: usize) -> StoredInstance {
@@ -334,16 +361,16 @@ async fn run(args: &Args, etcd: &EtcdServer) -> Result<String, String> {
         });
     }
 
-    // 4. Propagation, through control and straight from etcd.
+    // 4. and 5. Snapshot fan-out and propagation, through control and straight from etcd.
     let mut propagation = Vec::new();
     for &n in &args.watchers {
         eprintln!("propagation through control to {n} watching sidecars...");
         let cpu0 = thread_cpu("ar-control");
-        let (ours, connect_secs) = through_control(&endpoint, &store, n, args).await?;
+        let (ours, delivery) = through_control(&endpoint, &store, &stats, n, args).await?;
         let cpu = thread_cpu("ar-control") - cpu0;
         eprintln!("propagation straight from etcd to {n} watchers...");
         let raw = straight_from_etcd(etcd, &store, n, args).await?;
-        propagation.push((n, ours, raw, connect_secs, cpu));
+        propagation.push((n, ours, raw, delivery, cpu));
     }
     let _ = stop_tx.send(true);
 
@@ -391,7 +418,7 @@ async fn run(args: &Args, etcd: &EtcdServer) -> Result<String, String> {
     );
     let _ = writeln!(report, "\nput -> applied in every watcher ({} puts, one every {:?})", args.puts, args.put_every);
     let _ = writeln!(report, "  watchers  path                     p50 ms   p99 ms   max ms");
-    for (n, ours, raw, connect_secs, cpu) in &propagation {
+    for (n, ours, raw, d, cpu) in &propagation {
         let row =
             |label: &str, l: &Latency| format!("  {n:>8}  {label:<22} {:>7.2}  {:>7.2}  {:>7.2}", l.p50, l.p99, l.max);
         let _ = writeln!(report, "{}", row("through control", ours));
@@ -400,8 +427,20 @@ async fn run(args: &Args, etcd: &EtcdServer) -> Result<String, String> {
         let _ = writeln!(report, "            p99 ratio {r:.2} (target <= 1.5: {})", ok(r <= 1.5));
         let _ = writeln!(
             report,
-            "            {n} snapshots of {} instances delivered in {connect_secs:.1} s; control CPU {cpu:.1} s during this step",
-            per_sidecar * args.sidecars
+            "            snapshot of {} instances ({} parts, {:.2} MB) read in full by all {n} watchers {:.2} s after their \
+             watches started (target <= 2 s: {}); CPU meanwhile: control {:.2} s, simulated sidecars {:.2} s; \
+             control wrote {:.0} MB in {} write calls; opening the {n} connections beforehand took {:.1} s; \
+             control CPU {cpu:.1} s during the whole step",
+            d.instances,
+            d.parts,
+            d.bytes as f64 / 1e6,
+            d.secs,
+            ok(d.secs <= 2.0),
+            d.control_cpu,
+            d.sidecars_cpu,
+            d.control_writes.1 as f64 / 1e6,
+            d.control_writes.0,
+            d.connect_secs
         );
     }
     let etcd_cpu = etcd.metric("process_cpu_seconds_total").unwrap_or(f64::NAN);
@@ -440,37 +479,243 @@ fn latencies(starts: &[(i64, Instant)], seen: &[Vec<(i64, Instant)>]) -> Result<
     })
 }
 
-fn hash(s: &str) -> u64 {
-    // The same keys everywhere, so an id always hashes the same.
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    h.write(s.as_bytes());
-    h.finish()
+/// What a simulated sidecar reads of one `WatchEvent`.
+enum Received {
+    /// A snapshot part, walked field by field in the receive buffer, not decoded: its
+    /// revision and flags, how many instances and policies it holds, its size, and its
+    /// bytes when the reader keeps them (watcher 0, for a full decode after the clock).
+    Part { revision: i64, resync: bool, more: bool, instances: usize, policies: usize, len: usize, kept: Option<Bytes> },
+    /// A delta, decoded.
+    Delta(proto::Delta),
 }
 
-/// `n` sidecars watching the tenant through control: each applies the snapshot and every
-/// delta in order (keeping the set of instance ids) and notes when it applied each
-/// revision. Returns the latencies and how long the snapshots took to arrive.
-async fn through_control(endpoint: &str, store: &EtcdStore, n: usize, args: &Args) -> Result<(Latency, f64), String> {
-    let ready = Arc::new(AtomicUsize::new(0));
+fn varint(buf: &mut &[u8]) -> Result<u64, String> {
+    prost::encoding::decode_varint(buf).map_err(|e| e.to_string())
+}
+
+/// Reads one encoded `WatchEvent` (see [`Received`]).
+fn read_event(whole: &[u8]) -> Result<Received, String> {
+    let mut buf = whole;
+    let key = varint(&mut buf)?;
+    let len = varint(&mut buf)? as usize;
+    if len != buf.len() {
+        return Err(format!("a WatchEvent of {} bytes holds a field of {len}", whole.len()));
+    }
+    match key {
+        // WatchEvent.snapshot
+        0x0a => {}
+        // WatchEvent.delta
+        0x12 => return proto::Delta::decode(buf).map(Received::Delta).map_err(|e| e.to_string()),
+        other => return Err(format!("unexpected WatchEvent field key {other}")),
+    }
+    let (mut revision, mut resync, mut more, mut instances, mut policies) = (0, false, false, 0, 0);
+    while !buf.is_empty() {
+        let key = varint(&mut buf)?;
+        match (key >> 3, key & 7) {
+            (field, 0) => {
+                let value = varint(&mut buf)?;
+                match field {
+                    1 => revision = value as i64,
+                    3 => resync = value != 0,
+                    5 => more = value != 0,
+                    _ => {}
+                }
+            }
+            (field, 2) => {
+                let len = varint(&mut buf)? as usize;
+                if len > buf.len() {
+                    return Err(format!("snapshot field {field} runs past the end of its part"));
+                }
+                buf.advance(len);
+                match field {
+                    2 => instances += 1,
+                    4 => policies += 1,
+                    _ => {}
+                }
+            }
+            (field, wire) => return Err(format!("snapshot field {field} has wire type {wire}")),
+        }
+    }
+    Ok(Received::Part { revision, resync, more, instances, policies, len: whole.len(), kept: None })
+}
+
+/// The simulated sidecars' codec for `Watch`: requests encoded by prost, events read by
+/// [`read_event`] where they were received (tonic's buffer is reused for the next one);
+/// `keep` copies each snapshot part out as well.
+#[derive(Clone, Copy, Default)]
+struct WatchCodec {
+    keep: bool,
+}
+
+struct RequestEncoder;
+
+impl Encoder for RequestEncoder {
+    type Item = proto::WatchRequest;
+    type Error = tonic::Status;
+
+    fn encode(&mut self, item: proto::WatchRequest, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        item.encode(dst).map_err(|e| tonic::Status::internal(e.to_string()))
+    }
+}
+
+struct EventReader {
+    keep: bool,
+}
+
+impl Decoder for EventReader {
+    type Item = Received;
+    type Error = tonic::Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Received>, tonic::Status> {
+        let len = src.remaining();
+        if src.chunk().len() != len {
+            return Err(tonic::Status::internal("a message not in one piece"));
+        }
+        let mut event = read_event(src.chunk()).map_err(tonic::Status::internal)?;
+        if let Received::Part { kept, .. } = &mut event
+            && self.keep
+        {
+            *kept = Some(Bytes::copy_from_slice(src.chunk()));
+        }
+        src.advance(len);
+        Ok(Some(event))
+    }
+}
+
+impl Codec for WatchCodec {
+    type Encode = proto::WatchRequest;
+    type Decode = Received;
+    type Encoder = RequestEncoder;
+    type Decoder = EventReader;
+
+    fn encoder(&mut self) -> RequestEncoder {
+        RequestEncoder
+    }
+
+    fn decoder(&mut self) -> EventReader {
+        EventReader { keep: self.keep }
+    }
+}
+
+/// Sidecar `i`'s watch of the tenant from scratch, on a connection opened beforehand.
+async fn watch(channel: Channel, i: usize) -> Result<tonic::Streaming<Received>, String> {
+    let mut grpc = tonic::client::Grpc::new(channel).max_decoding_message_size(256 << 20);
+    grpc.ready().await.map_err(|e| e.to_string())?;
+    let request = proto::WatchRequest {
+        tenant: TENANT.into(),
+        sidecar: Some(proto::SidecarIdentity { sidecar_id: format!("watcher-{i}"), mesh_address: "w:1".into() }),
+        from_revision: 0,
+    };
+    let path = http::uri::PathAndQuery::from_static(WATCH_PATH);
+    let codec = WatchCodec { keep: i == 0 };
+    let response = grpc.server_streaming(tonic::Request::new(request), path, codec).await;
+    response.map(|r| r.into_inner()).map_err(|e| e.to_string())
+}
+
+/// One sidecar's snapshot as it arrived.
+struct Arrived {
+    revision: i64,
+    instances: usize,
+    policies: usize,
+    parts: usize,
+    bytes: usize,
+    /// When its last part (`more` = false) was read.
+    at: Instant,
+    /// Its parts' bytes, when asked to keep them (for a full decode after the clock).
+    kept: Vec<Bytes>,
+}
+
+/// Reads a fresh watch's snapshot up to its last part: every part at the same revision,
+/// none flagged resync, nothing else in between.
+async fn receive_snapshot(stream: &mut tonic::Streaming<Received>) -> Result<Arrived, String> {
+    let mut got =
+        Arrived { revision: 0, instances: 0, policies: 0, parts: 0, bytes: 0, at: Instant::now(), kept: vec![] };
+    loop {
+        let event = stream.message().await.map_err(|e| e.to_string())?.ok_or("the stream ended inside the snapshot")?;
+        let Received::Part { revision, resync, more, instances, policies, len, kept } = event else {
+            return Err("a delta before the snapshot's last part".into());
+        };
+        if resync {
+            return Err("a resync snapshot on a watch from revision 0".into());
+        }
+        if got.parts > 0 && revision != got.revision {
+            return Err(format!("snapshot parts at revisions {} and {revision}", got.revision));
+        }
+        got.revision = revision;
+        got.parts += 1;
+        got.instances += instances;
+        got.policies += policies;
+        got.bytes += len;
+        got.kept.extend(kept);
+        if !more {
+            got.at = Instant::now();
+            return Ok(got);
+        }
+    }
+}
+
+/// How the snapshots reached the watchers (see [`through_control`]).
+struct Delivery {
+    /// From the moment the watchers were let go until the last one had read its
+    /// snapshot's last part.
+    secs: f64,
+    /// Opening the watchers' connections beforehand (not in `secs`).
+    connect_secs: f64,
+    instances: usize,
+    parts: usize,
+    bytes: usize,
+    /// CPU seconds during `secs`: control's threads, and the bench's (the simulated
+    /// sidecars reading the snapshots, on the same 2 cores).
+    control_cpu: f64,
+    sidecars_cpu: f64,
+    /// Write calls control's threads made during `secs`, and the bytes they wrote.
+    control_writes: (u64, u64),
+}
+
+/// `n` sidecars watching the tenant through control. Their connections are opened first,
+/// then all `n` watches start at once and the clock runs until every watcher has read the
+/// last part of its snapshot. A watcher walks each part's fields (revision, flags, one
+/// count per instance; see [`read_event`]) instead of decoding the instances; each must
+/// have every instance the store holds for the tenant, at a revision no older than the
+/// tenant's newest change, and watcher 0 decodes its parts fully afterwards and
+/// checks the instance ids. Then each applies every delta in order and notes when it
+/// applied each revision. Returns the latencies and the snapshot delivery.
+async fn through_control(
+    endpoint: &str,
+    store: &EtcdStore,
+    stats: &ControlStats,
+    n: usize,
+    args: &Args,
+) -> Result<(Latency, Delivery), String> {
+    let prefix = keys::agents_prefix(TENANT);
+    let range = store.get_prefix(&prefix).await.map_err(|e| e.to_string())?;
+    let mut expected: Vec<String> = range
+        .kvs
+        .iter()
+        .filter_map(|kv| keys::parse_instance_key(&prefix, &kv.key).map(|(_, id)| id.to_string()))
+        .collect();
+    expected.sort();
+    // The tenant's newest change: control's snapshot is at least that recent (the store's
+    // own revision also counts other prefixes' writes, which control does not watch).
+    let newest = range.kvs.iter().map(|kv| kv.mod_revision).max().unwrap_or(0);
+    let t_connect = Instant::now();
+    let mut channels = Vec::with_capacity(n);
+    for _ in 0..n {
+        channels.push(control_channel(endpoint).await?);
+    }
+    let connect_secs = t_connect.elapsed().as_secs_f64();
+    let (start_tx, start_rx) = tokio::sync::watch::channel(false);
     let (done_tx, done_rx) = tokio::sync::watch::channel(0i64);
-    let t0 = Instant::now();
+    let (arrived_tx, mut arrived_rx) = tokio::sync::mpsc::unbounded_channel();
     let mut watchers = tokio::task::JoinSet::new();
-    for i in 0..n {
-        let channel = control_channel(endpoint).await?;
-        let (ready, mut done) = (ready.clone(), done_rx.clone());
+    for (i, channel) in channels.into_iter().enumerate() {
+        let (mut start, mut done, arrived_tx) = (start_rx.clone(), done_rx.clone(), arrived_tx.clone());
         watchers.spawn(async move {
-            let mut client = ControlClient::new(channel).max_decoding_message_size(256 << 20);
-            let request = proto::WatchRequest {
-                tenant: TENANT.into(),
-                sidecar: Some(proto::SidecarIdentity {
-                    sidecar_id: format!("watcher-{i}"),
-                    mesh_address: "w:1".into(),
-                }),
-                from_revision: 0,
-            };
-            let mut stream = client.watch(request).await.map_err(|e| e.to_string())?.into_inner();
-            let mut ids: HashSet<u64> = HashSet::new();
-            let mut revision = 0;
+            start.wait_for(|go| *go).await.map_err(|e| e.to_string())?;
+            let mut stream = watch(channel, i).await?;
+            let arrived = receive_snapshot(&mut stream).await?;
+            let mut revision = arrived.revision;
+            let _ = arrived_tx.send(arrived);
             let mut seen = Vec::new();
             loop {
                 let event = tokio::select! {
@@ -478,40 +723,89 @@ async fn through_control(endpoint: &str, store: &EtcdStore, n: usize, args: &Arg
                     _ = done.wait_for(|last| *last > 0 && revision >= *last) => return Ok(seen),
                 };
                 let at = Instant::now();
-                match event.event {
-                    Some(proto::watch_event::Event::Snapshot(s)) => {
-                        ids = s.instances.iter().map(|i| hash(&i.instance_id)).collect();
-                        revision = s.revision;
-                        ready.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Some(proto::watch_event::Event::Delta(d)) => {
-                        if d.prev_revision > revision || d.revision <= revision {
-                            return Err(format!("delta {} does not follow {revision}", d.revision));
-                        }
-                        for id in &d.removed_instance_ids {
-                            ids.remove(&hash(id));
-                        }
-                        for i in &d.upserted {
-                            ids.insert(hash(&i.instance_id));
-                        }
-                        revision = d.revision;
-                        seen.push((revision, at));
-                    }
-                    None => {}
+                let Received::Delta(d) = event else { return Err("a snapshot part after the snapshot".into()) };
+                if d.prev_revision > revision || d.revision <= revision {
+                    return Err(format!("delta {} does not follow {revision}", d.revision));
                 }
+                revision = d.revision;
+                seen.push((revision, at));
                 if done.borrow().gt(&0) && revision >= *done.borrow() {
                     return Ok(seen);
                 }
             }
         });
     }
-    while ready.load(Ordering::Relaxed) < n {
-        if t0.elapsed() > Duration::from_secs(600) {
-            return Err("the watchers' snapshots did not all arrive within 10 minutes".into());
+    drop(arrived_tx);
+    let snapshots_before = ControlStats::get(&stats.snapshots_sent);
+    let (control0, sidecars0, writes0) = (thread_cpu("ar-control"), thread_cpu("bench"), thread_writes("ar-control"));
+    let t0 = Instant::now();
+    let _ = start_tx.send(true);
+    let mut arrived = Vec::with_capacity(n);
+    let deadline = tokio::time::sleep(Duration::from_secs(600));
+    tokio::pin!(deadline);
+    while arrived.len() < n {
+        tokio::select! {
+            got = arrived_rx.recv() => arrived.push(got.ok_or("a watcher stopped before its snapshot arrived")?),
+            Some(ended) = watchers.join_next() => {
+                ended.map_err(|e| e.to_string())??;
+                return Err("a watcher ended before the measurement did".into());
+            }
+            _ = &mut deadline => return Err("the watchers' snapshots did not all arrive within 10 minutes".into()),
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let connect_secs = t0.elapsed().as_secs_f64();
+    let last = arrived.iter().map(|a| a.at).max().unwrap_or(t0);
+    let secs = last.duration_since(t0).as_secs_f64();
+    let (control_cpu, sidecars_cpu) = (thread_cpu("ar-control") - control0, thread_cpu("bench") - sidecars0);
+    let writes = thread_writes("ar-control");
+    let control_writes = (writes.0 - writes0.0, writes.1 - writes0.1);
+    // Every watcher has the whole snapshot, and control sent exactly one to each.
+    let now = store.current_revision().await.map_err(|e| e.to_string())?;
+    for (k, a) in arrived.iter().enumerate() {
+        if a.instances != expected.len() || a.revision < newest || a.revision > now {
+            return Err(format!(
+                "snapshot {k}: {} instances at revision {}; expected {} at a revision in {}..={now}",
+                a.instances,
+                a.revision,
+                expected.len(),
+                newest
+            ));
+        }
+    }
+    let sent = ControlStats::get(&stats.snapshots_sent) - snapshots_before;
+    if sent != n as u64 {
+        return Err(format!("control sent {sent} snapshots to {n} watchers"));
+    }
+    let first = arrived.iter().find(|a| !a.kept.is_empty()).ok_or("watcher 0 kept no parts")?;
+    let (mut ids, mut policies) = (Vec::with_capacity(first.instances), 0);
+    for part in &first.kept {
+        let event = proto::WatchEvent::decode(part.clone()).map_err(|e| e.to_string())?;
+        let Some(proto::watch_event::Event::Snapshot(s)) = event.event else {
+            return Err("not a snapshot part".into());
+        };
+        ids.extend(s.instances.into_iter().map(|i| i.instance_id));
+        policies += s.policies.len();
+    }
+    ids.sort();
+    if ids != expected {
+        return Err(format!(
+            "watcher 0's snapshot holds {} ids, not the {} the store holds",
+            ids.len(),
+            expected.len()
+        ));
+    }
+    if let Some(a) = arrived.iter().find(|a| a.policies != policies) {
+        return Err(format!("a snapshot with {} policies, watcher 0's has {policies}", a.policies));
+    }
+    let delivery = Delivery {
+        secs,
+        connect_secs,
+        instances: first.instances,
+        parts: first.parts,
+        bytes: first.bytes,
+        control_cpu,
+        sidecars_cpu,
+        control_writes,
+    };
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut starts = Vec::with_capacity(args.puts);
     for k in 0..args.puts {
@@ -528,7 +822,7 @@ async fn through_control(endpoint: &str, store: &EtcdStore, n: usize, args: &Arg
     while let Some(result) = watchers.join_next().await {
         seen.push(result.map_err(|e| e.to_string())??);
     }
-    Ok((latencies(&starts, &seen)?, connect_secs))
+    Ok((latencies(&starts, &seen)?, delivery))
 }
 
 /// `n` clients watching a prefix straight from etcd, each on its own connection.

@@ -25,7 +25,7 @@ use tonic::codec::{Codec, EncodeBuf, Encoder};
 /// A snapshot larger than this (encoded) is sent in parts of at most this size each (a
 /// single instance or policy larger than it travels alone), so a tenant of any size loads
 /// through the sidecars' message size limit.
-pub const SNAPSHOT_PART_BYTES: usize = 1024 * 1024;
+pub const SNAPSHOT_PART_BYTES: usize = 64 * 1024;
 
 // Keys (field number << 3 | wire type) of the fields written by hand.
 /// `WatchEvent.snapshot` (1, length-delimited).
