@@ -99,6 +99,9 @@ pub struct Spec {
     pub embedded: bool,
     /// Count the nginx → nginx path too.
     pub nginx: bool,
+    /// Where to leave callgrind's files and the logs (a temporary directory, removed
+    /// afterwards, when `None`).
+    pub keep: Option<PathBuf>,
 }
 
 /// One sidecar under callgrind.
@@ -322,10 +325,17 @@ async fn calls(kind: Kind, port: u16, n: usize, concurrency: usize, payload: usi
 pub fn run_blocking(spec: &Spec) -> Result<(), String> {
     let tmp =
         tempfile::Builder::new().prefix("agent-reach-callgrind-").tempdir().map_err(|e| format!("temp dir: {e}"))?;
+    let dir = match &spec.keep {
+        Some(keep) => {
+            std::fs::create_dir_all(keep).map_err(|e| format!("{}: {e}", keep.display()))?;
+            keep.as_path()
+        }
+        None => tmp.path(),
+    };
     // A current-thread runtime: the processes are spawned from this (main) thread, which
     // lives as long as they do (see `procs::command`).
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
-    let result = rt.block_on(measure(spec, tmp.path()))?;
+    let result = rt.block_on(measure(spec, dir))?;
     eprint!("{}", side_by_side(&result));
     println!("{}", serde_json::to_string(&result).map_err(|e| e.to_string())?);
     Ok(())

@@ -183,6 +183,10 @@ enum Command {
         /// Count the sidecars only, not the nginx → nginx path beside them.
         #[arg(long)]
         no_nginx: bool,
+        /// Keep callgrind's output files (the counted window of each process is
+        /// `callgrind.<process>.1`, for `callgrind_annotate`) and the logs in this directory
+        #[arg(long)]
+        keep: Option<std::path::PathBuf>,
     },
     /// Registers fake instances (as `table-rss` does) with a running control service.
     Fill {
@@ -239,8 +243,8 @@ fn main() -> ExitCode {
                 rt.block_on(agent::run(sidecar, listen))
             })
         }
-        Command::Instructions { calls, warmup, concurrency, payload, embedded, no_nginx } => {
-            let spec = instructions::Spec { calls, warmup, concurrency, payload, embedded, nginx: !no_nginx };
+        Command::Instructions { calls, warmup, concurrency, payload, embedded, no_nginx, keep } => {
+            let spec = instructions::Spec { calls, warmup, concurrency, payload, embedded, nginx: !no_nginx, keep };
             instructions::run_blocking(&spec)
         }
         Command::TableRss { sizes, embedded } => table_rss::run_blocking(&sizes, embedded),
