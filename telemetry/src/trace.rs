@@ -12,8 +12,10 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
-use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
-use opentelemetry::trace::{Link, SpanKind, TraceId, TracerProvider};
+use opentelemetry::propagation::{Extractor, TextMapPropagator};
+use opentelemetry::trace::{
+    Link, SpanContext, SpanId, SpanKind, TraceContextExt, TraceFlags, TraceId, TraceState, TracerProvider,
+};
 use opentelemetry::{Context, KeyValue, Value};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{
@@ -246,26 +248,88 @@ impl Extractor for HeaderExtractor<'_> {
     }
 }
 
-struct HeaderInjector<'a>(&'a mut http::HeaderMap);
+const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+const TRACESTATE: http::HeaderName = http::HeaderName::from_static("tracestate");
+/// `00-` + 32 hex digits + `-` + 16 hex digits + `-` + 2 hex digits.
+const TRACEPARENT_LEN: usize = 55;
 
-impl Injector for HeaderInjector<'_> {
-    fn set(&mut self, key: &str, value: String) {
-        if let (Ok(name), Ok(value)) =
-            (http::HeaderName::from_bytes(key.as_bytes()), http::HeaderValue::from_str(&value))
-        {
-            self.0.insert(name, value);
+/// The trace context a request carries (`traceparent`, `tracestate`), if any: what
+/// `TraceContextPropagator::extract` gives, without its per-call parsing of header names
+/// and splitting into a vector for the one form a sidecar sends (version 00, lowercase);
+/// any other value is read by the propagator itself.
+pub fn extract(headers: &http::HeaderMap) -> Context {
+    let Some(value) = headers.get(TRACEPARENT) else {
+        // No traceparent: the propagator finds no span context either.
+        return Context::current();
+    };
+    match parse_traceparent(value.as_bytes()) {
+        Some((trace_id, span_id, flags)) => {
+            let state = headers
+                .get(TRACESTATE)
+                .and_then(|v| v.to_str().ok())
+                .map(|s| s.parse::<TraceState>().unwrap_or_default())
+                .unwrap_or_default();
+            let sc = SpanContext::new(trace_id, span_id, flags, true, state);
+            Context::current().with_remote_span_context(sc)
         }
+        None => TraceContextPropagator::new().extract(&HeaderExtractor(headers)),
     }
 }
 
-/// The trace context a request carries (`traceparent`, `tracestate`), if any.
-pub fn extract(headers: &http::HeaderMap) -> Context {
-    TraceContextPropagator::new().extract(&HeaderExtractor(headers))
+/// A version-00 `traceparent` in lowercase hex with nonzero ids (the only flag kept is
+/// sampled, as the propagator keeps); `None` for anything else.
+fn parse_traceparent(v: &[u8]) -> Option<(TraceId, SpanId, TraceFlags)> {
+    if v.len() != TRACEPARENT_LEN || &v[..3] != b"00-" || v[35] != b'-' || v[52] != b'-' {
+        return None;
+    }
+    fn hex(digits: &[u8]) -> Option<u128> {
+        digits.iter().try_fold(0u128, |acc, &d| {
+            let n = match d {
+                b'0'..=b'9' => d - b'0',
+                b'a'..=b'f' => d - b'a' + 10,
+                _ => return None,
+            };
+            Some(acc << 4 | u128::from(n))
+        })
+    }
+    let trace_id = TraceId::from(hex(&v[3..35])?);
+    let span_id = SpanId::from(u64::try_from(hex(&v[36..52])?).ok()?);
+    let flags = TraceFlags::new(u8::try_from(hex(&v[53..55])?).ok()?) & TraceFlags::SAMPLED;
+    (trace_id != TraceId::INVALID && span_id != SpanId::INVALID).then_some((trace_id, span_id, flags))
 }
 
-/// Writes `cx`'s span as the `traceparent` (and `tracestate`) of a request.
+/// Writes `cx`'s span as the `traceparent` and `tracestate` of a request, as
+/// `TraceContextPropagator::inject_context` does (nothing for an invalid span context).
+/// `traceparent` is marked never-indexed: a value new on every call would only churn the
+/// HPACK tables of both ends (each encode walking the entries of the previous calls' values,
+/// each decode inserting one).
 pub fn inject(cx: &Context, headers: &mut http::HeaderMap) {
-    TraceContextPropagator::new().inject_context(cx, &mut HeaderInjector(headers));
+    let span = cx.span();
+    let sc = span.span_context();
+    if !sc.is_valid() {
+        return;
+    }
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; TRACEPARENT_LEN];
+    out[..3].copy_from_slice(b"00-");
+    let mut put = |at: usize, bytes: &[u8]| {
+        for (i, b) in bytes.iter().enumerate() {
+            out[at + 2 * i] = DIGITS[usize::from(b >> 4)];
+            out[at + 2 * i + 1] = DIGITS[usize::from(b & 0xf)];
+        }
+    };
+    put(3, &sc.trace_id().to_bytes());
+    put(36, &sc.span_id().to_bytes());
+    put(53, &[(sc.trace_flags() & TraceFlags::SAMPLED).to_u8()]);
+    out[35] = b'-';
+    out[52] = b'-';
+    if let Ok(mut v) = http::HeaderValue::from_bytes(&out) {
+        v.set_sensitive(true);
+        headers.insert(TRACEPARENT, v);
+    }
+    if let Ok(v) = http::HeaderValue::from_str(&sc.trace_state().header()) {
+        headers.insert(TRACESTATE, v);
+    }
 }
 
 #[cfg(test)]
@@ -296,6 +360,93 @@ mod tests {
         let back = extract(&headers);
         assert_eq!(back.span().span_context().trace_id(), cx.span().span_context().trace_id());
         assert!(back.span().span_context().is_remote());
+    }
+
+    /// Headers as the SDK's propagator writes them.
+    struct SdkInjected(http::HeaderMap);
+
+    impl opentelemetry::propagation::Injector for SdkInjected {
+        fn set(&mut self, key: &str, value: String) {
+            let name = http::HeaderName::from_bytes(key.as_bytes()).unwrap();
+            self.0.insert(name, http::HeaderValue::from_str(&value).unwrap());
+        }
+    }
+
+    #[test]
+    fn extract_reads_what_the_propagator_reads() {
+        let parents = [
+            Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+            Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"),
+            // Unknown flags are dropped.
+            Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-03"),
+            // Refused: uppercase, zero ids, bad digits, an unknown version.
+            Some("00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01"),
+            Some("00-00000000000000000000000000000000-b7ad6b7169203331-01"),
+            Some("00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01"),
+            Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-0g"),
+            Some("ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+            // Read by the propagator itself: a later version, surrounding space, a short id.
+            Some("01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-extra"),
+            Some(" 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+            Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b716920333-01"),
+            Some("garbage"),
+            None,
+        ];
+        let mut valid = 0;
+        for parent in parents {
+            for state in [None, Some("a=1,b=2"), Some("not valid=")] {
+                let mut headers = http::HeaderMap::new();
+                if let Some(p) = parent {
+                    headers.insert("traceparent", http::HeaderValue::from_str(p).unwrap());
+                }
+                if let Some(s) = state {
+                    headers.insert("tracestate", http::HeaderValue::from_str(s).unwrap());
+                }
+                let ours = extract(&headers);
+                let sdk = TraceContextPropagator::new().extract(&HeaderExtractor(&headers));
+                assert_eq!(ours.span().span_context(), sdk.span().span_context(), "{parent:?} {state:?}");
+                valid += usize::from(ours.span().span_context().is_valid());
+            }
+        }
+        assert_eq!(valid, 6 * 3, "the three version-00 parents and the three the propagator reads");
+        let flags = |tp: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert("traceparent", http::HeaderValue::from_str(tp).unwrap());
+            extract(&h).span().span_context().trace_flags()
+        };
+        assert_eq!(flags("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-03"), TraceFlags::SAMPLED);
+    }
+
+    #[test]
+    fn inject_writes_what_the_propagator_writes_with_traceparent_never_indexed() {
+        let state: TraceState = "a=1,b=2".parse().unwrap();
+        let contexts = [
+            SpanContext::new(
+                TraceId::from(0x0af7_6519_16cd_43dd_8448_eb21_1c80_319c),
+                SpanId::from(0xb7ad_6b71_6920_3331),
+                TraceFlags::SAMPLED,
+                false,
+                state,
+            ),
+            SpanContext::new(
+                TraceId::from(1),
+                SpanId::from(u64::MAX),
+                TraceFlags::default(),
+                true,
+                TraceState::default(),
+            ),
+            SpanContext::empty_context(),
+        ];
+        for sc in contexts {
+            let cx = Context::new().with_remote_span_context(sc.clone());
+            let mut ours = http::HeaderMap::new();
+            inject(&cx, &mut ours);
+            let mut sdk = SdkInjected(http::HeaderMap::new());
+            TraceContextPropagator::new().inject_context(&cx, &mut sdk);
+            assert_eq!(ours, sdk.0, "{sc:?}");
+            assert_eq!(ours.len(), if sc.is_valid() { 2 } else { 0 });
+            assert!(ours.get("traceparent").is_none_or(http::HeaderValue::is_sensitive));
+        }
     }
 
     #[test]

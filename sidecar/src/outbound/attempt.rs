@@ -21,8 +21,10 @@ use crate::pool::{Pool, SendError, collect_chunks, send_h2};
 use crate::registry::Registry;
 use crate::telemetry::Rejections;
 
-/// The attempt stack.
-pub(crate) type AttemptService = tower::util::BoxCloneSyncService<AttemptRequest, Attempt, Infallible>;
+/// The attempt stack: a concrete type, not a boxed one, so that the router's clone of it
+/// per attempt is two reference counts (no allocation, no copy of the inbound stack that
+/// [`Dispatch`] holds).
+pub(crate) type AttemptService = Breakered<Dispatch>;
 
 /// Service: the circuit breaker of the chosen instance, which also records how the
 /// attempt ended.
@@ -79,9 +81,11 @@ where
 }
 
 /// The end of the attempt stack: sends the attempt to the local agent (through the inbound
-/// stack) or to the instance's sidecar.
+/// stack) or to the instance's sidecar. Cloned per attempt: its state is shared.
 #[derive(Clone)]
-pub(crate) struct Dispatch {
+pub(crate) struct Dispatch(Arc<DispatchState>);
+
+struct DispatchState {
     sidecar_id: Arc<str>,
     tenant: Arc<str>,
     /// Local instances, reached through `inbound` without a network hop.
@@ -101,7 +105,14 @@ impl Dispatch {
         pool: Arc<Pool>,
         limit: usize,
     ) -> Dispatch {
-        Dispatch { sidecar_id: sidecar_id.into(), tenant: tenant.into(), registry, inbound, pool, limit }
+        Dispatch(Arc::new(DispatchState {
+            sidecar_id: sidecar_id.into(),
+            tenant: tenant.into(),
+            registry,
+            inbound,
+            pool,
+            limit,
+        }))
     }
 }
 
@@ -120,15 +131,15 @@ impl Service<AttemptRequest> for Dispatch {
             let rec = &req.member.instance.record;
             // Sidecar ids are unique within a tenant only: another tenant's instance (a
             // granted cross-tenant call) is never local.
-            if *rec.sidecar_id == *me.sidecar_id && *rec.tenant == *me.tenant {
-                return Ok(me.local(req).await);
+            if *rec.sidecar_id == *me.0.sidecar_id && *rec.tenant == *me.0.tenant {
+                return Ok(me.0.local(req).await);
             }
-            Ok(me.remote(req).await)
+            Ok(me.0.remote(req).await)
         })
     }
 }
 
-impl Dispatch {
+impl DispatchState {
     /// Through the inbound stack, to an instance of this sidecar.
     async fn local(&self, req: AttemptRequest) -> Attempt {
         let rec = &req.member.instance.record;

@@ -52,13 +52,11 @@ pub(crate) struct Parts {
 
 /// Builds the outbound stack and, inside its router, the attempt stack.
 pub(crate) fn stack(p: Parts) -> OutboundService {
-    let attempts = tower::util::BoxCloneSyncService::new(
-        tower::ServiceBuilder::new()
-            // Each attempt passes the chosen instance's breaker, which also records how
-            // the attempt ended.
-            .layer(attempt::breaker_layer(p.rejections.clone()))
-            .service(p.dispatch),
-    );
+    let attempts = tower::ServiceBuilder::new()
+        // Each attempt passes the chosen instance's breaker, which also records how the
+        // attempt ended.
+        .layer(attempt::breaker_layer(p.rejections.clone()))
+        .service(p.dispatch);
     let limit = p.router.limit;
     let (tracing, tenant) = (p.router.tracing.clone(), p.router.tenant.clone());
     tower::util::BoxCloneSyncService::new(

@@ -36,9 +36,12 @@ use crate::telemetry::{HopLabels, Rejections, SidecarMetrics, delivery_outcome, 
 
 const HOP_OUTBOUND: HopLabels = HopLabels { hop: "outbound" };
 
-/// The innermost outbound service: routes, retries and falls back.
+/// The innermost outbound service: routes, retries and falls back. Cloned per call (its
+/// future owns it): its state is shared.
 #[derive(Clone)]
-pub(crate) struct Router {
+pub(crate) struct Router(Arc<RouterState>);
+
+pub(crate) struct RouterState {
     tenant: Arc<str>,
     /// Taken off the caller's remaining time at this hop.
     deadline_reserve: Duration,
@@ -66,7 +69,24 @@ pub(crate) struct RouterParts {
 impl Router {
     pub(crate) fn new(p: RouterParts, attempts: AttemptService) -> Router {
         let RouterParts { tenant, deadline_reserve, limit, tracing, metrics, rejections, owners } = p;
-        Router { tenant, deadline_reserve, limit, tracing, metrics, rejections, attempts, owners }
+        Router(Arc::new(RouterState {
+            tenant,
+            deadline_reserve,
+            limit,
+            tracing,
+            metrics,
+            rejections,
+            attempts,
+            owners,
+        }))
+    }
+}
+
+impl std::ops::Deref for Router {
+    type Target = RouterState;
+
+    fn deref(&self) -> &RouterState {
+        &self.0
     }
 }
 
