@@ -26,6 +26,9 @@ use serde::{Deserialize, Serialize};
 /// Span attribute that makes the sampler record a root span (and so its whole chain).
 pub const FORCE_ATTRIBUTE: &str = "agent_reach.force_trace";
 
+/// The name a span starts with in [`Tracing::start_span`], replaced when it is recorded.
+const UNNAMED: &str = "agent-reach";
+
 /// How spans are sampled and where they go.
 #[derive(Clone, Debug)]
 pub struct TraceConfig {
@@ -220,6 +223,32 @@ impl Tracing {
 
     pub fn tracer(&self) -> &SdkTracer {
         &self.tracer
+    }
+
+    /// Starts a span of `kind` under `parent`, building its name and attributes only when
+    /// the sampler records it. The sampler decides on the parent's flag, or for a root on
+    /// the trace id and [`FORCE_ATTRIBUTE`] (given by `forced`, and kept on the span), never
+    /// on the name or the other attributes; so a span that is not recorded (most calls, at
+    /// the default ratio) costs no formatted name and no attribute list thrown away.
+    pub fn start_span(
+        &self,
+        parent: &Context,
+        kind: SpanKind,
+        forced: bool,
+        name: impl FnOnce() -> String,
+        attributes: impl FnOnce() -> Vec<KeyValue>,
+    ) -> opentelemetry_sdk::trace::Span {
+        use opentelemetry::trace::{Span as _, Tracer as _};
+        let mut builder = self.tracer.span_builder(UNNAMED).with_kind(kind);
+        if forced {
+            builder = builder.with_attributes([KeyValue::new(FORCE_ATTRIBUTE, true)]);
+        }
+        let mut span = builder.start_with_context(&self.tracer, parent);
+        if span.is_recording() {
+            span.update_name(name());
+            span.set_attributes(attributes());
+        }
+        span
     }
 
     pub fn recent(&self) -> &RecentSpans {
@@ -471,5 +500,52 @@ mod tests {
         assert_eq!(spans.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["child", "forced"]);
         assert_eq!(spans[0].parent_span_id, spans[1].span_id);
         assert_eq!(tracing.recent().trace_ids(), [trace_id]);
+    }
+
+    #[test]
+    fn start_span_builds_name_and_attributes_only_for_recorded_spans() {
+        use std::cell::Cell;
+        let tracing = Tracing::new(&config(0.0)).unwrap();
+        let built = Cell::new(0);
+        let name = || {
+            built.set(built.get() + 1);
+            "invoke x".to_string()
+        };
+        let attrs = || {
+            built.set(built.get() + 1);
+            vec![KeyValue::new("agent_reach.target", "x")]
+        };
+        // Ratio 0, not forced: dropped, and nothing was built for it.
+        let mut dropped = tracing.start_span(&Context::new(), SpanKind::Server, false, name, attrs);
+        assert!(!dropped.is_recording());
+        assert!(dropped.span_context().is_valid(), "a dropped span still has a context to propagate");
+        dropped.end();
+        assert_eq!(built.get(), 0);
+        // Forced root: recorded, with its name, attributes and the force attribute.
+        let forced = tracing.start_span(&Context::new(), SpanKind::Server, true, name, attrs);
+        assert!(forced.is_recording());
+        let cx = Context::new().with_span(forced);
+        // A child of a recorded parent is recorded; of a dropped one, not.
+        let mut child = tracing.start_span(&cx, SpanKind::Client, false, || "attempt x".into(), Vec::new);
+        assert!(child.is_recording());
+        child.end();
+        let dropped_cx = Context::new().with_remote_span_context(SpanContext::new(
+            TraceId::from(7),
+            SpanId::from(7),
+            TraceFlags::default(),
+            true,
+            TraceState::default(),
+        ));
+        let unsampled = tracing.start_span(&dropped_cx, SpanKind::Server, false, name, attrs);
+        assert!(!unsampled.is_recording());
+        assert_eq!(unsampled.span_context().trace_id(), TraceId::from(7));
+        cx.span().end();
+        assert_eq!(built.get(), 2, "the forced root's name and attributes only");
+        let spans = tracing.recent().trace(&cx.span().span_context().trace_id().to_string());
+        assert_eq!(spans.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["attempt x", "invoke x"]);
+        let root = &spans[1].attributes;
+        assert_eq!(root.get("agent_reach.target").map(String::as_str), Some("x"));
+        assert_eq!(root.get(FORCE_ATTRIBUTE).map(String::as_str), Some("true"));
+        assert_eq!(spans[1].kind, "server");
     }
 }

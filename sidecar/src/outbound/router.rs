@@ -18,7 +18,7 @@ use agent_reach_routing::{self as route, CallGuard, GroupState, Member, PickRequ
 use agent_reach_telemetry::{Tracing, semconv};
 use http::Response;
 use opentelemetry::KeyValue;
-use opentelemetry::trace::{SpanKind, TraceContextExt, Tracer};
+use opentelemetry::trace::{SpanKind, TraceContextExt};
 use prost::Message;
 use tokio::time::Instant;
 use tonic::{Code, Status};
@@ -496,26 +496,29 @@ impl Router {
         attempt: u32,
     ) -> opentelemetry::Context {
         let rec = &member.instance.record;
-        let tracer = self.tracing.tracer();
-        let mut attrs = vec![
-            KeyValue::new("agent_reach.tenant", self.tenant.to_string()),
-            KeyValue::new("agent_reach.target", target.to_string()),
-            KeyValue::new("agent_reach.instance", member.id().to_string()),
-            KeyValue::new("agent_reach.agent", rec.registration.agent.clone()),
-            KeyValue::new("agent_reach.agent_version", rec.registration.version.clone()),
-            KeyValue::new("agent_reach.attempt", i64::from(attempt)),
-            KeyValue::new("agent_reach.priority", call.priority.as_str()),
-            KeyValue::new("agent_reach.sidecar", rec.sidecar_id.clone()),
-        ];
-        let method = if call.shape == crate::call::Shape::Stream { "DeliverStream" } else { "Deliver" };
-        attrs.extend(semconv::grpc("agentreach.v1.Mesh", method));
-        attrs.extend(semconv::server(&rec.sidecar_address));
-        attrs.extend(semconv::invoke_agent(&rec.registration.agent, member.id()));
-        let span = tracer
-            .span_builder(format!("attempt {target}"))
-            .with_kind(SpanKind::Client)
-            .with_attributes(attrs)
-            .start_with_context(tracer, &call.trace);
+        let span = self.tracing.start_span(
+            &call.trace,
+            SpanKind::Client,
+            false,
+            || format!("attempt {target}"),
+            || {
+                let mut attrs = vec![
+                    KeyValue::new("agent_reach.tenant", self.tenant.to_string()),
+                    KeyValue::new("agent_reach.target", target.to_string()),
+                    KeyValue::new("agent_reach.instance", member.id().to_string()),
+                    KeyValue::new("agent_reach.agent", rec.registration.agent.clone()),
+                    KeyValue::new("agent_reach.agent_version", rec.registration.version.clone()),
+                    KeyValue::new("agent_reach.attempt", i64::from(attempt)),
+                    KeyValue::new("agent_reach.priority", call.priority.as_str()),
+                    KeyValue::new("agent_reach.sidecar", rec.sidecar_id.clone()),
+                ];
+                let method = if call.shape == crate::call::Shape::Stream { "DeliverStream" } else { "Deliver" };
+                attrs.extend(semconv::grpc("agentreach.v1.Mesh", method));
+                attrs.extend(semconv::server(&rec.sidecar_address));
+                attrs.extend(semconv::invoke_agent(&rec.registration.agent, member.id()));
+                attrs
+            },
+        );
         call.trace.with_span(span)
     }
 

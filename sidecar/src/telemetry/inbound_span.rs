@@ -46,23 +46,26 @@ where
     }
 
     fn call(&mut self, mut call: InboundCall) -> Self::Future {
-        let tracer = self.tracing.tracer();
         let reg = &call.local.registration;
-        let method = if call.shape == crate::call::Shape::Stream { "DeliverStream" } else { "Deliver" };
-        let mut attrs = vec![
-            KeyValue::new("agent_reach.tenant", call.tenant.clone()),
-            KeyValue::new("agent_reach.instance", call.local.instance_id.clone()),
-            KeyValue::new("agent_reach.agent", reg.agent.clone()),
-            KeyValue::new("agent_reach.agent_version", reg.version.clone()),
-            KeyValue::new("agent_reach.priority", call.priority.as_str()),
-        ];
-        attrs.extend(semconv::grpc("agentreach.v1.Mesh", method));
-        attrs.extend(semconv::invoke_agent(&reg.agent, &call.local.instance_id));
-        let span = tracer
-            .span_builder(format!("deliver {}", reg.agent))
-            .with_kind(SpanKind::Server)
-            .with_attributes(attrs)
-            .start_with_context(tracer, &call.trace);
+        let span = self.tracing.start_span(
+            &call.trace,
+            SpanKind::Server,
+            false,
+            || format!("deliver {}", reg.agent),
+            || {
+                let method = if call.shape == crate::call::Shape::Stream { "DeliverStream" } else { "Deliver" };
+                let mut attrs = vec![
+                    KeyValue::new("agent_reach.tenant", call.tenant.clone()),
+                    KeyValue::new("agent_reach.instance", call.local.instance_id.clone()),
+                    KeyValue::new("agent_reach.agent", reg.agent.clone()),
+                    KeyValue::new("agent_reach.agent_version", reg.version.clone()),
+                    KeyValue::new("agent_reach.priority", call.priority.as_str()),
+                ];
+                attrs.extend(semconv::grpc("agentreach.v1.Mesh", method));
+                attrs.extend(semconv::invoke_agent(&reg.agent, &call.local.instance_id));
+                attrs
+            },
+        );
         let cx = call.trace.with_span(span);
         call.trace = cx.clone();
         let (service, metrics) = (self.inner.clone(), self.metrics.clone());
@@ -79,10 +82,12 @@ where
                 Attempt::NotDelivered(e) | Attempt::Failed(e) => (delivery_outcome(e), e.code()),
             };
             let span = cx.span();
-            span.set_attribute(KeyValue::new("agent_reach.outcome", outcome.clone()));
-            span.set_attribute(semconv::grpc_status(code as i32));
-            if outcome != "OK" {
-                span.set_status(SpanStatus::error(outcome));
+            if span.is_recording() {
+                span.set_attribute(KeyValue::new("agent_reach.outcome", outcome.clone()));
+                span.set_attribute(semconv::grpc_status(code as i32));
+                if outcome != "OK" {
+                    span.set_status(SpanStatus::error(outcome));
+                }
             }
             span.end();
             Ok(attempt)

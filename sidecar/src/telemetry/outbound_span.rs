@@ -8,9 +8,9 @@ use std::task::{Context as TaskContext, Poll};
 use agent_reach::model::TargetKind;
 use agent_reach_telemetry::Tracing;
 use agent_reach_telemetry::semconv;
-use agent_reach_telemetry::trace::{FORCE_ATTRIBUTE, extract};
+use agent_reach_telemetry::trace::extract;
 use http::Response;
-use opentelemetry::trace::{SpanKind, Status as SpanStatus, TraceContextExt, Tracer};
+use opentelemetry::trace::{SpanKind, Status as SpanStatus, TraceContextExt};
 use opentelemetry::{Context, KeyValue};
 use tokio::time::Instant;
 use tower::{Service, ServiceExt};
@@ -69,7 +69,6 @@ where
 impl<S> OutboundTelemetry<S> {
     /// Opens the call's span and makes it the call's trace context.
     fn open(&self, call: &mut OutboundCall) -> Opened {
-        let tracer = self.tracing.tracer();
         let parent = extract(&call.headers);
         let caller = caller_label(call);
         let target = call.target_label();
@@ -77,26 +76,27 @@ impl<S> OutboundTelemetry<S> {
             .headers
             .get(header::TRACE)
             .is_some_and(|v| v.as_bytes() == agent_reach::headers::TRACE_FORCE.as_bytes());
-        let method = if call.shape == crate::call::Shape::Stream { "InvokeStream" } else { "Invoke" };
-        let mut attrs = vec![
-            KeyValue::new("agent_reach.tenant", self.tenant.to_string()),
-            KeyValue::new("agent_reach.caller", caller.clone()),
-            KeyValue::new("agent_reach.target", target.clone()),
-            KeyValue::new("agent_reach.priority", call.priority.as_str()),
-        ];
-        attrs.extend(semconv::grpc("agentreach.v1.Sidecar", method));
-        if !call.head.session_id.is_empty() {
-            // The dashboard finds a session's recent traces by it.
-            attrs.push(KeyValue::new("agent_reach.session", call.head.session_id.clone()));
-        }
-        if forced {
-            attrs.push(KeyValue::new(FORCE_ATTRIBUTE, true));
-        }
-        let span = tracer
-            .span_builder(format!("invoke {target}"))
-            .with_kind(SpanKind::Server)
-            .with_attributes(attrs)
-            .start_with_context(tracer, &parent);
+        let span = self.tracing.start_span(
+            &parent,
+            SpanKind::Server,
+            forced,
+            || format!("invoke {target}"),
+            || {
+                let method = if call.shape == crate::call::Shape::Stream { "InvokeStream" } else { "Invoke" };
+                let mut attrs = vec![
+                    KeyValue::new("agent_reach.tenant", self.tenant.to_string()),
+                    KeyValue::new("agent_reach.caller", caller.clone()),
+                    KeyValue::new("agent_reach.target", target.clone()),
+                    KeyValue::new("agent_reach.priority", call.priority.as_str()),
+                ];
+                attrs.extend(semconv::grpc("agentreach.v1.Sidecar", method));
+                if !call.head.session_id.is_empty() {
+                    // The dashboard finds a session's recent traces by it.
+                    attrs.push(KeyValue::new("agent_reach.session", call.head.session_id.clone()));
+                }
+                attrs
+            },
+        );
         let cx = parent.with_span(span);
         call.trace = cx.clone();
         let known_target = match &call.target.kind {
@@ -208,16 +208,22 @@ impl Opened {
     /// Sets the span's outcome, status and serving instance, and ends it.
     fn end_span(&self, outcome: String, code: tonic::Code, detail: Option<&CallOutcome>, elapsed: std::time::Duration) {
         let span = self.cx.span();
-        span.set_attribute(KeyValue::new("agent_reach.outcome", outcome.clone()));
-        span.set_attribute(semconv::grpc_status(code as i32));
+        // A span that is not recorded ignores attributes: none are built for it.
+        let recording = span.is_recording();
+        if recording {
+            span.set_attribute(KeyValue::new("agent_reach.outcome", outcome.clone()));
+            span.set_attribute(semconv::grpc_status(code as i32));
+        }
         if let Some(d) = detail {
-            for kv in semconv::invoke_agent(&d.agent, &d.instance) {
-                span.set_attribute(kv);
+            if recording {
+                for kv in semconv::invoke_agent(&d.agent, &d.instance) {
+                    span.set_attribute(kv);
+                }
+                span.set_attribute(KeyValue::new("agent_reach.instance", d.instance.clone()));
+                span.set_attribute(KeyValue::new("agent_reach.agent", d.agent.clone()));
+                span.set_attribute(KeyValue::new("agent_reach.agent_version", d.agent_version.clone()));
+                span.set_attribute(KeyValue::new("agent_reach.attempts", i64::from(d.attempts)));
             }
-            span.set_attribute(KeyValue::new("agent_reach.instance", d.instance.clone()));
-            span.set_attribute(KeyValue::new("agent_reach.agent", d.agent.clone()));
-            span.set_attribute(KeyValue::new("agent_reach.agent_version", d.agent_version.clone()));
-            span.set_attribute(KeyValue::new("agent_reach.attempts", i64::from(d.attempts)));
             tracing::debug!(
                 target: "agent_reach::route",
                 call_target = %self.target, agent = %d.agent, version = %d.agent_version, instance = %d.instance,
@@ -227,7 +233,7 @@ impl Opened {
         } else {
             tracing::debug!(target: "agent_reach::route", call_target = %self.target, outcome = %outcome, "not routed");
         }
-        if outcome != "OK" {
+        if recording && outcome != "OK" {
             span.set_status(SpanStatus::error(outcome));
         }
         span.end();
