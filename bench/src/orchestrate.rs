@@ -118,8 +118,9 @@ pub struct RunArgs {
     /// Run sidecar and control from this binary instead of the release binaries beside it.
     #[arg(long)]
     pub embedded: bool,
-    /// Routing-table sizes for the sidecar memory measurement (empty: skip it).
-    #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+    /// Routing-table sizes for the sidecar memory measurement (`--table-sizes` with no
+    /// value skips it).
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "1000,10000")]
     pub table_sizes: Vec<usize>,
     /// Calls made with the real gRPC client to verify each path before it is loaded.
     #[arg(long, default_value_t = 20)]
@@ -964,4 +965,27 @@ pub fn run_blocking(args: RunArgs) -> Result<Report, String> {
     })?;
     eprintln!("# wrote {} and {}", out.join("latest.json").display(), out.join("latest.md").display());
     Ok(report)
+}
+
+#[cfg(test)]
+mod args_tests {
+    use super::RunArgs;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    #[test]
+    fn table_sizes_default_list_and_none() {
+        let sizes = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("run").chain(args.iter().copied())).unwrap().run.table_sizes
+        };
+        assert_eq!(sizes(&[]), [1000, 10000]);
+        assert_eq!(sizes(&["--table-sizes", "50,700"]), [50, 700]);
+        assert!(sizes(&["--table-sizes"]).is_empty(), "no value: the measurement is skipped");
+        assert!(sizes(&["--table-sizes", "--tls"]).is_empty());
+    }
 }
