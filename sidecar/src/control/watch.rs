@@ -189,6 +189,10 @@ impl Watcher {
         let mut h = self.held.take().unwrap_or_else(|| Held::new(self.removal_grace));
         h.live();
         let now = tokio::time::Instant::now();
+        // A snapshot's parts were decoded and converted on this (the runtime's) thread;
+        // deltas are small, and collecting after each batch of them would put the
+        // allocator's walk on the call path.
+        let converted_here = events.iter().any(|e| matches!(e, Ready::Snapshot(_)));
         let applied = match tokio::task::spawn_blocking(move || {
             let applied = apply_ready(&t, events, &st, &mut h, now);
             super::after_swap(t.load().len());
@@ -205,8 +209,9 @@ impl Watcher {
                 return false;
             }
         };
-        // The snapshot parts were decoded and converted on this thread.
-        super::after_swap(self.table.load().len());
+        if converted_here {
+            super::after_swap(self.table.load().len());
+        }
         self.stats.confirm();
         if let Some(observer) = &self.observer {
             applied.iter().for_each(|a| observer(a));
