@@ -323,14 +323,19 @@ async fn calls(kind: Kind, port: u16, n: usize, concurrency: usize, payload: usi
 
 /// The `instructions` command: one measurement, printed as JSON.
 pub fn run_blocking(spec: &Spec) -> Result<(), String> {
-    let tmp =
-        tempfile::Builder::new().prefix("agent-reach-callgrind-").tempdir().map_err(|e| format!("temp dir: {e}"))?;
+    let tmp;
     let dir = match &spec.keep {
         Some(keep) => {
             std::fs::create_dir_all(keep).map_err(|e| format!("{}: {e}", keep.display()))?;
             keep.as_path()
         }
-        None => tmp.path(),
+        None => {
+            tmp = tempfile::Builder::new()
+                .prefix("agent-reach-callgrind-")
+                .tempdir()
+                .map_err(|e| format!("temp dir: {e}"))?;
+            tmp.path()
+        }
     };
     // A current-thread runtime: the processes are spawned from this (main) thread, which
     // lives as long as they do (see `procs::command`).

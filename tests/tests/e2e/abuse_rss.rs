@@ -262,6 +262,19 @@ pub(crate) const ALL: [Abuse; 8] = [
     Abuse::ContinuationFlood,
 ];
 
+impl Abuse {
+    /// The HTTP/2 control-frame floods (bounded by [`Target::flood_p99_factor`]).
+    fn flood(self) -> Option<Flood> {
+        match self {
+            Abuse::PingFlood => Some(Flood::Ping),
+            Abuse::SettingsFlood => Some(Flood::Settings),
+            Abuse::EmptyDataFlood => Some(Flood::EmptyData),
+            Abuse::ContinuationFlood => Some(Flood::Continuation),
+            _ => None,
+        }
+    }
+}
+
 /// The connections of the abusers, plaintext or TLS.
 pub(crate) trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
@@ -362,12 +375,7 @@ async fn one_round(abuse: Abuse, target: &Target) {
         }
         Abuse::RapidReset => target.h2(h2::client::Builder::new()).await.rapid_reset(target.path).await,
         Abuse::PingFlood | Abuse::SettingsFlood | Abuse::EmptyDataFlood | Abuse::ContinuationFlood => {
-            let kind = match abuse {
-                Abuse::PingFlood => Flood::Ping,
-                Abuse::SettingsFlood => Flood::Settings,
-                Abuse::EmptyDataFlood => Flood::EmptyData,
-                _ => Flood::Continuation,
-            };
+            let kind = abuse.flood().expect("a flood");
             let ended = flood(target.connect().await, kind, MAX_FRAMES).await;
             assert_cut_off(&ended, kind);
         }
@@ -453,12 +461,7 @@ pub(crate) type Row = (String, u64, Duration, Duration, u64, u32);
 /// the caller is over 2x every time; a failed call or an RSS over budget is never measured
 /// again.
 pub(crate) async fn measured(call: &Call, pid: u32, abuse: Abuse, target: &Target, what: String) -> Row {
-    let factor = match abuse {
-        Abuse::PingFlood | Abuse::SettingsFlood | Abuse::EmptyDataFlood | Abuse::ContinuationFlood => {
-            target.flood_p99_factor
-        }
-        _ => 2,
-    };
+    let factor = if abuse.flood().is_some() { target.flood_p99_factor } else { 2 };
     let mut last = None;
     for attempt in 1..=MEASUREMENTS {
         let m = measure(call, pid, abuse, target, &what).await;
