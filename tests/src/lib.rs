@@ -68,6 +68,37 @@ impl TestStore {
             }
         }
     }
+
+    /// The keys written (put or deleted) after `revision`, in revision order, except the
+    /// sidecars' traffic reports: a sidecar stores one with a heartbeat every report
+    /// interval whatever the test does, so a test asserting that refused calls wrote
+    /// nothing asserts that this is empty rather than that the store's revision stayed put.
+    pub async fn writes_since(&self, revision: i64) -> Vec<String> {
+        use futures_util::StreamExt;
+        let head = self.store.current_revision().await.expect("store revision");
+        let mut written = Vec::new();
+        if head <= revision {
+            return written;
+        }
+        let mut watch = self.store.watch_prefix("/", revision + 1).await.expect("watch the store's history");
+        let mut seen = revision;
+        while seen < head {
+            let batch = tokio::time::timeout(Duration::from_secs(5), watch.next())
+                .await
+                .expect("the store's history up to its head within 5 s")
+                .expect("the history watch ended early")
+                .expect("the store's history");
+            for event in batch.events {
+                seen = seen.max(event.kv.mod_revision);
+                if event.kv.mod_revision <= head
+                    && !event.kv.key.starts_with(agent_reach_control::reports::REPORTS_ROOT)
+                {
+                    written.push(event.kv.key);
+                }
+            }
+        }
+        written
+    }
 }
 
 /// 127.0.0.1 on a free port. The address may be one an earlier test's control had (tests
