@@ -22,9 +22,10 @@
 //! sidecar verified, trusted by the target's sidecar only from a mutual-TLS peer of the
 //! tenant; [`CAPABILITY`] names the capability the call was routed by.
 //!
-//! Target's sidecar → agent: [`CALLER_AGENT`] and [`CALLER_INSTANCE`] name the verified
-//! caller (absent for anonymous calls); an HTTP/JSON agent receives them as
-//! [`HTTP_AGENT_CALLER_AGENT`] and [`HTTP_AGENT_CALLER_INSTANCE`] (its requests are made
+//! Target's sidecar → agent: [`CALLER_AGENT`], [`CALLER_INSTANCE`] and [`CALLER_TENANT`]
+//! name the verified caller (absent for anonymous calls); an HTTP/JSON agent receives them
+//! as [`HTTP_AGENT_CALLER_AGENT`], [`HTTP_AGENT_CALLER_INSTANCE`] and
+//! [`HTTP_AGENT_CALLER_TENANT`] (its requests are made
 //! by the sidecar from scratch, so no header a caller wrote reaches it).
 //!
 //! Durable tasks (dispatching sidecar → agent, and push notifications to a mesh target):
@@ -87,6 +88,8 @@ pub const HTTP_AGENT_DEADLINE_MS: &str = "x-agent-reach-deadline-ms";
 pub const HTTP_AGENT_CALLER_AGENT: &str = "x-agent-reach-caller-agent";
 /// Request header of a call to an HTTP/JSON agent: the verified calling instance.
 pub const HTTP_AGENT_CALLER_INSTANCE: &str = "x-agent-reach-caller-instance";
+/// Request header of a call to an HTTP/JSON agent: the verified caller's tenant.
+pub const HTTP_AGENT_CALLER_TENANT: &str = "x-agent-reach-caller-tenant";
 /// Request metadata (agent → its sidecar): the agent credential `Register` returned.
 pub const AGENT_CREDENTIAL: &str = "ar-agent-credential";
 /// The calling agent, verified by its sidecar (between sidecars, and to the target agent).

@@ -129,7 +129,13 @@ def test_the_sidecar_vouches_for_the_agent_whose_credential_a_call_presents(mesh
 
         @back.capability(f"back.{unique}")
         async def report(call: Call) -> Reply:
-            return Reply.json({"verified": list(call.verified_caller or ()), "said": list(call.caller or ())})
+            return Reply.json(
+                {
+                    "verified": list(call.verified_caller or ()),
+                    "tenant": call.verified_caller_tenant,
+                    "said": list(call.caller or ()),
+                }
+            )
 
         @front.capability(f"front.{unique}")
         async def forward(call: Call) -> Reply:
@@ -141,9 +147,12 @@ def test_the_sidecar_vouches_for_the_agent_whose_credential_a_call_presents(mesh
             await wait_routable(client, f"back.{unique}")
             seen = (await client.invoke(f"front.{unique}", text="go", timeout=4)).json()
             assert seen["verified"] == [f"front-{unique}", front.instance_id], seen
+            # The caller's tenant, from its sidecar's certificate (the harness's sidecars
+            # are of the default tenant).
+            assert seen["tenant"] == "default", seen
             named = client.with_caller(f"front-{unique}", front.instance_id)
             seen = (await named.invoke(f"back.{unique}", text="x", timeout=4)).json()
-            assert seen == {"verified": [], "said": [f"front-{unique}", front.instance_id]}, seen
+            assert seen == {"verified": [], "tenant": None, "said": [f"front-{unique}", front.instance_id]}, seen
             seen = (await front.client.invoke(f"back.{unique}", text="x", timeout=4)).json()
             assert seen["verified"] == [f"front-{unique}", front.instance_id], seen
 

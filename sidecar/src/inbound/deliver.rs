@@ -261,7 +261,7 @@ impl Deliver {
         if call.local.registration.transport == Transport::Http {
             let mut trace = HeaderMap::new();
             agent_reach_telemetry::trace::inject(&call.trace, &mut trace);
-            let caller = call.caller.as_ref();
+            let caller = call.caller.as_ref().map(|c| (c, call.tenant.as_str()));
             return super::http_agent::deliver(&call.local, call.body, call.remaining, &trace, call.shape, caller)
                 .await;
         }

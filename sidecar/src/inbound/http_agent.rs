@@ -15,8 +15,10 @@
 //!
 //! `caller` is what the caller wrote about itself. The caller the mesh verified (its agent
 //! credential, vouched for by its sidecar over mutual TLS) comes as `"verified_caller":
-//! {"agent": …, "instance_id": …}` and as the headers `X-Agent-Reach-Caller-Agent` and
-//! `X-Agent-Reach-Caller-Instance`; both are absent for anonymous calls. The sidecar
+//! {"agent": …, "instance_id": …, "tenant": …}` and as the headers
+//! `X-Agent-Reach-Caller-Agent`, `X-Agent-Reach-Caller-Instance` and
+//! `X-Agent-Reach-Caller-Tenant` (the caller's tenant: this one's, or the tenant another
+//! tenant's grant let in); all are absent for anonymous calls. The sidecar
 //! builds each request to the agent from scratch (only `traceparent` is carried over), so
 //! a caller cannot smuggle those headers in.
 //!
@@ -90,6 +92,9 @@ struct JsonTarget<'a> {
 struct JsonCaller<'a> {
     agent: &'a str,
     instance_id: &'a str,
+    /// Only for the verified caller: its tenant.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tenant: Option<&'a str>,
 }
 
 #[derive(Deserialize, Default)]
@@ -146,7 +151,7 @@ fn code_for(status: StatusCode) -> Code {
 /// The JSON body an HTTP agent receives for `call`.
 fn json_call(
     call: &proto::HandleRequest,
-    verified: Option<&Caller>,
+    verified: Option<(&Caller, &str)>,
     remaining: Option<Duration>,
     shape: Shape,
 ) -> Result<Vec<u8>, serde_json::Error> {
@@ -169,8 +174,12 @@ fn json_call(
         priority: priority_name(call.priority),
         idempotency_key: &call.idempotency_key,
         metadata: &call.metadata,
-        caller: call.caller.as_ref().map(|c| JsonCaller { agent: &c.agent, instance_id: &c.instance_id }),
-        verified_caller: verified.map(|c| JsonCaller { agent: &c.agent, instance_id: &c.instance }),
+        caller: call.caller.as_ref().map(|c| JsonCaller { agent: &c.agent, instance_id: &c.instance_id, tenant: None }),
+        verified_caller: verified.map(|(c, tenant)| JsonCaller {
+            agent: &c.agent,
+            instance_id: &c.instance,
+            tenant: Some(tenant),
+        }),
         instance_id: &call.instance_id,
         attempt: call.attempt,
         tenant: &call.tenant,
@@ -190,7 +199,7 @@ pub(crate) async fn deliver(
     remaining: Option<Duration>,
     headers: &HeaderMap,
     shape: Shape,
-    verified: Option<&Caller>,
+    verified: Option<(&Caller, &str)>,
 ) -> Attempt {
     let collected = match Limited::new(body, MAX_ANSWER_BYTES).collect().await {
         Ok(c) => c.to_bytes(),
@@ -225,11 +234,13 @@ pub(crate) async fn deliver(
     if let Some(tp) = headers.get("traceparent") {
         h.insert("traceparent", tp.clone());
     }
-    if let Some(c) = verified
-        && let (Ok(agent), Ok(instance)) = (HeaderValue::from_str(&c.agent), HeaderValue::from_str(&c.instance))
+    if let Some((c, tenant)) = verified
+        && let (Ok(agent), Ok(instance), Ok(tenant)) =
+            (HeaderValue::from_str(&c.agent), HeaderValue::from_str(&c.instance), HeaderValue::from_str(tenant))
     {
         h.insert(agent_reach::headers::HTTP_AGENT_CALLER_AGENT, agent);
         h.insert(agent_reach::headers::HTTP_AGENT_CALLER_INSTANCE, instance);
+        h.insert(agent_reach::headers::HTTP_AGENT_CALLER_TENANT, tenant);
     }
     let sent = client().request(req);
     let resp = match remaining {

@@ -27,8 +27,12 @@ async fn serve_http_agent(listener: tokio::net::TcpListener) {
                 let deadline = req.headers().get("x-agent-reach-deadline-ms").is_some();
                 let header =
                     |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("-").to_string();
-                let verified_header =
-                    format!("{}/{}", header("x-agent-reach-caller-agent"), header("x-agent-reach-caller-instance"));
+                let verified_header = format!(
+                    "{}/{}@{}",
+                    header("x-agent-reach-caller-agent"),
+                    header("x-agent-reach-caller-instance"),
+                    header("x-agent-reach-caller-tenant")
+                );
                 let body = req.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
                 let resp = match path.as_str() {
                     "/healthz" => Response::new(Full::new(Bytes::from_static(b"ok"))),
@@ -51,9 +55,10 @@ async fn serve_http_agent(listener: tokio::net::TcpListener) {
                         } else {
                             let verified = &call["verified_caller"];
                             let verified_json = format!(
-                                "{}/{}",
+                                "{}/{}@{}",
                                 verified["agent"].as_str().unwrap_or("-"),
-                                verified["instance_id"].as_str().unwrap_or("-")
+                                verified["instance_id"].as_str().unwrap_or("-"),
+                                verified["tenant"].as_str().unwrap_or("-")
                             );
                             let answer = serde_json::json!({
                                 "text": format!("{} via {} for {} (deadline header: {deadline})",
@@ -128,21 +133,26 @@ async fn http_json_agents_join_the_mesh() {
     assert_eq!(reply.metadata()["attempt"], "1");
     // The caller named itself planner: that is not who the mesh verified, and headers the
     // client wrote never reach the agent.
-    assert_eq!(reply.metadata()["verified"], "json -/-, headers -/-");
+    assert_eq!(reply.metadata()["verified"], "json -/-@-, headers -/-@-");
     let mut forged = tonic::Request::new(proto::InvokeRequest {
         target: Some(agent_reach::model::Target::capability("orders.lookup").into()),
         payload: "x".into(),
         ..Default::default()
     });
-    for (name, value) in [("x-agent-reach-caller-agent", "planner"), ("x-agent-reach-caller-instance", "planner-1")] {
+    for (name, value) in [
+        ("x-agent-reach-caller-agent", "planner"),
+        ("x-agent-reach-caller-instance", "planner-1"),
+        ("x-agent-reach-caller-tenant", "team-x"),
+    ] {
         forged.metadata_mut().insert(name, value.parse().unwrap());
     }
     let reply = client.raw().invoke(forged).await.unwrap().into_inner();
-    assert_eq!(reply.metadata["verified"], "json -/-, headers -/-", "forged caller headers are not forwarded");
+    assert_eq!(reply.metadata["verified"], "json -/-@-, headers -/-@-", "forged caller headers are not forwarded");
     // A registered agent's call: its sidecar verified it and vouched for it over mTLS.
     let planner = agent_reach_e2e::echo_agent(a.local_addr(), "planner", &[("plan", &[])]).await;
     let reply = planner.client().invoke("orders.lookup").text("x").send().await.unwrap();
-    let who = format!("planner/{}", planner.instance_id());
+    // The tenant is the calling sidecar's, from its certificate.
+    let who = format!("planner/{}@default", planner.instance_id());
     assert_eq!(reply.metadata()["verified"], format!("json {who}, headers {who}"));
 
     let chunks: Vec<String> = client

@@ -74,11 +74,16 @@ class Call:
         context: grpc.aio.ServicerContext[Any, Any] | None = None,
         client: Client | None = None,
         verified_caller: tuple[str, str] | None = None,
+        verified_caller_tenant: str | None = None,
     ) -> None:
         self.request = request
         self.verified_caller = verified_caller
         """The calling agent and instance id as the mesh verified them (the caller's agent
         credential, vouched for by its sidecar over mutual TLS); None for anonymous calls."""
+        self.verified_caller_tenant = verified_caller_tenant if verified_caller is not None else None
+        """The verified caller's tenant: this agent's own, or another tenant that both
+        tenants' policies granted the call (from the calling sidecar's certificate); None for
+        anonymous calls."""
         self.capability = capability
         """The capability the call was routed by."""
         self.deadline = deadline
@@ -583,7 +588,7 @@ class Agent:
         deadline = time.monotonic() + remaining if remaining is not None else None
         seen: dict[str, str] = {}
         for key, value in context.invocation_metadata() or ():
-            if key in ("traceparent", "ar-caller-agent", "ar-caller-instance"):
+            if key in ("traceparent", "ar-caller-agent", "ar-caller-instance", "ar-caller-tenant"):
                 seen[key] = value if isinstance(value, str) else value.decode()
         verified = (seen["ar-caller-agent"], seen.get("ar-caller-instance", "")) if "ar-caller-agent" in seen else None
         return Call(
@@ -594,6 +599,7 @@ class Agent:
             context=context,
             client=self._client,
             verified_caller=verified,
+            verified_caller_tenant=seen.get("ar-caller-tenant"),
         )
 
     async def _admit(self) -> None:
