@@ -21,6 +21,12 @@
 //! under `valgrind --tool=callgrind --trace-children=no`, the same warm-up, zero, calls
 //! (`Agent/Handle` through nginx A), dump and idle window; the `nginx_*` fields, and
 //! `ratio_a_net` / `ratio_b_net` = sidecar / nginx per call, net of idle, per hop.
+//!
+//! With `--tls` the hop between the two proxies is TLS 1.3 with client certificates, set up
+//! as `run --tls` does ([`crate::tls`]): control with `--mtls required` and a CA from files,
+//! each sidecar buying its certificate with a join token and speaking mutual TLS to the
+//! other; nginx A → nginx B with `grpc_pass grpcs://` and a client certificate, nginx B
+//! requiring one. The caller's hop to A and B's hop to the agent stay plaintext.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -30,6 +36,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::procs::{self, Binaries, Proc};
 use crate::proxies;
+use crate::tls::TlsFiles;
 use crate::verify::{self, PathClient};
 use crate::wire::Kind;
 
@@ -39,6 +46,10 @@ pub struct Instructions {
     pub calls: usize,
     pub concurrency: usize,
     pub payload: usize,
+    /// Mutual TLS between sidecar A and B (and TLS with client certificates between nginx
+    /// A and B), as `run --tls`.
+    #[serde(default)]
+    pub tls: bool,
     /// Instructions executed by sidecar A (the caller's) and B (the agent's) while the
     /// calls ran.
     pub sidecar_a: u64,
@@ -99,6 +110,8 @@ pub struct Spec {
     pub embedded: bool,
     /// Count the nginx → nginx path too.
     pub nginx: bool,
+    /// TLS between the two hops of each path, as `run --tls` (see the module doc).
+    pub tls: bool,
     /// Where to leave callgrind's files and the logs (a temporary directory, removed
     /// afterwards, when `None`).
     pub keep: Option<PathBuf>,
@@ -178,9 +191,14 @@ pub async fn measure(spec: &Spec, dir: &Path) -> Result<Instructions, String> {
     // Valgrind runs a program some 50 times slower: generous start-up times.
     let slow = Duration::from_secs(180);
     let port = procs::free_port;
+    let tls = if spec.tls { Some(TlsFiles::create(dir)?) } else { None };
     let control_port = port()?;
     let mut cmd = binaries.control(None);
-    cmd.args(procs::control_args(control_port, &[])?);
+    let mut control_args = procs::control_args(control_port, &[])?;
+    if let Some(tls) = &tls {
+        control_args = tls.control_args_of(control_args)?;
+    }
+    cmd.args(control_args);
     let _control = start(cmd, "control", dir, control_port, Duration::from_secs(20)).await?;
 
     let mut sidecars = Vec::new();
@@ -188,7 +206,11 @@ pub async fn measure(spec: &Spec, dir: &Path) -> Result<Instructions, String> {
         let (local, mesh) = (port()?, port()?);
         let out = dir.join(format!("callgrind.{name}"));
         let mut cmd = under_callgrind(&binaries, &out);
-        cmd.args(procs::sidecar_args(id, local, mesh, control_port)?);
+        let mut sidecar_args = procs::sidecar_args(id, local, mesh, control_port)?;
+        if let Some(tls) = &tls {
+            sidecar_args = tls.sidecar_args_of(sidecar_args, control_port, id).await?;
+        }
+        cmd.args(sidecar_args);
         let proc = start(cmd, name, dir, local, slow).await?;
         sidecars.push((Counted { proc, out }, local));
     }
@@ -210,7 +232,8 @@ pub async fn measure(spec: &Spec, dir: &Path) -> Result<Instructions, String> {
         let (b_port, a_port) = (port()?, port()?);
         for (name, listen, upstream) in [("nginx-b", b_port, agent_port), ("nginx-a", a_port, b_port)] {
             let conf = dir.join(format!("{name}.conf"));
-            let hop = proxies::Hop { listen, upstream, tls: None, serves_tls: false };
+            let hop =
+                proxies::Hop { listen, upstream, tls: tls.as_ref().map(|t| &t.proxy), serves_tls: name == "nginx-b" };
             std::fs::write(&conf, single_process(&proxies::nginx_conf(dir, name, &hop, version)))
                 .map_err(|e| format!("{}: {e}", conf.display()))?;
             let out = dir.join(format!("callgrind.{name}"));
@@ -252,6 +275,7 @@ pub async fn measure(spec: &Spec, dir: &Path) -> Result<Instructions, String> {
         calls: n,
         concurrency: spec.concurrency,
         payload: spec.payload,
+        tls: spec.tls,
         sidecar_a: mesh.a,
         sidecar_b: mesh.b,
         sidecar_a_per_call: Window::per_call(mesh.a, n),
@@ -362,8 +386,11 @@ pub fn side_by_side(r: &Instructions) -> String {
     let opt = |v: Option<f64>| v.map_or("–".to_string(), n);
     let ratio = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{v:.2}"));
     let mut o = format!(
-        "# instructions per call under callgrind ({} calls of {} B, {} caller(s)), net of an idle window as long\n",
-        r.calls, r.payload, r.concurrency
+        "# instructions per call under callgrind ({} calls of {} B, {} caller(s){}), net of an idle window as long\n",
+        r.calls,
+        r.payload,
+        r.concurrency,
+        if r.tls { ", TLS between the hops" } else { "" }
     );
     o += &format!("# {:<6} {:>12} {:>12} {:>14}\n", "hop", "sidecar", "nginx", "sidecar/nginx");
     for (hop, sidecar, nginx, q) in [
@@ -406,6 +433,7 @@ mod tests {
             calls: 2000,
             concurrency: 1,
             payload: 12,
+            tls: false,
             sidecar_a: 0,
             sidecar_b: 0,
             sidecar_a_per_call: 0.0,

@@ -10,7 +10,8 @@
 //! - `overload`: one instance offered a multiple of its capacity through two sidecars
 //!   (admission control of issue #6).
 //! - `instructions`: instructions per call of each sidecar, and of each nginx of the
-//!   nginx → nginx path, under valgrind's callgrind.
+//!   nginx → nginx path, under valgrind's callgrind (`--tls`: with TLS between the hops,
+//!   as `run --tls`).
 //! - `table-rss`: sidecar memory with large routing tables alone (the table of `run`).
 //! - `fill`: registers fake instances with a running control service (for heap profiles
 //!   of a sidecar holding them).
@@ -183,6 +184,11 @@ enum Command {
         /// Count the sidecars only, not the nginx → nginx path beside them.
         #[arg(long)]
         no_nginx: bool,
+        /// TLS 1.3 with client certificates between the two hops, as `run --tls`: mutual
+        /// TLS between the sidecars (certificates from control), nginx A → nginx B with
+        /// `grpc_pass grpcs://`.
+        #[arg(long)]
+        tls: bool,
         /// Keep callgrind's output files (the counted window of each process is
         /// `callgrind.<process>.1`, for `callgrind_annotate`) and the logs in this directory
         #[arg(long)]
@@ -243,8 +249,9 @@ fn main() -> ExitCode {
                 rt.block_on(agent::run(sidecar, listen))
             })
         }
-        Command::Instructions { calls, warmup, concurrency, payload, embedded, no_nginx, keep } => {
-            let spec = instructions::Spec { calls, warmup, concurrency, payload, embedded, nginx: !no_nginx, keep };
+        Command::Instructions { calls, warmup, concurrency, payload, embedded, no_nginx, tls, keep } => {
+            let spec =
+                instructions::Spec { calls, warmup, concurrency, payload, embedded, nginx: !no_nginx, tls, keep };
             instructions::run_blocking(&spec)
         }
         Command::TableRss { sizes, embedded } => table_rss::run_blocking(&sizes, embedded),

@@ -235,10 +235,7 @@ impl Topology {
         let mut cmd = binaries.control(pin.client());
         let mut control_args = procs::control_args(control_port, &[])?;
         if let Some(tls) = tls {
-            control_args.retain(|a| a != "--insecure-open-admin-api");
-            let mtls = control_args.iter().position(|a| a == "--mtls").ok_or("no --mtls flag")?;
-            control_args.drain(mtls..mtls + 2);
-            control_args.extend(tls.control_args());
+            control_args = tls.control_args_of(control_args)?;
         }
         cmd.args(control_args).env("RUST_LOG", "warn");
         start(&mut procs, "control", cmd, dir, control_port).await?;
@@ -249,8 +246,7 @@ impl Topology {
             let mut cmd = binaries.sidecar(pin.proxies());
             let mut sidecar_args = procs::sidecar_args(id, local, mesh, control_port)?;
             if let Some(tls) = tls {
-                sidecar_args.retain(|a| a != "--insecure-plaintext-control");
-                sidecar_args.extend(tls.sidecar_args(control_port, id).await?);
+                sidecar_args = tls.sidecar_args_of(sidecar_args, control_port, id).await?;
             }
             cmd.args(sidecar_args).env("RUST_LOG", "warn");
             start(&mut procs, role, cmd, dir, local).await?;

@@ -85,6 +85,31 @@ impl TlsFiles {
         args
     }
 
+    /// `plain`, control's flags of a plaintext run ([`crate::procs::control_args`]), made
+    /// those of a TLS run: the Admin API closed, `--mtls off` replaced by
+    /// [`TlsFiles::control_args`].
+    pub fn control_args_of(&self, mut plain: Vec<String>) -> Result<Vec<String>, String> {
+        plain.retain(|a| a != "--insecure-open-admin-api");
+        let mtls = plain.iter().position(|a| a == "--mtls").ok_or("no --mtls flag")?;
+        plain.drain(mtls..(mtls + 2).min(plain.len()));
+        plain.extend(self.control_args());
+        Ok(plain)
+    }
+
+    /// `plain`, a sidecar's flags of a plaintext run ([`crate::procs::sidecar_args`]), made
+    /// those of a TLS run: TLS toward control at `control`, and the identity flags of
+    /// [`TlsFiles::sidecar_args`] (a fresh join token).
+    pub async fn sidecar_args_of(
+        &self,
+        mut plain: Vec<String>,
+        control: u16,
+        sidecar: &str,
+    ) -> Result<Vec<String>, String> {
+        plain.retain(|a| a != "--insecure-plaintext-control");
+        plain.extend(self.sidecar_args(control, sidecar).await?);
+        Ok(plain)
+    }
+
     /// A sidecar's identity flags, with a fresh join token from control at `control`.
     pub async fn sidecar_args(&self, control: u16, sidecar: &str) -> Result<Vec<String>, String> {
         let token = self.join_token(control).await?;
@@ -160,5 +185,11 @@ mod tests {
         let args = files.control_args();
         assert_eq!(&args[..2], ["--mtls", "required"]);
         assert!(args.contains(&"--admin-token-file".to_string()));
+        let of_plain = files.control_args_of(crate::procs::control_args(1, &[]).unwrap()).unwrap();
+        assert!(!of_plain.iter().any(|a| a == "--insecure-open-admin-api"), "{of_plain:?}");
+        assert_eq!(of_plain.iter().filter(|a| *a == "--mtls").count(), 1, "{of_plain:?}");
+        let mtls = of_plain.iter().position(|a| a == "--mtls").unwrap();
+        assert_eq!(of_plain[mtls + 1], "required", "{of_plain:?}");
+        assert!(of_plain.contains(&"--listen".to_string()), "the plaintext run's other flags are kept");
     }
 }
