@@ -31,6 +31,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tonic::Status;
 
+use crate::coalesce;
 use crate::limits::{Activity, Port};
 use crate::serve::HandlerFuture;
 
@@ -75,10 +76,12 @@ pub async fn serve<F>(
                     port.count_plaintext();
                     let activity = Activity::new();
                     let service = port.clone().service(activity.clone(), handler.clone());
-                    let conn = builder.serve_connection(TokioIo::new(port.guard(tcp)), service);
+                    let (io, drain) = coalesce::coalesced(tcp);
+                    let conn =
+                        coalesce::Flushing::new(builder.serve_connection(TokioIo::new(port.guard(io)), service), drain);
                     let (port, shutdown, running) = (port.clone(), shutdown.clone(), running.clone());
                     tokio::spawn(async move {
-                        port.drive(conn, |c| c.graceful_shutdown(), activity, shutdown, slot, running).await;
+                        port.drive(conn, |c| c.inner().graceful_shutdown(), activity, shutdown, slot, running).await;
                     });
                     continue;
                 }
@@ -103,10 +106,14 @@ pub async fn serve<F>(
             req.extensions_mut().insert(MeshPeer(peer.clone()));
             handler(req)
         });
-        let conn = builder.serve_connection(TokioIo::new(port.guard(tls)), service);
+        // As on the local port (`serve`): the guard reads what h2 reads and sees what it
+        // writes, in front of the outbox; a poll's frames leave as one write to the TLS
+        // stream (its records in one socket write).
+        let (io, drain) = coalesce::coalesced_stream(*tls);
+        let conn = coalesce::Flushing::new(builder.serve_connection(TokioIo::new(port.guard(io)), service), drain);
         let (port, shutdown, running) = (port.clone(), shutdown.clone(), running.clone());
         tokio::spawn(async move {
-            port.drive(conn, |c| c.graceful_shutdown(), activity, shutdown, slot, running).await;
+            port.drive(conn, |c| c.inner().graceful_shutdown(), activity, shutdown, slot, running).await;
             drop(peer_slot);
         });
     }

@@ -134,7 +134,6 @@ async fn connect(authority: &str, tls: Option<&crate::identity::ControlTls>) -> 
             sender
         }
         Some(tls) => {
-            // TLS records are written per h2 write; the outbox of `coalesce` is not used.
             let name = rustls::pki_types::ServerName::try_from(agent_reach_identity::tls::SERVER_NAME)
                 .map_err(|e| err(e.to_string()))?;
             let stream = tokio::time::timeout(
@@ -144,8 +143,12 @@ async fn connect(authority: &str, tls: Option<&crate::identity::ControlTls>) -> 
             .await
             .map_err(|_| err(format!("no TLS handshake within {CONNECT_TIMEOUT:?}")))?
             .map_err(|e| err(format!("TLS: {e}")))?;
-            let (sender, mut connection) = handshake(stream).await.map_err(|e| err(e.to_string()))?;
+            // A poll's frames leave as one write to the TLS stream: records of up to
+            // 16 KiB in one socket write, not a record and a write per DATA frame.
+            let (io, drain) = coalesce::coalesced_stream(stream);
+            let (sender, mut connection) = handshake(io).await.map_err(|e| err(e.to_string()))?;
             let ping = connection.ping_pong();
+            let connection = coalesce::Flushing::new(connection, drain);
             tokio::spawn(drive(connection, ping, authority.to_string(), closed.clone()));
             sender
         }
