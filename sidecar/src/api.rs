@@ -21,84 +21,95 @@ use crate::serve::HandlerFuture;
 use crate::shared::Inner;
 use crate::{error, mesh_tls, session, tasks};
 
+/// The local port's handler. The method is chosen before any future is made, and each
+/// method's future is boxed on its own: a call's future is as large as its own method's
+/// (an `Invoke` does not carry room for a `Register`'s), since boxing copies it whole.
 pub(crate) fn local_api(
     inner: Arc<Inner>,
     invoke: InvokeEntry,
     a2a: crate::a2a::grpc::Server,
     req: Request<Incoming>,
 ) -> HandlerFuture {
-    Box::pin(async move {
-        if let Some(token) = &inner.config.local_token
-            && let Err(status) = token.check(req.uri().path(), req.headers())
-        {
-            return grpc::status_response(status);
+    if let Some(token) = &inner.config.local_token
+        && let Err(status) = token.check(req.uri().path(), req.headers())
+    {
+        return ready(grpc::status_response(status));
+    }
+    match req.uri().path() {
+        grpc::PATH_INVOKE => Box::pin(async move {
+            let _call = inner.calls.begin();
+            invoke.invoke(req, Shape::Unary).await
+        }),
+        grpc::PATH_INVOKE_STREAM => Box::pin(async move {
+            let _call = inner.calls.begin();
+            invoke.invoke(req, Shape::Stream).await
+        }),
+        session::PATH_GET | session::PATH_PUT | session::PATH_DELETE | session::PATH_WATCH => {
+            Box::pin(async move { session::local_api(inner.sessions.clone(), inner.registry.clone(), req).await })
         }
-        match req.uri().path() {
-            grpc::PATH_INVOKE => {
-                let _call = inner.calls.begin();
-                invoke.invoke(req, Shape::Unary).await
-            }
-            grpc::PATH_INVOKE_STREAM => {
-                let _call = inner.calls.begin();
-                invoke.invoke(req, Shape::Stream).await
-            }
-            session::PATH_GET | session::PATH_PUT | session::PATH_DELETE | session::PATH_WATCH => {
-                session::local_api(inner.sessions.clone(), inner.registry.clone(), req).await
-            }
-            p if tasks::PATHS.contains(&p) => tasks::local_api(inner.tasks.clone(), inner.registry.clone(), req).await,
-            "/agentreach.v1.Sidecar/Register" => {
-                unary(req, move |r: tonic::Request<proto::RegisterRequest>| {
-                    let inner = inner.clone();
-                    async move {
-                        let r = r.into_inner();
-                        let registration = registration_from_proto("registration", r.registration)
-                            .map_err(error::SidecarError::from)?;
-                        inner.registry.register(registration, r.instance_id, health_state_from_i32(r.state)).await
-                    }
-                })
-                .await
-            }
-            "/agentreach.v1.Sidecar/Heartbeat" => {
-                unary(req, move |r: tonic::Request<proto::HeartbeatRequest>| {
-                    let inner = inner.clone();
-                    async move {
-                        let r = r.into_inner();
-                        inner.registry.heartbeat(
-                            &r.instance_id,
-                            health_state_from_i32(r.state),
-                            r.load.map(Load::from),
-                        )?;
-                        Ok(proto::HeartbeatReply {})
-                    }
-                })
-                .await
-            }
-            "/agentreach.v1.Sidecar/Deregister" => {
-                unary(req, move |r: tonic::Request<proto::DeregisterRequest>| {
-                    let inner = inner.clone();
-                    async move {
-                        inner.registry.deregister(&r.into_inner().instance_id).await?;
-                        Ok(proto::DeregisterReply {})
-                    }
-                })
-                .await
-            }
-            "/agentreach.v1.Sidecar/Route" => {
-                unary(req, move |r: tonic::Request<proto::RouteRequest>| {
-                    let inner = inner.clone();
-                    async move { route_rpc(&inner, r.into_inner()) }
-                })
-                .await
-            }
-            p if p.starts_with(crate::a2a::grpc::PATH_PREFIX) => {
-                let _call = inner.calls.begin();
-                crate::a2a::grpc::call(&a2a, req).await
-            }
-            p if p.starts_with("/grpc.health.v1.Health/") => health(&inner, req).await,
-            p if p.starts_with("/grpc.reflection.") => reflection(req).await,
-            p => unknown_method(p),
+        p if tasks::PATHS.contains(&p) => {
+            Box::pin(async move { tasks::local_api(inner.tasks.clone(), inner.registry.clone(), req).await })
         }
-    })
+        p if p.starts_with(crate::a2a::grpc::PATH_PREFIX) => Box::pin(async move {
+            let _call = inner.calls.begin();
+            crate::a2a::grpc::call(&a2a, req).await
+        }),
+        p if p.starts_with("/grpc.health.v1.Health/") => Box::pin(async move { health(&inner, req).await }),
+        p if p.starts_with("/grpc.reflection.") => Box::pin(reflection(req)),
+        _ => Box::pin(local_rpc(inner, req)),
+    }
+}
+
+/// The local API's other unary methods (registration, heartbeats, routes).
+async fn local_rpc(inner: Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
+    match req.uri().path() {
+        "/agentreach.v1.Sidecar/Register" => {
+            unary(req, move |r: tonic::Request<proto::RegisterRequest>| {
+                let inner = inner.clone();
+                async move {
+                    let r = r.into_inner();
+                    let registration =
+                        registration_from_proto("registration", r.registration).map_err(error::SidecarError::from)?;
+                    inner.registry.register(registration, r.instance_id, health_state_from_i32(r.state)).await
+                }
+            })
+            .await
+        }
+        "/agentreach.v1.Sidecar/Heartbeat" => {
+            unary(req, move |r: tonic::Request<proto::HeartbeatRequest>| {
+                let inner = inner.clone();
+                async move {
+                    let r = r.into_inner();
+                    inner.registry.heartbeat(&r.instance_id, health_state_from_i32(r.state), r.load.map(Load::from))?;
+                    Ok(proto::HeartbeatReply {})
+                }
+            })
+            .await
+        }
+        "/agentreach.v1.Sidecar/Deregister" => {
+            unary(req, move |r: tonic::Request<proto::DeregisterRequest>| {
+                let inner = inner.clone();
+                async move {
+                    inner.registry.deregister(&r.into_inner().instance_id).await?;
+                    Ok(proto::DeregisterReply {})
+                }
+            })
+            .await
+        }
+        "/agentreach.v1.Sidecar/Route" => {
+            unary(req, move |r: tonic::Request<proto::RouteRequest>| {
+                let inner = inner.clone();
+                async move { route_rpc(&inner, r.into_inner()) }
+            })
+            .await
+        }
+        p => unknown_method(p),
+    }
+}
+
+/// An answer ready at once, boxed as a handler's.
+fn ready(resp: Response<Body>) -> HandlerFuture {
+    Box::pin(std::future::ready(resp))
 }
 
 /// gRPC server reflection of the local API (see `agent_reach::reflection`).
@@ -113,24 +124,23 @@ async fn reflection(req: Request<Incoming>) -> Response<Body> {
     }
 }
 
+/// The mesh port's handler; like [`local_api`], each method's future boxed on its own.
 pub(crate) fn mesh_api(inner: Arc<Inner>, mesh: MeshEntry, req: Request<Incoming>) -> HandlerFuture {
-    Box::pin(async move {
-        if let Err(status) = mesh_tls::authorize(&inner.config.tenant, &req) {
-            return grpc::status_response(status);
-        }
-        match req.uri().path() {
-            grpc::PATH_DELIVER => {
-                let _call = inner.calls.begin();
-                mesh.deliver(req, Shape::Unary).await
-            }
-            grpc::PATH_DELIVER_STREAM => {
-                let _call = inner.calls.begin();
-                mesh.deliver(req, Shape::Stream).await
-            }
-            p if p.starts_with("/grpc.health.v1.Health/") => health(&inner, req).await,
-            p => unknown_method(p),
-        }
-    })
+    if let Err(status) = mesh_tls::authorize(&inner.config.tenant, &req) {
+        return ready(grpc::status_response(status));
+    }
+    match req.uri().path() {
+        grpc::PATH_DELIVER => Box::pin(async move {
+            let _call = inner.calls.begin();
+            mesh.deliver(req, Shape::Unary).await
+        }),
+        grpc::PATH_DELIVER_STREAM => Box::pin(async move {
+            let _call = inner.calls.begin();
+            mesh.deliver(req, Shape::Stream).await
+        }),
+        p if p.starts_with("/grpc.health.v1.Health/") => Box::pin(async move { health(&inner, req).await }),
+        p => ready(unknown_method(p)),
+    }
 }
 
 /// The answer gRPC defines for a method the server does not have.

@@ -13,7 +13,7 @@ use tonic::{Code, Status};
 use tower::{Service, ServiceExt};
 
 use crate::call::BoxFuture;
-use crate::call::{Attempt, AttemptRequest, InboundCall, Shape};
+use crate::call::{Attempt, BoxedAttempt, InboundCall, Shape};
 use crate::error::{DeliveryError, SidecarError};
 use crate::grpc::{self, Body, PATH_DELIVER, PATH_DELIVER_STREAM, header};
 use crate::inbound::InboundService;
@@ -51,10 +51,10 @@ pub(crate) fn breaker_failure(attempt: &Attempt) -> bool {
     }
 }
 
-impl<S> Service<AttemptRequest> for Breakered<S>
+impl<S> Service<BoxedAttempt> for Breakered<S>
 where
-    S: Service<AttemptRequest, Response = Attempt, Error = Infallible> + Clone + Send + 'static,
-    S::Future: Send,
+    S: Service<BoxedAttempt, Response = Attempt, Error = Infallible>,
+    S::Future: Send + 'static,
 {
     type Response = Attempt;
     type Error = Infallible;
@@ -64,16 +64,18 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: AttemptRequest) -> Self::Future {
+    fn call(&mut self, req: BoxedAttempt) -> Self::Future {
         let stats = req.member.stats.clone();
         let settings = req.breaker;
         if !stats.breaker.acquire(clock(), &settings) {
             let error = DeliveryError::CircuitOpen { instance: req.member.id().to_string() };
             return Rejections::refuse(&self.rejections.breaker_open, Ok(Attempt::NotDelivered(error)));
         }
-        let service = self.inner.clone();
+        // The inner service is ready (`poll_ready` above): called here, not cloned into
+        // the future, which holds only its answer's future.
+        let answer = self.inner.call(req);
         Box::pin(async move {
-            let attempt = service.oneshot(req).await?;
+            let attempt = answer.await?;
             stats.breaker.record(clock(), breaker_failure(&attempt), &settings);
             Ok(attempt)
         })
@@ -116,7 +118,7 @@ impl Dispatch {
     }
 }
 
-impl Service<AttemptRequest> for Dispatch {
+impl Service<BoxedAttempt> for Dispatch {
     type Response = Attempt;
     type Error = Infallible;
     type Future = BoxFuture<Result<Attempt, Infallible>>;
@@ -125,23 +127,22 @@ impl Service<AttemptRequest> for Dispatch {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: AttemptRequest) -> Self::Future {
+    fn call(&mut self, req: BoxedAttempt) -> Self::Future {
         let me = self.clone();
-        Box::pin(async move {
-            let rec = &req.member.instance.record;
-            // Sidecar ids are unique within a tenant only: another tenant's instance (a
-            // granted cross-tenant call) is never local.
-            if *rec.sidecar_id == *me.0.sidecar_id && *rec.tenant == *me.0.tenant {
-                return Ok(me.0.local(req).await);
-            }
-            Ok(me.0.remote(req).await)
-        })
+        let rec = &req.member.instance.record;
+        // Sidecar ids are unique within a tenant only: another tenant's instance (a
+        // granted cross-tenant call) is never local. Two futures, each as large as its own
+        // path needs.
+        if *rec.sidecar_id == *me.0.sidecar_id && *rec.tenant == *me.0.tenant {
+            return Box::pin(async move { Ok(me.0.local(req).await) });
+        }
+        Box::pin(async move { Ok(me.0.remote(req).await) })
     }
 }
 
 impl DispatchState {
     /// Through the inbound stack, to an instance of this sidecar.
-    async fn local(&self, req: AttemptRequest) -> Attempt {
+    async fn local(&self, req: BoxedAttempt) -> Attempt {
         let rec = &req.member.instance.record;
         let Some(local) = self.registry.get(&rec.instance_id) else {
             return Attempt::NotDelivered(DeliveryError::Unavailable(format!(
@@ -149,6 +150,7 @@ impl DispatchState {
                 rec.instance_id
             )));
         };
+        let req = *req;
         let call = InboundCall {
             local,
             body: req.body,
@@ -170,7 +172,7 @@ impl DispatchState {
     }
 
     /// Over `Mesh`, to the instance's sidecar.
-    async fn remote(&self, req: AttemptRequest) -> Attempt {
+    async fn remote(&self, req: BoxedAttempt) -> Attempt {
         let rec = &req.member.instance.record;
         let conn = match self.pool.get(&rec.sidecar_address).await {
             Ok(c) => c,
@@ -267,5 +269,21 @@ mod tests {
         assert!(breaker_failure(&Attempt::NotDelivered(DeliveryError::Remote(Status::unavailable("refused")))));
         assert!(breaker_failure(&Attempt::Failed(DeliveryError::Remote(Status::internal("boom")))));
         assert!(!breaker_failure(&Attempt::Failed(DeliveryError::Remote(Status::invalid_argument("bad")))));
+    }
+}
+
+#[cfg(test)]
+mod size_tests {
+    use super::*;
+    use crate::outbound::size_of_output;
+
+    #[test]
+    fn the_dispatch_futures_stay_small() {
+        // Boxed once per attempt, which copies them whole (a debug build's sizes). 4,088
+        // bytes of the remote one are `Pool::get`'s future, whose connect is inline.
+        let remote = size_of_output(|(d, a): (Dispatch, BoxedAttempt)| async move { d.0.remote(a).await });
+        assert!(remote <= 4352, "DispatchState::remote's future is {remote} bytes (6,080 with the attempt inline)");
+        let local = size_of_output(|(d, a): (Dispatch, BoxedAttempt)| async move { d.0.local(a).await });
+        assert!(local <= 1024, "DispatchState::local's future is {local} bytes");
     }
 }

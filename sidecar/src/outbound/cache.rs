@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use std::task::{Context, Poll};
 
 use http::{HeaderValue, Response};
-use tower::{Service, ServiceExt};
+use tower::Service;
 
 use crate::call::BoxFuture;
 use crate::call::{OutboundCall, Shape};
@@ -160,8 +160,12 @@ fn cache_key(call: &OutboundCall) -> CacheKey {
 
 impl<S> Service<OutboundCall> for Cached<S>
 where
-    S: Service<OutboundCall, Response = Response<Body>, Error = SidecarError> + Clone + Send + 'static,
-    S::Future: Send,
+    S: Service<
+            OutboundCall,
+            Response = Response<Body>,
+            Error = SidecarError,
+            Future = BoxFuture<Result<Response<Body>, SidecarError>>,
+        >,
 {
     type Response = Response<Body>;
     type Error = SidecarError;
@@ -172,11 +176,13 @@ where
     }
 
     fn call(&mut self, call: OutboundCall) -> Self::Future {
+        // The inner layer is ready (`poll_ready` above): called here, its answer's future
+        // passed on as it is when the call is not cacheable.
         let ttl = match call.spec() {
             Some(s) if s.read_only && s.cache_ttl_ms > 0 && call.shape == Shape::Unary => {
                 Duration::from_millis(u64::from(s.cache_ttl_ms))
             }
-            _ => return Box::pin(self.inner.clone().oneshot(call)),
+            _ => return self.inner.call(call),
         };
         let key = cache_key(&call);
         if let Some(hit) = self.cache.get(&key, Instant::now()) {
@@ -184,9 +190,9 @@ where
             resp.headers_mut().insert(header::CACHE, HeaderValue::from_static("hit"));
             return Rejections::refuse(&self.rejections.cache_hits, Ok(resp));
         }
-        let (cache, limit, service) = (self.cache.clone(), self.limit, self.inner.clone());
+        let (cache, limit, answer) = (self.cache.clone(), self.limit, self.inner.call(call));
         Box::pin(async move {
-            let resp = service.oneshot(call).await?;
+            let resp = answer.await?;
             let stored = StoredResponse::collect(resp, limit).await.map_err(SidecarError::Internal)?;
             if stored.status_code() == Some(tonic::Code::Ok) {
                 cache.put(key, stored.clone(), ttl, Instant::now());

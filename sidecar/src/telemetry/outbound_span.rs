@@ -13,7 +13,7 @@ use http::Response;
 use opentelemetry::trace::{SpanKind, Status as SpanStatus, TraceContextExt};
 use opentelemetry::{Context, KeyValue};
 use tokio::time::Instant;
-use tower::{Service, ServiceExt};
+use tower::Service;
 
 use super::{BoxFuture, CallLabels, CallOutcome, SidecarMetrics, TargetOutcome, outcome_of};
 use crate::call::OutboundCall;
@@ -23,10 +23,15 @@ use crate::grpc::{Body, header};
 /// Service: the caller's-sidecar span and the call metrics.
 #[derive(Clone)]
 pub(crate) struct OutboundTelemetry<S> {
+    /// Shared: a clone of the layer is one reference count.
+    state: Arc<State>,
+    inner: S,
+}
+
+struct State {
     tracing: Tracing,
     metrics: Arc<SidecarMetrics>,
     tenant: Arc<str>,
-    inner: S,
 }
 
 /// The layer of [`OutboundTelemetry`].
@@ -35,18 +40,14 @@ pub(crate) fn outbound_layer<S>(
     metrics: Arc<SidecarMetrics>,
     tenant: Arc<str>,
 ) -> impl tower::Layer<S, Service = OutboundTelemetry<S>> + Clone {
-    tower::layer::layer_fn(move |inner| OutboundTelemetry {
-        tracing: tracing.clone(),
-        metrics: metrics.clone(),
-        tenant: tenant.clone(),
-        inner,
-    })
+    let state = Arc::new(State { tracing, metrics, tenant });
+    tower::layer::layer_fn(move |inner| OutboundTelemetry { state: state.clone(), inner })
 }
 
 impl<S> Service<OutboundCall> for OutboundTelemetry<S>
 where
-    S: Service<OutboundCall, Response = Response<Body>, Error = SidecarError> + Clone + Send + 'static,
-    S::Future: Send,
+    S: Service<OutboundCall, Response = Response<Body>, Error = SidecarError>,
+    S::Future: Send + 'static,
 {
     type Response = Response<Body>;
     type Error = SidecarError;
@@ -57,16 +58,16 @@ where
     }
 
     fn call(&mut self, mut call: OutboundCall) -> Self::Future {
-        let opened = self.open(&mut call);
-        let (service, metrics) = (self.inner.clone(), self.metrics.clone());
-        Box::pin(async move {
-            let result = service.oneshot(call).await;
-            opened.close(&metrics, result)
-        })
+        let opened = self.state.open(&mut call);
+        // The inner layer is ready (`poll_ready` above): called here, not cloned into the
+        // future, which holds only its answer's future.
+        let answer = self.inner.call(call);
+        let state = self.state.clone();
+        Box::pin(async move { opened.close(&state.metrics, answer.await) })
     }
 }
 
-impl<S> OutboundTelemetry<S> {
+impl State {
     /// Opens the call's span and makes it the call's trace context.
     fn open(&self, call: &mut OutboundCall) -> Opened {
         let parent = extract(&call.headers);
