@@ -120,6 +120,7 @@ impl std::ops::DerefMut for OutboundCall {
 pub(crate) struct CallData {
     /// The caller's `InvokeRequest`, forwarded as is.
     pub message: Bytes,
+    /// The routing fields, but for `target` (taken out: the call's target is `target`).
     pub head: InvokeHead,
     pub target: Target,
     pub priority: Priority,
@@ -149,7 +150,7 @@ impl CallData {
     pub(crate) fn target_label(&self) -> String {
         match (&self.foreign_tenant, &self.target.kind) {
             (Some(tenant), TargetKind::Capability(c)) => format!("capability {tenant}/{c}"),
-            _ => self.target.to_string(),
+            _ => target_text(&self.target),
         }
     }
 
@@ -173,12 +174,42 @@ pub(crate) fn policy_of<'t>(table: &'t RoutingTable, target: &Target) -> Option<
     table.policy(kind, name).map(|p| &p.spec)
 }
 
-/// "capability/x" or "agent/y": how errors name the policy behind them.
+/// "capability/x" or "agent/y": how errors name the policy behind them. (Made for every
+/// call by the rate limits: joined by hand, not by `format!`.)
 pub(crate) fn policy_name(target: &Target) -> String {
-    match &target.kind {
-        TargetKind::Capability(c) => format!("capability/{c}"),
-        TargetKind::Agent(a) => format!("agent/{a}"),
+    let (kind, name) = match &target.kind {
+        TargetKind::Capability(c) => ("capability/", c),
+        TargetKind::Agent(a) => ("agent/", a),
+    };
+    let mut out = String::with_capacity(kind.len() + name.len());
+    out.push_str(kind);
+    out.push_str(name);
+    out
+}
+
+/// `target` as its `Display` writes it (`capability x`, `agent y [tag,…]`), appended to
+/// `out`; a target without tags, the usual one, joined by hand (its `Display` goes through
+/// `fmt`, several hundred instructions on each call's path).
+pub(crate) fn push_target(out: &mut String, target: &Target) {
+    if !target.tags.is_empty() {
+        use std::fmt::Write;
+        // Writing to a String cannot fail.
+        let _ = write!(out, "{target}");
+        return;
     }
+    let (kind, name) = match &target.kind {
+        TargetKind::Capability(c) => ("capability ", c),
+        TargetKind::Agent(a) => ("agent ", a),
+    };
+    out.push_str(kind);
+    out.push_str(name);
+}
+
+/// `target` as its `Display` writes it ([`push_target`]).
+pub(crate) fn target_text(target: &Target) -> String {
+    let mut out = String::with_capacity(11 + target.name().len());
+    push_target(&mut out, target);
+    out
 }
 
 /// One attempt, as the attempt stack sees it (boxed there, [`BoxedAttempt`]).
@@ -299,6 +330,24 @@ pub(crate) fn test_call() -> OutboundCall {
         pin: None,
         foreign_tenant: None,
     })
+}
+
+#[cfg(test)]
+mod text_tests {
+    use super::*;
+
+    #[test]
+    fn targets_and_policies_read_as_display_and_format_write_them() {
+        let tagged = Target { tags: vec!["zh".into(), "fast".into()], ..Target::capability("text.translate") };
+        for target in [Target::capability("text.summarize"), Target::agent("planner"), tagged] {
+            assert_eq!(target_text(&target), target.to_string());
+            let mut out = "x ".to_string();
+            push_target(&mut out, &target);
+            assert_eq!(out, format!("x {target}"));
+        }
+        assert_eq!(policy_name(&Target::capability("c")), "capability/c");
+        assert_eq!(policy_name(&Target::agent("a")), "agent/a");
+    }
 }
 
 #[cfg(test)]

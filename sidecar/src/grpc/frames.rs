@@ -11,6 +11,50 @@ use tonic::Status;
 
 use super::{Body, COALESCE_LIMIT, PREFIX_LEN};
 
+/// A protobuf field the mesh appends to a message it forwards ([`Frames::message_fields`]),
+/// borrowed from where its value lives.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Field<'a> {
+    Str(&'a str),
+    U32(u32),
+}
+
+impl Field<'_> {
+    /// Its length on the wire under `tag`: 0 for an empty string or zero, which prost
+    /// leaves out too.
+    fn encoded_len(self, tag: u32) -> usize {
+        use prost::encoding::{encoded_len_varint, key_len};
+        match self {
+            Field::Str("") | Field::U32(0) => 0,
+            Field::Str(s) => key_len(tag) + encoded_len_varint(s.len() as u64) + s.len(),
+            Field::U32(v) => key_len(tag) + encoded_len_varint(u64::from(v)),
+        }
+    }
+
+    fn encode(self, tag: u32, buf: &mut BytesMut) {
+        use prost::encoding::{WireType, encode_key, encode_varint};
+        match self {
+            Field::Str("") | Field::U32(0) => {}
+            Field::Str(s) => {
+                encode_key(tag, WireType::LengthDelimited, buf);
+                encode_varint(s.len() as u64, buf);
+                buf.put_slice(s.as_bytes());
+            }
+            Field::U32(v) => {
+                encode_key(tag, WireType::Varint, buf);
+                encode_varint(u64::from(v), buf);
+            }
+        }
+    }
+}
+
+/// Writes `fields` in the order given (prost writes them by tag; callers list them so).
+fn encode_fields(fields: &[(u32, Field<'_>)], buf: &mut BytesMut) {
+    for &(tag, field) in fields {
+        field.encode(tag, buf);
+    }
+}
+
 /// A short sequence of data buffers followed by optional trailers.
 #[derive(Default)]
 pub(crate) struct Frames {
@@ -35,6 +79,29 @@ impl Frames {
             [Some(buf.freeze()), None, None]
         } else {
             [Some(Bytes::copy_from_slice(&prefix)), Some(message), Some(Bytes::copy_from_slice(extra))]
+        };
+        Frames { parts, next: 0, trailers: None }
+    }
+
+    /// [`Frames::message`] with `fields` appended, encoded straight into the message's
+    /// buffer (for the mesh's own fields: no message struct of copied strings, no buffer
+    /// of their own).
+    pub(crate) fn message_fields(message: Bytes, fields: &[(u32, Field<'_>)]) -> Frames {
+        let extra: usize = fields.iter().map(|&(tag, f)| f.encoded_len(tag)).sum();
+        let len = message.len() + extra;
+        let mut prefix = [0u8; PREFIX_LEN];
+        prefix[1..].copy_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
+        let mut buf =
+            BytesMut::with_capacity(if len <= COALESCE_LIMIT { PREFIX_LEN + len } else { PREFIX_LEN + extra });
+        buf.put_slice(&prefix);
+        let parts = if len <= COALESCE_LIMIT {
+            buf.put_slice(&message);
+            encode_fields(fields, &mut buf);
+            [Some(buf.freeze()), None, None]
+        } else {
+            let prefix = buf.split();
+            encode_fields(fields, &mut buf);
+            [Some(prefix.freeze()), Some(message), Some(buf.freeze())]
         };
         Frames { parts, next: 0, trailers: None }
     }

@@ -27,7 +27,7 @@ use tonic::Status;
 
 use bodies::Source;
 pub(crate) use bodies::{ChannelBody, H2Body, Tapped};
-pub(crate) use frames::{Frames, ReadError, StoredResponse, frames_data, read_message, single_message};
+pub(crate) use frames::{Field, Frames, ReadError, StoredResponse, frames_data, read_message, single_message};
 pub(crate) use messages::{MessageReader, Read};
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -215,10 +215,34 @@ pub(crate) fn copy_forwardable(from: &HeaderMap, to: &mut HeaderMap) {
 /// the next hop never believes it has more time than the caller), as a never-indexed
 /// header: a value that changes with every call would only churn the HPACK table.
 pub(crate) fn set_timeout(headers: &mut HeaderMap, remaining: std::time::Duration) {
-    let ms = remaining.as_millis().max(1);
-    if let Ok(mut v) = HeaderValue::from_str(&format!("{}m", ms.min(99_999_999))) {
+    // At most 8 digits (the limit of `grpc-timeout`) and the unit, written by hand: once
+    // per call and hop, where `format!` cost about a thousand instructions.
+    let mut ms = remaining.as_millis().clamp(1, 99_999_999) as u32;
+    let mut buf = [b'm'; 9];
+    let mut start = 8;
+    while ms > 0 {
+        start -= 1;
+        buf[start] = b'0' + (ms % 10) as u8;
+        ms /= 10;
+    }
+    if let Ok(mut v) = HeaderValue::from_bytes(&buf[start..]) {
         v.set_sensitive(true);
         headers.insert(HEADER_GRPC_TIMEOUT, v);
+    }
+}
+
+/// The `grpc-status` code `headers` carry, if any, without building a [`Status`]
+/// (`Status::from_header_map` copies the whole map even for an OK status): callers build
+/// one only for a code that is not OK.
+pub(crate) fn status_code(headers: &HeaderMap) -> Option<tonic::Code> {
+    headers.get(HEADER_GRPC_STATUS).map(|v| tonic::Code::from_bytes(v.as_bytes()))
+}
+
+/// The status `headers` carry when it is not OK (`None`: no status, or OK).
+pub(crate) fn failed_status(headers: &HeaderMap) -> Option<Status> {
+    match status_code(headers) {
+        Some(code) if code != tonic::Code::Ok => Status::from_header_map(headers),
+        _ => None,
     }
 }
 
@@ -264,6 +288,34 @@ mod tests {
     }
 
     #[test]
+    fn the_timeout_is_whole_milliseconds_rounded_down_and_capped() {
+        for (remaining, expected) in [
+            (std::time::Duration::ZERO, "1m"),
+            (std::time::Duration::from_micros(1_999), "1m"),
+            (std::time::Duration::from_millis(10), "10m"),
+            (std::time::Duration::from_millis(1_234_567), "1234567m"),
+            (std::time::Duration::from_secs(1 << 40), "99999999m"),
+        ] {
+            let mut headers = HeaderMap::new();
+            set_timeout(&mut headers, remaining);
+            let v = &headers[HEADER_GRPC_TIMEOUT];
+            assert_eq!((v.to_str().unwrap(), v.is_sensitive()), (expected, true), "{remaining:?}");
+        }
+    }
+
+    #[test]
+    fn a_status_is_built_only_when_it_is_not_ok() {
+        let mut headers = HeaderMap::new();
+        assert_eq!((status_code(&headers), failed_status(&headers).is_none()), (None, true));
+        headers.insert(HEADER_GRPC_STATUS, HeaderValue::from_static("0"));
+        assert_eq!((status_code(&headers), failed_status(&headers).is_none()), (Some(tonic::Code::Ok), true));
+        headers.insert(HEADER_GRPC_STATUS, HeaderValue::from_static("14"));
+        headers.insert("grpc-message", HeaderValue::from_static("gone"));
+        let failed = failed_status(&headers).unwrap();
+        assert_eq!((failed.code(), failed.message()), (tonic::Code::Unavailable, "gone"));
+    }
+
+    #[test]
     fn internal_headers_are_not_forwarded() {
         for (name, fwd) in [
             ("x-tenant-hint", true),
@@ -287,6 +339,55 @@ mod tests {
 
         proptest! {
             #![proptest_config(ProptestConfig::with_cases(64))]
+
+            #[test]
+            fn appended_fields_are_encoded_as_prost_encodes_them(
+                message in proptest::collection::vec(any::<u8>(), 0..(COALESCE_LIMIT + 64)),
+                id in "[a-z0-9-]{0,200}",
+                name in "[a-z.]{0,20}",
+                attempt in 0u32..400,
+            ) {
+                use agent_reach::proto;
+                use prost::Message;
+                let message = Bytes::from(message);
+                let handle = proto::HandleRequest {
+                    message_id: id.clone(),
+                    instance_id: name.clone(),
+                    attempt,
+                    capability: id.clone(),
+                    tenant: name.clone(),
+                    ..Default::default()
+                };
+                let fields = [
+                    (8, Field::Str(&id)),
+                    (16, Field::Str(&name)),
+                    (17, Field::U32(attempt)),
+                    (18, Field::Str(&id)),
+                    (19, Field::Str(&name)),
+                ];
+                prop_assert_eq!(
+                    joined(Frames::message_fields(message.clone(), &fields)),
+                    joined(Frames::message(message.clone(), &handle.encode_to_vec()))
+                );
+                let reply = proto::InvokeReply {
+                    instance_id: name.clone(),
+                    agent: id.clone(),
+                    attempts: attempt,
+                    fallback_from: name.clone(),
+                    ..Default::default()
+                };
+                let fields = [
+                    (16, Field::Str(&name)),
+                    (17, Field::Str(&id)),
+                    (18, Field::Str("")),
+                    (19, Field::U32(attempt)),
+                    (20, Field::Str(&name)),
+                ];
+                prop_assert_eq!(
+                    joined(Frames::message_fields(message.clone(), &fields)),
+                    joined(Frames::message(message, &reply.encode_to_vec()))
+                );
+            }
 
             #[test]
             fn any_bytes_are_one_message_or_refused_without_panic(data in proptest::collection::vec(any::<u8>(), 0..64)) {

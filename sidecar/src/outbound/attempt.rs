@@ -46,7 +46,7 @@ pub(crate) fn breaker_failure(attempt: &Attempt) -> bool {
         matches!(code, Code::Unavailable | Code::DeadlineExceeded | Code::Internal | Code::Unknown | Code::DataLoss)
     };
     match attempt {
-        Attempt::Answered(resp, _) => Status::from_header_map(resp.headers()).is_some_and(|s| failing(s.code())),
+        Attempt::Answered(resp, _) => grpc::status_code(resp.headers()).is_some_and(failing),
         Attempt::NotDelivered(e) | Attempt::Failed(e) => e.code() != Code::ResourceExhausted && failing(e.code()),
     }
 }
@@ -90,6 +90,8 @@ pub(crate) struct Dispatch(Arc<DispatchState>);
 struct DispatchState {
     sidecar_id: Arc<str>,
     tenant: Arc<str>,
+    /// `ar-tenant` toward the instance's sidecar, made once (a clone is a reference count).
+    tenant_header: Option<HeaderValue>,
     /// Local instances, reached through `inbound` without a network hop.
     registry: Arc<Registry>,
     inbound: InboundService,
@@ -110,6 +112,7 @@ impl Dispatch {
         Dispatch(Arc::new(DispatchState {
             sidecar_id: sidecar_id.into(),
             tenant: tenant.into(),
+            tenant_header: HeaderValue::from_str(tenant).ok(),
             registry,
             inbound,
             pool,
@@ -189,8 +192,8 @@ impl DispatchState {
         if let Ok(v) = HeaderValue::from_str(&rec.instance_id) {
             headers.insert(header::INSTANCE, v);
         }
-        if let Ok(v) = HeaderValue::from_str(&self.tenant) {
-            headers.insert(header::TENANT, v);
+        if let Some(v) = &self.tenant_header {
+            headers.insert(header::TENANT, v.clone());
         }
         if req.priority != Priority::Normal {
             headers.insert(header::PRIORITY, HeaderValue::from_static(req.priority.as_str()));

@@ -195,7 +195,7 @@ impl InvokeEntry {
         caller: Option<crate::call::Caller>,
     ) -> Result<OutboundCall, SidecarError> {
         let limit = self.0.max_payload_bytes;
-        let head = InvokeHead::decode(message.clone())
+        let mut head = InvokeHead::decode(message.clone())
             .map_err(|e| FieldError::new("request", format!("not a valid InvokeRequest: {e}")))?;
         if head.payload.len() > limit {
             return Err(SidecarError::PayloadTooLarge { size: head.payload.len(), limit });
@@ -207,7 +207,8 @@ impl InvokeEntry {
             )
             .into());
         }
-        let target = target_of(head.target.clone())?;
+        // Taken: the call carries the checked target, never the message's.
+        let target = target_of(head.target.take())?;
         let priority = priority_from_i32(head.priority);
         let table = self.0.table.load_full();
         let timeout = headers

@@ -6,16 +6,14 @@
 use std::sync::Arc;
 
 use agent_reach::model::Target;
-use agent_reach::proto;
 use agent_reach::reason::{self, Reason};
-use agent_reach_routing::{CallGuard, InstanceStats, Member, clock, resolve};
+use agent_reach_routing::{CallGuard, InstanceStats, Member, clock};
 use http::{HeaderMap, HeaderValue, Response};
-use prost::Message;
-use tonic::{Code, Status};
+use tonic::Status;
 
-use crate::call::{OutboundCall, Shape};
+use crate::call::{OutboundCall, Shape, push_target, target_text};
 use crate::error::SidecarError;
-use crate::grpc::{self, Body, Frames, Hook, TrailersHook, header};
+use crate::grpc::{self, Body, Field, Frames, Hook, TrailersHook, header};
 use crate::inbound::admission::parse_load;
 use crate::telemetry::{CallOutcome, outcome_of};
 
@@ -28,6 +26,8 @@ pub(crate) struct Served<'a> {
     /// The target that was routed: the call's own, or its fallback.
     pub target: &'a Target,
     pub fallback_from: Option<&'a Target>,
+    /// The strategy of the routed target's group, as the router resolved it.
+    pub strategy: &'static str,
 }
 
 /// The caller's answer, or the failure it carries.
@@ -72,14 +72,14 @@ pub(crate) async fn finish(
     if let Some(load) = parse_load(&parts.headers) {
         member.stats.report_load(load, clock());
     }
-    if let Some(status) = Status::from_header_map(&parts.headers).filter(|s| s.code() != Code::Ok) {
+    if let Some(status) = grpc::failed_status(&parts.headers) {
         // Trailers-only: an error from the agent or the target's sidecar.
         outcome.outcome = outcome_of(&status);
         parts.extensions.insert(outcome);
         return Finished::Failed { status, resp: Response::from_parts(parts, Body::Empty) };
     }
-    parts.extensions.insert(outcome.clone());
     if served.call.shape == Shape::Stream {
+        parts.extensions.insert(outcome);
         let observed: Hook = Box::new(Observed { _guard: guard, stats: member.stats.clone() });
         return Finished::Done(Response::from_parts(parts, body.tap(hold, Some(observed))));
     }
@@ -101,8 +101,7 @@ pub(crate) async fn finish(
     if let Some(load) = trailers.as_ref().and_then(parse_load) {
         member.stats.report_load(load, clock());
     }
-    let status = trailers.as_ref().and_then(Status::from_header_map);
-    if let Some(status) = status.filter(|s| s.code() != Code::Ok) {
+    if let Some(status) = trailers.as_ref().and_then(grpc::failed_status) {
         outcome.outcome = outcome_of(&status);
         parts.extensions.insert(outcome);
         let resp = Response::from_parts(parts, Body::Frames(Frames::raw(data).with_trailers(trailers)));
@@ -117,46 +116,56 @@ pub(crate) async fn finish(
         return Finished::Failed { resp: grpc::status_response(status.clone()), status };
     };
     let reg = &rec.registration;
-    let extension = proto::InvokeReply {
-        instance_id: rec.instance_id.clone(),
-        agent: reg.agent.clone(),
-        agent_version: reg.version.clone(),
-        attempts: served.attempts,
-        fallback_from: served.fallback_from.map(Target::to_string).unwrap_or_default(),
-        ..Default::default()
-    }
-    .encode_to_vec();
+    let fallback_from = served.fallback_from.map(target_text).unwrap_or_default();
+    // The `InvokeReply` fields the mesh adds, after the agent's.
+    let fields = [
+        (16, Field::Str(&rec.instance_id)),
+        (17, Field::Str(&reg.agent)),
+        (18, Field::Str(&reg.version)),
+        (19, Field::U32(served.attempts)),
+        (20, Field::Str(&fallback_from)),
+    ];
+    parts.extensions.insert(outcome);
     Finished::Done(Response::from_parts(
         parts,
-        Body::Frames(Frames::message(message, &extension).with_trailers(trailers)),
+        Body::Frames(Frames::message_fields(message, &fields).with_trailers(trailers)),
     ))
 }
 
 /// Writes the route into the answer's headers; returns the call's outcome for telemetry.
 fn stamp(h: &mut HeaderMap, served: &Served<'_>) -> CallOutcome {
-    let (call, rec) = (served.call, &served.member.instance.record);
+    let rec = &served.member.instance.record;
     // The body is rebuilt (or re-framed), so the upstream length does not hold.
     h.remove(http::header::CONTENT_LENGTH);
     if let Ok(v) = HeaderValue::from_str(&rec.instance_id) {
         h.insert(header::INSTANCE, v);
     }
-    h.insert(header::ATTEMPTS, HeaderValue::from(served.attempts));
-    if let Ok(v) = HeaderValue::from_str(&served.tried.join(",")) {
+    h.insert(header::ATTEMPTS, attempts_value(served.attempts));
+    if let Some(v) = tried_value(served.tried) {
         h.insert(header::INSTANCES_TRIED, v);
     }
     if let Some(from) = served.fallback_from
-        && let Ok(v) = HeaderValue::from_str(&from.to_string())
+        && let Ok(v) = HeaderValue::try_from(target_text(from))
     {
         h.insert(header::FALLBACK_FROM, v);
     }
     if let Ok(v) = HeaderValue::from_str(&rec.registration.version) {
         h.insert(header::AGENT_VERSION, v);
     }
-    // The group of the target that was routed (the fallback's, when it served the call),
-    // looked up by agent or by capability as the router did.
-    let strategy = resolve(&call.table, served.target).map(|g| g.strategy().as_str()).unwrap_or("least_loaded");
-    let route = format!("{strategy} {} -> {} (attempt {})", served.target, rec.instance_id, served.attempts);
-    if let Ok(v) = HeaderValue::from_str(&route) {
+    // `<strategy> <target> -> <instance> (attempt <n>)`, of the target that was routed (the
+    // fallback's, when it served the call); joined by hand, not by `format!`, and handed
+    // to the header without a copy.
+    let strategy = served.strategy;
+    let mut route = String::with_capacity(strategy.len() + served.target.name().len() + rec.instance_id.len() + 32);
+    route.push_str(strategy);
+    route.push(' ');
+    push_target(&mut route, served.target);
+    route.push_str(" -> ");
+    route.push_str(&rec.instance_id);
+    route.push_str(" (attempt ");
+    route.push_str(itoa_u32(served.attempts, &mut [0; 10]));
+    route.push(')');
+    if let Ok(v) = HeaderValue::try_from(route) {
         h.insert(header::ROUTE, v);
     }
     CallOutcome {
@@ -180,9 +189,65 @@ pub(crate) fn deadline_exceeded(call: &OutboundCall, attempts: u32, tried: Vec<S
 /// Adds the attempts and instances tried to an answer's headers.
 pub(crate) fn with_attempts(mut resp: Response<Body>, attempts: u32, tried: &[String]) -> Response<Body> {
     let h = resp.headers_mut();
-    h.insert(header::ATTEMPTS, HeaderValue::from(attempts));
-    if let Ok(v) = HeaderValue::from_str(&tried.join(",")) {
+    h.insert(header::ATTEMPTS, attempts_value(attempts));
+    if let Some(v) = tried_value(tried) {
         h.insert(header::INSTANCES_TRIED, v);
     }
     resp
+}
+
+/// `ar-attempts`: a static value for the counts the router makes (at most
+/// [`super::retry::MAX_ATTEMPTS`] per target, twice that with a fallback).
+fn attempts_value(attempts: u32) -> HeaderValue {
+    match attempts {
+        0 => HeaderValue::from_static("0"),
+        1 => HeaderValue::from_static("1"),
+        2 => HeaderValue::from_static("2"),
+        3 => HeaderValue::from_static("3"),
+        4 => HeaderValue::from_static("4"),
+        5 => HeaderValue::from_static("5"),
+        6 => HeaderValue::from_static("6"),
+        n => HeaderValue::from(n),
+    }
+}
+
+/// `ar-instances-tried`: the instances, comma-separated (one, the usual case, without a
+/// joined copy).
+fn tried_value(tried: &[String]) -> Option<HeaderValue> {
+    match tried {
+        [one] => HeaderValue::from_str(one).ok(),
+        more => HeaderValue::try_from(more.join(",")).ok(),
+    }
+}
+
+/// `n` in decimal, written into `buf`.
+fn itoa_u32(mut n: u32, buf: &mut [u8; 10]) -> &str {
+    let mut start = buf.len();
+    loop {
+        start -= 1;
+        buf[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    // Only ASCII digits were written.
+    std::str::from_utf8(&buf[start..]).unwrap_or("0")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_and_lists_read_as_before() {
+        for n in [0, 1, 3, 6, 7, 10, 4_294_967_295] {
+            assert_eq!(attempts_value(n), HeaderValue::from(n));
+            assert_eq!(itoa_u32(n, &mut [0; 10]), n.to_string());
+        }
+        let tried = |ids: &[&str]| tried_value(&ids.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(tried(&["a-1"]), Some(HeaderValue::from_static("a-1")));
+        assert_eq!(tried(&["a-1", "b-2"]), Some(HeaderValue::from_static("a-1,b-2")));
+        assert_eq!(tried(&[]), Some(HeaderValue::from_static("")));
+    }
 }

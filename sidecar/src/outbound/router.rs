@@ -13,12 +13,12 @@ use std::time::Duration;
 
 use agent_reach::model::{Target, TargetKind};
 use agent_reach::policy::{CircuitBreaker, Fallback, RetryPolicy, Strategy};
-use agent_reach::proto;
 use agent_reach_routing::{self as route, CallGuard, GroupState, Member, PickRequest, RouteError, clock};
 use agent_reach_telemetry::{Tracing, semconv};
 use http::Response;
 use opentelemetry::KeyValue;
 use opentelemetry::trace::{SpanKind, TraceContextExt};
+use prometheus_client::metrics::histogram::Histogram;
 use prost::Message;
 use tokio::time::Instant;
 use tonic::{Code, Status};
@@ -33,7 +33,7 @@ use crate::call::{
     Attempt, AttemptRequest, BoxedAttempt, InvokeMetadata, OutboundCall, PayloadDigest, payload_digest, policy_of,
 };
 use crate::error::SidecarError;
-use crate::grpc::{self, Body, Frames, header};
+use crate::grpc::{self, Body, Field, Frames, header};
 use crate::telemetry::{HopLabels, Rejections, SidecarMetrics, delivery_outcome, outcome_of};
 
 const HOP_OUTBOUND: HopLabels = HopLabels { hop: "outbound" };
@@ -50,7 +50,8 @@ pub(crate) struct RouterState {
     /// The largest reply read whole.
     limit: usize,
     tracing: Tracing,
-    metrics: Arc<SidecarMetrics>,
+    /// The outbound hop's latency histogram, looked up once (not per attempt).
+    hop_outbound: Histogram,
     rejections: Arc<Rejections>,
     attempts: AttemptService,
     /// The owners of the keys of keyed calls sent through here ([`super::owners`]).
@@ -71,12 +72,13 @@ pub(crate) struct RouterParts {
 impl Router {
     pub(crate) fn new(p: RouterParts, attempts: AttemptService) -> Router {
         let RouterParts { tenant, deadline_reserve, limit, tracing, metrics, rejections, owners } = p;
+        let hop_outbound = metrics.hop_duration.get_or_create(&HOP_OUTBOUND).clone();
         Router(Arc::new(RouterState {
             tenant,
             deadline_reserve,
             limit,
             tracing,
-            metrics,
+            hop_outbound,
             rejections,
             attempts,
             owners,
@@ -133,9 +135,33 @@ struct Plan<'c> {
     digest: Option<PayloadDigest>,
     hash_key: Option<&'c str>,
     version: Option<&'c str>,
-    capability: String,
+    /// The capability routed by ("" when by agent name).
+    capability: &'c str,
+    /// The strategy of the target's group.
+    strategy: &'static str,
     /// Filled in when the caller left the message id empty.
-    message_id: String,
+    message_id: Option<MessageId>,
+}
+
+/// A random message id: 32 lowercase hex digits (as `format!("{:032x}")` of a random
+/// `u128` wrote them), kept on the stack.
+struct MessageId([u8; 32]);
+
+impl MessageId {
+    fn random() -> MessageId {
+        let mut n = rand::random::<u128>();
+        let mut digits = [0u8; 32];
+        for d in digits.iter_mut().rev() {
+            *d = b"0123456789abcdef"[(n & 0xf) as usize];
+            n >>= 4;
+        }
+        MessageId(digits)
+    }
+
+    fn as_str(&self) -> &str {
+        // Only ASCII hex digits were written.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
 }
 
 /// The attempts so far on one target.
@@ -195,8 +221,8 @@ impl<'c> Plan<'c> {
         });
         group.state.retry_budget.record_call(clock());
         let capability = match &target.kind {
-            TargetKind::Capability(c) => c.clone(),
-            TargetKind::Agent(_) => String::new(),
+            TargetKind::Capability(c) => c.as_str(),
+            TargetKind::Agent(_) => "",
         };
         Ok(Plan {
             target,
@@ -207,13 +233,10 @@ impl<'c> Plan<'c> {
             key,
             hash_key,
             version,
-            digest: (!key.is_empty()).then(|| payload_digest(&capability, &call.head.content_type, &call.head.payload)),
+            digest: (!key.is_empty()).then(|| payload_digest(capability, &call.head.content_type, &call.head.payload)),
             capability,
-            message_id: if call.head.message_id.is_empty() {
-                format!("{:032x}", rand::random::<u128>())
-            } else {
-                String::new()
-            },
+            strategy: group.strategy().as_str(),
+            message_id: call.head.message_id.is_empty().then(MessageId::random),
         })
     }
 }
@@ -341,9 +364,10 @@ impl Router {
     ) -> Step {
         let attempt = tries.attempt;
         let guard = CallGuard::begin(&member, group);
-        let id = member.id().to_string();
+        // Listed before the attempt is sent (nothing reads the list meanwhile).
+        tries.tried.push(member.id().to_string());
+        let id = member.id();
         let (outcome, sent_at) = self.send(call, plan, &member, attempt, remaining).await;
-        tries.tried.push(id.clone());
         if attempt > 1 {
             Rejections::count(&self.rejections.retries);
         }
@@ -388,6 +412,7 @@ impl Router {
             tried: &tries.tried,
             target: plan.target,
             fallback_from: plan.fallback_from,
+            strategy: plan.strategy,
         };
         match finish(resp, hold, guard, &served, self.limit).await {
             Finished::Done(resp) => {
@@ -442,7 +467,7 @@ impl Router {
         let answer_by = call.deadline.checked_sub(self.deadline_reserve).unwrap_or(call.deadline);
         let outcome = tokio::time::timeout_at(answer_by, self.attempt(request)).await;
         let hop = Duration::from_nanos(clock().saturating_sub(sent_at));
-        self.metrics.hop_duration.get_or_create(&HOP_OUTBOUND).observe(hop.as_secs_f64());
+        self.hop_outbound.observe(hop.as_secs_f64());
         let outcome = match outcome {
             Ok(Ok(attempt)) => Some(attempt),
             Ok(Err(never)) => match never {},
@@ -463,20 +488,19 @@ impl Router {
         remaining: Duration,
         trace: opentelemetry::Context,
     ) -> BoxedAttempt {
-        let extension = proto::HandleRequest {
-            message_id: plan.message_id.clone(),
-            instance_id: member.id().to_string(),
-            attempt,
-            capability: plan.capability.clone(),
-            tenant: self.tenant.to_string(),
-            ..Default::default()
-        }
-        .encode_to_vec();
+        // The `HandleRequest` fields the mesh adds, after the caller's.
+        let fields = [
+            (8, Field::Str(plan.message_id.as_ref().map_or("", MessageId::as_str))),
+            (16, Field::Str(member.id())),
+            (17, Field::U32(attempt)),
+            (18, Field::Str(plan.capability)),
+            (19, Field::Str(&self.tenant)),
+        ];
         Box::new(AttemptRequest {
             trace,
             member: member.clone(),
             breaker: plan.breaker,
-            body: Body::Frames(Frames::message(call.message.clone(), &extension)),
+            body: Body::Frames(Frames::message_fields(call.message.clone(), &fields)),
             remaining,
             headers: call.headers.clone(),
             shape: call.shape,
@@ -485,7 +509,7 @@ impl Router {
             payload_digest: plan.digest,
             session_id: (!call.head.session_id.is_empty()).then(|| call.head.session_id.clone()),
             caller: call.caller.clone(),
-            capability: plan.capability.as_str().into(),
+            capability: plan.capability.into(),
         })
     }
 
@@ -554,11 +578,17 @@ impl Router {
 /// Ends an attempt's span with how the attempt ended (`None`: the deadline passed).
 fn end_attempt_span(cx: &opentelemetry::Context, attempt: Option<&Attempt>) {
     let span = cx.span();
+    // A span that is not recorded (most, at the default sampling ratio) ignores its status
+    // and attributes: none are built for it.
+    if !span.is_recording() {
+        span.end();
+        return;
+    }
     let (outcome, error) = match attempt {
         None => ("DEADLINE_EXCEEDED".to_string(), true),
-        Some(Attempt::Answered(resp, _)) => match Status::from_header_map(resp.headers()) {
-            Some(s) if s.code() != Code::Ok => (outcome_of(&s), true),
-            _ => ("ANSWERED".to_string(), false),
+        Some(Attempt::Answered(resp, _)) => match grpc::failed_status(resp.headers()) {
+            Some(s) => (outcome_of(&s), true),
+            None => ("ANSWERED".to_string(), false),
         },
         Some(Attempt::NotDelivered(e)) => (format!("NOT_DELIVERED: {}", delivery_outcome(e)), true),
         Some(Attempt::Failed(e)) => (delivery_outcome(e), true),
@@ -568,7 +598,7 @@ fn end_attempt_span(cx: &opentelemetry::Context, attempt: Option<&Attempt>) {
     }
     let code = match attempt {
         None => Code::DeadlineExceeded,
-        Some(Attempt::Answered(resp, _)) => Status::from_header_map(resp.headers()).map_or(Code::Ok, |s| s.code()),
+        Some(Attempt::Answered(resp, _)) => grpc::status_code(resp.headers()).unwrap_or(Code::Ok),
         Some(Attempt::NotDelivered(e) | Attempt::Failed(e)) => e.code(),
     };
     span.set_attribute(semconv::grpc_status(code as i32));

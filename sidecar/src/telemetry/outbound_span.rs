@@ -18,7 +18,7 @@ use tower::Service;
 use super::{BoxFuture, CallLabels, CallOutcome, SidecarMetrics, TargetOutcome, outcome_of};
 use crate::call::OutboundCall;
 use crate::error::SidecarError;
-use crate::grpc::{Body, header};
+use crate::grpc::{self, Body, header};
 
 /// Service: the caller's-sidecar span and the call metrics.
 #[derive(Clone)]
@@ -105,8 +105,8 @@ impl State {
             TargetKind::Agent(a) => call.table.by_agent.contains_key(a),
         };
         // The traffic report names a target with a policy too (a fallback may serve it).
-        let report_target = if known_target || call.spec().is_some() { target.clone() } else { "(unknown)".into() };
-        Opened { cx, caller, target, known_target, report_target, started: call.started }
+        let report_known = known_target || call.spec().is_some();
+        Opened { cx, caller, target, known_target, report_known, started: call.started }
     }
 }
 
@@ -124,8 +124,8 @@ struct Opened {
     target: String,
     /// Whether the routing table knows the target (else its label is `(unknown)`).
     known_target: bool,
-    /// The target as the traffic report names it.
-    report_target: String,
+    /// Whether the traffic report names the target (else `(unknown)`).
+    report_known: bool,
     started: Instant,
 }
 
@@ -133,32 +133,29 @@ impl Opened {
     /// Records how the call ended (metrics, traffic report, span) and returns its result,
     /// naming the trace in the answer when the call was traced.
     fn close(
-        mut self,
+        self,
         metrics: &SidecarMetrics,
         mut result: Result<Response<Body>, SidecarError>,
     ) -> Result<Response<Body>, SidecarError> {
-        let (outcome, detail) = match &result {
-            Ok(resp) => match resp.extensions().get::<CallOutcome>() {
-                Some(o) => (o.outcome.clone(), Some(o.clone())),
-                None => {
-                    // Answered before routing (cache) or with a status-only response.
-                    let o =
-                        tonic::Status::from_header_map(resp.headers()).map(|s| outcome_of(&s)).unwrap_or("OK".into());
-                    (o, None)
-                }
-            },
-            Err(e) => (e.reason().to_string(), None),
-        };
         let elapsed = self.started.elapsed();
+        // What the router attached to the answer, taken (nothing outside this layer reads
+        // it): its strings become the labels without copies.
+        let mut detail = result.as_mut().ok().and_then(|r| r.extensions_mut().remove::<CallOutcome>());
+        let outcome = match (&result, detail.as_mut()) {
+            (Ok(_), Some(d)) => std::mem::take(&mut d.outcome),
+            // Answered before routing (cache) or with a status-only response.
+            (Ok(resp), None) => {
+                grpc::failed_status(resp.headers()).map_or_else(|| "OK".to_string(), |s| outcome_of(&s))
+            }
+            (Err(e), _) => e.reason().to_string(),
+        };
         let fallback = result.as_ref().is_ok_and(|r| r.headers().contains_key(header::FALLBACK_FROM));
-        self.record(metrics, &outcome, detail.as_ref(), fallback, elapsed);
         let code = match &result {
-            Ok(resp) => tonic::Status::from_header_map(resp.headers())
-                .map(|s| s.code())
+            Ok(resp) => grpc::status_code(resp.headers())
                 .unwrap_or_else(|| agent_reach::reason::Reason::parse(&outcome).map_or(tonic::Code::Ok, |r| r.code())),
             Err(e) => e.reason().code(),
         };
-        self.end_span(outcome, code, detail.as_ref(), elapsed);
+        self.end_span(&outcome, code, detail.as_ref(), elapsed);
         let span = self.cx.span();
         let sc = span.span_context();
         if sc.is_sampled()
@@ -168,51 +165,52 @@ impl Opened {
             // A traced call names its trace, for `agent-reach trace <id>`.
             resp.headers_mut().insert(header::TRACE_ID, v);
         }
+        self.record(metrics, outcome, detail, fallback, elapsed);
         result
     }
 
-    /// The call metrics and the traffic report's edge (takes the caller's and the report's
-    /// labels).
+    /// The call metrics and the traffic report's edge. The label strings are moved from one
+    /// label set to the next (each family copies a set only the first time it sees it).
     fn record(
-        &mut self,
+        self,
         m: &SidecarMetrics,
-        outcome: &str,
-        detail: Option<&CallOutcome>,
+        outcome: String,
+        detail: Option<CallOutcome>,
         fallback: bool,
         elapsed: std::time::Duration,
     ) {
-        let instance = detail.map(|d| d.instance.clone()).filter(|i| !i.is_empty()).unwrap_or("(none)".into());
-        let target_label = if self.known_target { self.target.clone() } else { "(unknown)".into() };
-        let served_by = detail.map(|d| d.agent.clone()).filter(|a| !a.is_empty());
+        let ok = outcome == "OK";
+        let (instance, agent) = detail.map(|d| (d.instance, d.agent)).unwrap_or_default();
+        let instance = if instance.is_empty() { "(none)".to_string() } else { instance };
+        let served_by = if agent.is_empty() { "(none)".to_string() } else { agent };
+        let Opened { caller, target, known_target, report_known, .. } = self;
+        // The label names a target the table knows; the report also one with a policy
+        // (a fallback may serve it).
+        let (label, report) = match (known_target, report_known) {
+            (true, _) => (target, None),
+            (false, true) => ("(unknown)".to_string(), Some(target)),
+            (false, false) => ("(unknown)".to_string(), None),
+        };
+        let labels = CallLabels { caller, target: label, instance, outcome };
+        m.calls.get_or_create(&labels).inc();
+        let CallLabels { caller, target: label, outcome, .. } = labels;
+        let labels = TargetOutcome { target: label, outcome };
+        m.call_duration.get_or_create(&labels).observe(elapsed.as_secs_f64());
+        let TargetOutcome { target: label, .. } = labels;
         m.traffic.record(
             tokio::time::Instant::now(),
-            crate::report::EdgeKey {
-                caller: self.caller.clone(),
-                target: std::mem::take(&mut self.report_target),
-                agent: served_by.unwrap_or_else(|| "(none)".into()),
-            },
-            crate::report::CallSeen { ok: outcome == "OK", fallback, elapsed },
+            crate::report::EdgeKey { caller, target: report.unwrap_or(label), agent: served_by },
+            crate::report::CallSeen { ok, fallback, elapsed },
         );
-        m.calls
-            .get_or_create(&CallLabels {
-                caller: std::mem::take(&mut self.caller),
-                target: target_label.clone(),
-                instance,
-                outcome: outcome.to_string(),
-            })
-            .inc();
-        m.call_duration
-            .get_or_create(&TargetOutcome { target: target_label, outcome: outcome.to_string() })
-            .observe(elapsed.as_secs_f64());
     }
 
     /// Sets the span's outcome, status and serving instance, and ends it.
-    fn end_span(&self, outcome: String, code: tonic::Code, detail: Option<&CallOutcome>, elapsed: std::time::Duration) {
+    fn end_span(&self, outcome: &str, code: tonic::Code, detail: Option<&CallOutcome>, elapsed: std::time::Duration) {
         let span = self.cx.span();
         // A span that is not recorded ignores attributes: none are built for it.
         let recording = span.is_recording();
         if recording {
-            span.set_attribute(KeyValue::new("agent_reach.outcome", outcome.clone()));
+            span.set_attribute(KeyValue::new("agent_reach.outcome", outcome.to_string()));
             span.set_attribute(semconv::grpc_status(code as i32));
         }
         if let Some(d) = detail {
@@ -235,7 +233,7 @@ impl Opened {
             tracing::debug!(target: "agent_reach::route", call_target = %self.target, outcome = %outcome, "not routed");
         }
         if recording && outcome != "OK" {
-            span.set_status(SpanStatus::error(outcome));
+            span.set_status(SpanStatus::error(outcome.to_string()));
         }
         span.end();
     }
