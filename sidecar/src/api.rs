@@ -13,7 +13,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use tonic::{Code, Status};
 
-use crate::call::Shape;
+use crate::call::{Shape, boxed};
 use crate::grpc::{self, Body};
 use crate::inbound::deliver::MeshEntry;
 use crate::outbound::invoke::InvokeEntry;
@@ -23,7 +23,8 @@ use crate::{error, mesh_tls, session, tasks};
 
 /// The local port's handler. The method is chosen before any future is made, and each
 /// method's future is boxed on its own: a call's future is as large as its own method's
-/// (an `Invoke` does not carry room for a `Register`'s), since boxing copies it whole.
+/// (an `Invoke` does not carry room for a `Register`'s); the calls' futures are made in
+/// their box ([`boxed`]), not copied into it.
 pub(crate) fn local_api(
     inner: Arc<Inner>,
     invoke: InvokeEntry,
@@ -36,11 +37,11 @@ pub(crate) fn local_api(
         return ready(grpc::status_response(status));
     }
     match req.uri().path() {
-        grpc::PATH_INVOKE => Box::pin(async move {
+        grpc::PATH_INVOKE => boxed!(async move {
             let _call = inner.calls.begin();
             invoke.invoke(req, Shape::Unary).await
         }),
-        grpc::PATH_INVOKE_STREAM => Box::pin(async move {
+        grpc::PATH_INVOKE_STREAM => boxed!(async move {
             let _call = inner.calls.begin();
             invoke.invoke(req, Shape::Stream).await
         }),
@@ -130,11 +131,11 @@ pub(crate) fn mesh_api(inner: Arc<Inner>, mesh: MeshEntry, req: Request<Incoming
         return ready(grpc::status_response(status));
     }
     match req.uri().path() {
-        grpc::PATH_DELIVER => Box::pin(async move {
+        grpc::PATH_DELIVER => boxed!(async move {
             let _call = inner.calls.begin();
             mesh.deliver(req, Shape::Unary).await
         }),
-        grpc::PATH_DELIVER_STREAM => Box::pin(async move {
+        grpc::PATH_DELIVER_STREAM => boxed!(async move {
             let _call = inner.calls.begin();
             mesh.deliver(req, Shape::Stream).await
         }),

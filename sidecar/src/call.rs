@@ -28,6 +28,21 @@ use crate::registry::{LocalInstance, Registry};
 /// over what they wrap, and their answers differ in what they await).
 pub(crate) type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 
+/// `Box::pin($future)` for a future made in place: the box is allocated first and the
+/// future written straight into it. `Box::pin(f)` makes `f` on the stack and then copies
+/// all of it into the box, although a future not yet polled holds only what it captured:
+/// a future is as large as its largest state (a remote attempt's ~4 KB cost a `memcpy` of
+/// ~420 instructions under callgrind).
+macro_rules! boxed {
+    ($future:expr) => {{
+        let slot: ::std::boxed::Box<::std::mem::MaybeUninit<_>> = ::std::boxed::Box::new_uninit();
+        // Bound first, so that the future's own type, not the caller's `dyn`, is boxed.
+        let future = ::std::boxed::Box::write(slot, $future);
+        ::std::boxed::Box::into_pin(future)
+    }};
+}
+pub(crate) use boxed;
+
 /// Unary or server-streaming.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Shape {

@@ -32,20 +32,31 @@ impl Field<'_> {
     }
 
     fn encode(self, tag: u32, buf: &mut BytesMut) {
-        use prost::encoding::{WireType, encode_key, encode_varint};
-        match self {
-            Field::Str("") | Field::U32(0) => {}
-            Field::Str(s) => {
-                encode_key(tag, WireType::LengthDelimited, buf);
-                encode_varint(s.len() as u64, buf);
-                buf.put_slice(s.as_bytes());
-            }
-            Field::U32(v) => {
-                encode_key(tag, WireType::Varint, buf);
-                encode_varint(u64::from(v), buf);
-            }
-        }
+        // The key and the length (or value) as varints, gathered on the stack and put in
+        // one go (prost's encoders put them byte by byte).
+        let mut head = [0u8; 15];
+        let (wire, value, bytes) = match self {
+            Field::Str("") | Field::U32(0) => return,
+            Field::Str(s) => (2, s.len() as u64, s.as_bytes()),
+            Field::U32(v) => (0, u64::from(v), &[][..]),
+        };
+        let at = put_varint(&mut head, 0, (u64::from(tag) << 3) | wire);
+        let at = put_varint(&mut head, at, value);
+        buf.put_slice(&head[..at]);
+        buf.put_slice(bytes);
     }
+}
+
+/// Writes `v` as a varint into `out` from `at` (room for a key of five bytes and a value
+/// of ten); returns where it ends.
+fn put_varint(out: &mut [u8; 15], mut at: usize, mut v: u64) -> usize {
+    while v >= 0x80 {
+        out[at] = (v as u8) | 0x80;
+        v >>= 7;
+        at += 1;
+    }
+    out[at] = v as u8;
+    at + 1
 }
 
 /// Writes `fields` in the order given (prost writes them by tag; callers list them so).

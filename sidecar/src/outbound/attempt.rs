@@ -12,8 +12,7 @@ use http::{HeaderMap, HeaderValue};
 use tonic::{Code, Status};
 use tower::{Service, ServiceExt};
 
-use crate::call::BoxFuture;
-use crate::call::{Attempt, BoxedAttempt, InboundCall, Shape};
+use crate::call::{Attempt, BoxFuture, BoxedAttempt, InboundCall, Shape, boxed};
 use crate::error::{DeliveryError, SidecarError};
 use crate::grpc::{self, Body, PATH_DELIVER, PATH_DELIVER_STREAM, header};
 use crate::inbound::InboundService;
@@ -74,7 +73,7 @@ where
         // The inner service is ready (`poll_ready` above): called here, not cloned into
         // the future, which holds only its answer's future.
         let answer = self.inner.call(req);
-        Box::pin(async move {
+        boxed!(async move {
             let attempt = answer.await?;
             stats.breaker.record(clock(), breaker_failure(&attempt), &settings);
             Ok(attempt)
@@ -137,9 +136,9 @@ impl Service<BoxedAttempt> for Dispatch {
         // granted cross-tenant call) is never local. Two futures, each as large as its own
         // path needs.
         if *rec.sidecar_id == *me.0.sidecar_id && *rec.tenant == *me.0.tenant {
-            return Box::pin(async move { Ok(me.0.local(req).await) });
+            return boxed!(async move { Ok(me.0.local(req).await) });
         }
-        Box::pin(async move { Ok(me.0.remote(req).await) })
+        boxed!(async move { Ok(me.0.remote(req).await) })
     }
 }
 

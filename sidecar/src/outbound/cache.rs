@@ -21,8 +21,7 @@ use std::task::{Context, Poll};
 use http::{HeaderValue, Response};
 use tower::Service;
 
-use crate::call::BoxFuture;
-use crate::call::{OutboundCall, Shape};
+use crate::call::{BoxFuture, OutboundCall, Shape, boxed};
 use crate::error::SidecarError;
 use crate::grpc::{Body, StoredResponse, header};
 use crate::telemetry::Rejections;
@@ -191,7 +190,7 @@ where
             return Rejections::refuse(&self.rejections.cache_hits, Ok(resp));
         }
         let (cache, limit, answer) = (self.cache.clone(), self.limit, self.inner.call(call));
-        Box::pin(async move {
+        boxed!(async move {
             let resp = answer.await?;
             let stored = StoredResponse::collect(resp, limit).await.map_err(SidecarError::Internal)?;
             if stored.status_code() == Some(tonic::Code::Ok) {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use agent_reach::model::Target;
 use agent_reach::reason::{self, Reason};
 use agent_reach_routing::{CallGuard, InstanceStats, Member, clock};
+use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Response};
 use tonic::Status;
 
@@ -69,14 +70,20 @@ pub(crate) async fn finish(
     let (mut parts, body) = answer.into_parts();
     let mut outcome = stamp(&mut parts.headers, served);
     let member = served.member;
-    if let Some(load) = parse_load(&parts.headers) {
-        member.stats.report_load(load, clock());
-    }
-    if let Some(status) = grpc::failed_status(&parts.headers) {
-        // Trailers-only: an error from the agent or the target's sidecar.
-        outcome.outcome = outcome_of(&status);
-        parts.extensions.insert(outcome);
-        return Finished::Failed { status, resp: Response::from_parts(parts, Body::Empty) };
+    // The target's sidecar reports the load in the trailers, which are the headers of a
+    // trailers-only answer (one with a status in its headers).
+    if let Some(code) = grpc::status_code(&parts.headers) {
+        if let Some(load) = parse_load(&parts.headers) {
+            member.stats.report_load(load, clock());
+        }
+        if code != tonic::Code::Ok
+            && let Some(status) = Status::from_header_map(&parts.headers)
+        {
+            // Trailers-only: an error from the agent or the target's sidecar.
+            outcome.outcome = outcome_of(&status);
+            parts.extensions.insert(outcome);
+            return Finished::Failed { status, resp: Response::from_parts(parts, Body::Empty) };
+        }
     }
     if served.call.shape == Shape::Stream {
         parts.extensions.insert(outcome);
@@ -84,8 +91,8 @@ pub(crate) async fn finish(
         return Finished::Done(Response::from_parts(parts, body.tap(hold, Some(observed))));
     }
     let rec = &member.instance.record;
-    let collected = match http_body_util::BodyExt::collect(http_body_util::Limited::new(body, limit)).await {
-        Ok(c) => c,
+    let (data, trailers) = match read_whole(body, limit).await {
+        Ok(read) => read,
         Err(e) => {
             let status = SidecarError::InstanceUnreachable {
                 instance: rec.instance_id.clone(),
@@ -96,8 +103,6 @@ pub(crate) async fn finish(
         }
     };
     drop((guard, hold));
-    let trailers = collected.trailers().cloned();
-    let data = collected.to_bytes();
     if let Some(load) = trailers.as_ref().and_then(parse_load) {
         member.stats.report_load(load, clock());
     }
@@ -130,6 +135,48 @@ pub(crate) async fn finish(
         parts,
         Body::Frames(Frames::message_fields(message, &fields).with_trailers(trailers)),
     ))
+}
+
+/// A unary answer's body read whole, at most `limit` bytes: its data (joined only when it
+/// came in more than one frame) and its trailers, taken, not copied.
+async fn read_whole(body: Body, limit: usize) -> Result<(Bytes, Option<HeaderMap>), grpc::BoxError> {
+    use http_body_util::BodyExt;
+    enum Data {
+        None,
+        One(Bytes),
+        Joined(BytesMut),
+    }
+    let mut body = http_body_util::Limited::new(body, limit);
+    let mut data = Data::None;
+    let mut trailers: Option<HeaderMap> = None;
+    while let Some(frame) = body.frame().await {
+        match frame?.into_data() {
+            Ok(chunk) => match &mut data {
+                Data::None => data = Data::One(chunk),
+                Data::One(first) => {
+                    let mut all = BytesMut::with_capacity(first.len() + chunk.len());
+                    all.extend_from_slice(first);
+                    all.extend_from_slice(&chunk);
+                    data = Data::Joined(all);
+                }
+                Data::Joined(all) => all.extend_from_slice(&chunk),
+            },
+            Err(frame) => {
+                if let Ok(more) = frame.into_trailers() {
+                    match &mut trailers {
+                        Some(all) => all.extend(more),
+                        None => trailers = Some(more),
+                    }
+                }
+            }
+        }
+    }
+    let data = match data {
+        Data::None => Bytes::new(),
+        Data::One(only) => only,
+        Data::Joined(all) => all.freeze(),
+    };
+    Ok((data, trailers))
 }
 
 /// Writes the route into the answer's headers; returns the call's outcome for telemetry.
@@ -249,5 +296,22 @@ mod tests {
         assert_eq!(tried(&["a-1"]), Some(HeaderValue::from_static("a-1")));
         assert_eq!(tried(&["a-1", "b-2"]), Some(HeaderValue::from_static("a-1,b-2")));
         assert_eq!(tried(&[]), Some(HeaderValue::from_static("")));
+    }
+
+    #[tokio::test]
+    async fn a_unary_answer_is_read_whole_with_its_trailers() {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("0"));
+        let body = |chunks: &[&'static [u8]]| {
+            let chunks = chunks.iter().map(|c| Bytes::from_static(c)).collect();
+            Body::Frames(Frames::chunks(chunks).with_trailers(Some(trailers.clone())))
+        };
+        let (data, read) = read_whole(body(&[b"abc"]), 10).await.unwrap();
+        assert_eq!((&data[..], read.as_ref()), (&b"abc"[..], Some(&trailers)));
+        let (data, _) = read_whole(body(&[b"ab", b"cd", b"e"]), 10).await.unwrap();
+        assert_eq!(&data[..], b"abcde");
+        assert!(read_whole(body(&[b"abcdef", b"ghijk"]), 10).await.is_err(), "over the limit");
+        let (data, read) = read_whole(Body::Empty, 10).await.unwrap();
+        assert_eq!((data.len(), read), (0, None));
     }
 }

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tower::Service;
 
 use super::{BoxFuture, CallLabels, CallOutcome, SidecarMetrics, TargetOutcome, outcome_of};
-use crate::call::OutboundCall;
+use crate::call::{OutboundCall, boxed};
 use crate::error::SidecarError;
 use crate::grpc::{self, Body, header};
 
@@ -63,7 +63,7 @@ where
         // future, which holds only its answer's future.
         let answer = self.inner.call(call);
         let state = self.state.clone();
-        Box::pin(async move { opened.close(&state.metrics, answer.await) })
+        boxed!(async move { opened.close(&state.metrics, answer.await) })
     }
 }
 
