@@ -6,7 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use agent_reach::convert::{health_state_from_i32, registration_from_proto, target_from_proto};
+use agent_reach::convert::{health_state_from_i32, registration_from_proto};
 use agent_reach::model::Load;
 use agent_reach::proto;
 use http::{Request, Response};
@@ -57,12 +57,12 @@ pub(crate) fn local_api(
         }),
         p if p.starts_with("/grpc.health.v1.Health/") => Box::pin(async move { health(&inner, req).await }),
         p if p.starts_with("/grpc.reflection.") => Box::pin(reflection(req)),
-        _ => Box::pin(local_rpc(inner, req)),
+        _ => Box::pin(local_rpc(inner, invoke, req)),
     }
 }
 
 /// The local API's other unary methods (registration, heartbeats, routes).
-async fn local_rpc(inner: Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
+async fn local_rpc(inner: Arc<Inner>, invoke: InvokeEntry, req: Request<Incoming>) -> Response<Body> {
     match req.uri().path() {
         "/agentreach.v1.Sidecar/Register" => {
             unary(req, move |r: tonic::Request<proto::RegisterRequest>| {
@@ -99,8 +99,8 @@ async fn local_rpc(inner: Arc<Inner>, req: Request<Incoming>) -> Response<Body> 
         }
         "/agentreach.v1.Sidecar/Route" => {
             unary(req, move |r: tonic::Request<proto::RouteRequest>| {
-                let inner = inner.clone();
-                async move { route_rpc(&inner, r.into_inner()) }
+                let (inner, invoke) = (inner.clone(), invoke.clone());
+                async move { route_rpc(&inner, &invoke, r.into_inner()).await }
             })
             .await
         }
@@ -159,9 +159,14 @@ async fn health(inner: &Inner, req: Request<Incoming>) -> Response<Body> {
     }
 }
 
-fn route_rpc(inner: &Inner, r: proto::RouteRequest) -> Result<proto::RouteReply, error::SidecarError> {
-    let target = target_from_proto(r.target)?;
-    let table = inner.table.load();
+/// `Route`: the candidates a call to the target would be picked from, over the table the
+/// call would be routed with (another tenant's granted instances for `tenant/capability`).
+async fn route_rpc(
+    inner: &Inner,
+    invoke: &InvokeEntry,
+    r: proto::RouteRequest,
+) -> Result<proto::RouteReply, error::SidecarError> {
+    let (target, table) = invoke.route_view(r.target, inner.table.load_full()).await?;
     agent_reach_routing::resolve(&table, &target)?;
     let max = if r.max_candidates == 0 { 5 } else { r.max_candidates as usize };
     let request = agent_reach_routing::PickRequest {

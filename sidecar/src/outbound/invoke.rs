@@ -84,6 +84,27 @@ impl InvokeEntry {
         Ok(call)
     }
 
+    /// What a `Route` explanation of `target` reads: the target as a call to it is routed
+    /// and the table it is routed over — the tenant's `own`, or for `tenant/capability` that
+    /// tenant's granted instances, fetched as for a call (this tenant's egress grant first,
+    /// then control's `LookupGranted`, which needs the other tenant's grant too).
+    pub(crate) async fn route_view(
+        &self,
+        target: Option<agent_reach::proto::Target>,
+        own: Arc<agent_reach_routing::RoutingTable>,
+    ) -> Result<(Target, Arc<agent_reach_routing::RoutingTable>), SidecarError> {
+        let mut target = target_of(target)?;
+        let TargetKind::Capability(name) = &target.kind else { return Ok((target, own)) };
+        let Some((tenant, capability)) = super::foreign::split(name)? else { return Ok((target, own)) };
+        let Some(foreign) = &self.0.foreign else {
+            return Err(FieldError::new("target.capability", "calls to other tenants are not served here").into());
+        };
+        let (tenant, capability) = (tenant.to_string(), capability.to_string());
+        let table = Box::pin(foreign.table(&own, &tenant, &capability)).await?;
+        target.kind = TargetKind::Capability(capability);
+        Ok((target, table))
+    }
+
     /// [`InvokeEntry::route_foreign`], boxed: only a call naming `tenant/capability` waits
     /// there (for the table of that tenant, from control), and that wait's future is
     /// larger than the rest of the call's, which would carry it unboxed.

@@ -151,6 +151,13 @@ async fn another_tenant_is_called_only_with_both_grants() {
 
     // No grant: refused by team-a's own sidecar; team-a has no capability named work.
     refused(planner.client().invoke("team-b/work").text("x").send().await, "tenant/default", "no grant");
+    // Route explains a call to another tenant as the call is routed: refused the same way.
+    let e = planner.client().route(agent_reach::model::Target::capability("team-b/work"), 5).await.expect_err("route");
+    assert_eq!(
+        (e.code(), e.reason(), e.detail("policy")),
+        (Code::PermissionDenied, Some("NOT_AUTHORIZED"), Some("tenant/default")),
+        "{e}"
+    );
     let e = planner.client().invoke("work").text("x").send().await.expect_err("team-a has no work");
     assert_eq!(e.reason(), Some("AGENT_NOT_FOUND"), "{e}");
     let e = planner.client().invoke("Team_B/work").text("x").send().await.expect_err("not a tenant name");
@@ -197,6 +204,14 @@ async fn another_tenant_is_called_only_with_both_grants() {
         assert_eq!(reply.instance(), worker.instance_id());
     }
     assert_eq!(worker.handled(), 20);
+    // Route explains the call over the table it is routed with: team-b's granted instances.
+    let route = planner.client().route(agent_reach::model::Target::capability("team-b/work"), 5).await.expect("route");
+    let ids: Vec<String> = route
+        .candidates
+        .iter()
+        .map(|c| c.instance.as_ref().map(|i| i.instance_id.clone()).unwrap_or_default())
+        .collect();
+    assert_eq!(ids, vec![worker.instance_id().to_string()], "{route:?}");
     assert!(a.table().instances.keys().all(|id| *id != worker.instance_id()), "still not in A's own table");
     // The caller's sidecar labels the target with its tenant.
     let ok = ["caller=\"planner\"", "target=\"capability team-b/work\"", "outcome=\"OK\""];
