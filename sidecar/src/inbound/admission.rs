@@ -28,12 +28,12 @@ use arc_swap::ArcSwap;
 use http::{HeaderMap, HeaderValue};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
-use tower::{Service, ServiceExt};
+use tower::Service;
 
-use crate::call::BoxFuture;
-use crate::call::{Attempt, InboundCall};
+use crate::call::{Attempt, BoxFuture, InboundCall, boxed};
 use crate::error::DeliveryError;
 use crate::grpc::{HEADER_GRPC_STATUS, TrailersHook, header};
+use crate::registry::LocalInstance;
 use crate::telemetry::{Rejections, SidecarMetrics};
 
 fn index(p: Priority) -> usize {
@@ -129,6 +129,22 @@ impl Gate {
             Priority::Low => s.in_use[2],
         };
         total < self.max && used < self.caps[i] && !waiting_above
+    }
+
+    /// Admits a call of `priority` now if a slot is free for it (`None`: it would wait,
+    /// or be refused; [`Gate::acquire`] decides again under the lock).
+    pub(crate) fn admit_now(self: &Arc<Self>, priority: Priority) -> Option<Permit> {
+        if self.max == 0 {
+            self.in_use.fetch_add(1, Ordering::Relaxed);
+            return Some(Permit { gate: self.clone(), priority: None });
+        }
+        let mut s = self.lock();
+        if !self.can_admit(&s, priority) {
+            return None;
+        }
+        s.in_use[index(priority)] += 1;
+        self.in_use.fetch_add(1, Ordering::Relaxed);
+        Some(Permit { gate: self.clone(), priority: Some(priority) })
     }
 
     /// Admits a call of `priority`, waiting in its queue for at most the queue timeout and
@@ -329,12 +345,18 @@ impl Gates {
 /// Service: per-instance admission by priority.
 #[derive(Clone)]
 pub(crate) struct Admitted<S> {
+    /// Shared: a clone of the layer is one reference count.
+    state: Arc<Shared>,
+    inner: S,
+}
+
+/// What [`Admitted`] holds.
+struct Shared {
     gates: Arc<Gates>,
     table: TableHandle,
     rejections: Arc<Rejections>,
     metrics: Arc<SidecarMetrics>,
     tracing: Tracing,
-    inner: S,
 }
 
 /// The layer of [`Admitted`]: the gates of local instances, the routing table (for
@@ -346,20 +368,16 @@ pub(crate) fn layer<S>(
     metrics: Arc<SidecarMetrics>,
     tracing: Tracing,
 ) -> impl tower::Layer<S, Service = Admitted<S>> + Clone {
-    tower::layer::layer_fn(move |inner| Admitted {
-        gates: gates.clone(),
-        table: table.clone(),
-        rejections: rejections.clone(),
-        metrics: metrics.clone(),
-        tracing: tracing.clone(),
-        inner,
-    })
+    let state = Arc::new(Shared { gates, table, rejections, metrics, tracing });
+    tower::layer::layer_fn(move |inner| Admitted { state: state.clone(), inner })
 }
 
 impl<S> Service<InboundCall> for Admitted<S>
 where
-    S: Service<InboundCall, Response = Attempt, Error = Infallible> + Clone + Send + 'static,
-    S::Future: Send,
+    S: Service<InboundCall, Response = Attempt, Error = Infallible, Future = BoxFuture<Result<Attempt, Infallible>>>
+        + Clone
+        + Send
+        + 'static,
 {
     type Response = Attempt;
     type Error = Infallible;
@@ -370,55 +388,92 @@ where
     }
 
     fn call(&mut self, call: InboundCall) -> Self::Future {
-        let table = self.table.load();
+        let state = &self.state;
         let agent = &call.local.registration.agent;
-        let settings = table
+        let settings = state
+            .table
+            .load()
             .policy(agent_reach::policy::PolicyKind::Agent, agent)
             .and_then(|p| p.spec.admission)
             .unwrap_or_default();
-        let gate = self.gates.gate(&call.local.instance_id, call.local.registration.max_concurrency, settings);
-        let service = self.inner.clone();
-        let (rejections, metrics, tracing) = (self.rejections.clone(), self.metrics.clone(), self.tracing.clone());
-        Box::pin(async move {
-            let deadline = call.remaining.map(|r| tokio::time::Instant::now() + r);
-            let queued_since = std::time::SystemTime::now();
-            let started = agent_reach_routing::clock();
-            let admitted = gate.acquire(call.priority, deadline).await;
-            let waited = std::time::Duration::from_nanos(agent_reach_routing::clock().saturating_sub(started));
-            metrics.queue_duration.observe(waited.as_secs_f64());
-            if waited >= std::time::Duration::from_micros(100) {
-                // Time spent waiting for a slot shows as its own span, apart from the agent's.
-                crate::telemetry::record_queue_span(&tracing, &call.trace, queued_since, admitted.is_ok());
+        let gate = state.gates.gate(&call.local.instance_id, call.local.registration.max_concurrency, settings);
+        if let Some(permit) = gate.admit_now(call.priority) {
+            // A free slot: no wait to record but its zero, and the inner layer (ready,
+            // `poll_ready` above) is called now; the future holds its answer and the slot.
+            state.metrics.queue_duration.observe(0.0);
+            let answer = self.inner.call(call);
+            return boxed!(async move { Ok(with_permit(answer.await?, permit)) });
+        }
+        // The call waits for a slot: the readied inner layer goes with it, a clone stays
+        // for the next call's `poll_ready`.
+        let fresh = self.inner.clone();
+        let service = std::mem::replace(&mut self.inner, fresh);
+        let state = state.clone();
+        boxed!(async move {
+            match state.queue(&gate, call.priority, call.remaining, &call.trace, &call.local).await {
+                Ok(permit) => Ok(with_permit(call_ready(service, call).await?, permit)),
+                Err(refused) => Ok(refused),
             }
-            let permit = match admitted {
-                Ok(p) => p,
-                Err(refusal) => {
-                    Rejections::count(&rejections.overloaded);
-                    let why = match refusal {
-                        Refusal::QueueFull => "its queue is full".to_string(),
-                        Refusal::Timeout(w) => format!("no slot within {w:?}"),
-                    };
-                    let error = DeliveryError::Overloaded {
-                        instance: call.local.instance_id.clone(),
-                        agent: call.local.registration.agent.clone(),
-                        busy: gate.in_use(),
-                        max: gate.max(),
-                        waiting: gate.queued(),
-                        why,
-                    };
-                    // Refused before the agent saw it: the caller may try elsewhere.
-                    return Ok(Attempt::NotDelivered(error));
-                }
+        })
+    }
+}
+
+/// Calls `service`, readied before (`Admitted::poll_ready`).
+fn call_ready<S: Service<InboundCall>>(mut service: S, call: InboundCall) -> S::Future {
+    service.call(call)
+}
+
+/// The answer of an admitted call: the slot is held until its answer ends, and the load
+/// goes out with a trailers-only answer's status (other answers get it in their trailers,
+/// [`Permit`]'s `TrailersHook`).
+fn with_permit(attempt: Attempt, permit: Permit) -> Attempt {
+    match attempt {
+        Attempt::Answered(mut resp, _) => {
+            if resp.headers().contains_key(HEADER_GRPC_STATUS) {
+                permit.annotate(resp.headers_mut());
+            }
+            Attempt::Answered(resp, Some(Box::new(permit)))
+        }
+        other => other,
+    }
+}
+
+impl Shared {
+    /// Waits for a slot of `gate` for a call of `priority` to `local` with `remaining`
+    /// time (within its queue timeout and deadline), and records the wait; refused, the
+    /// call's answer (never delivered). (Given the call's parts: the call is not `Sync`.)
+    async fn queue(
+        &self,
+        gate: &Arc<Gate>,
+        priority: Priority,
+        remaining: Option<Duration>,
+        trace: &opentelemetry::Context,
+        local: &LocalInstance,
+    ) -> Result<Permit, Attempt> {
+        let deadline = remaining.map(|r| tokio::time::Instant::now() + r);
+        let queued_since = std::time::SystemTime::now();
+        let started = agent_reach_routing::clock();
+        let admitted = gate.acquire(priority, deadline).await;
+        let waited = std::time::Duration::from_nanos(agent_reach_routing::clock().saturating_sub(started));
+        self.metrics.queue_duration.observe(waited.as_secs_f64());
+        if waited >= std::time::Duration::from_micros(100) {
+            // Time spent waiting for a slot shows as its own span, apart from the agent's.
+            crate::telemetry::record_queue_span(&self.tracing, trace, queued_since, admitted.is_ok());
+        }
+        admitted.map_err(|refusal| {
+            Rejections::count(&self.rejections.overloaded);
+            let why = match refusal {
+                Refusal::QueueFull => "its queue is full".to_string(),
+                Refusal::Timeout(w) => format!("no slot within {w:?}"),
             };
-            let attempt = service.oneshot(call).await?;
-            Ok(match attempt {
-                Attempt::Answered(mut resp, _) => {
-                    if resp.headers().contains_key(HEADER_GRPC_STATUS) {
-                        permit.annotate(resp.headers_mut());
-                    }
-                    Attempt::Answered(resp, Some(Box::new(permit)))
-                }
-                other => other,
+            // Refused before the agent saw it: the caller may try elsewhere.
+            Attempt::NotDelivered(DeliveryError::Overloaded {
+                instance: local.instance_id.clone(),
+                agent: local.registration.agent.clone(),
+                busy: gate.in_use(),
+                max: gate.max(),
+                waiting: gate.queued(),
+                why,
             })
         })
     }

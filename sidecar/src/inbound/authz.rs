@@ -20,7 +20,7 @@ use std::task::{Context, Poll};
 
 use agent_reach::policy::{Authorization, PolicyKind};
 use agent_reach_routing::{RoutingTable, TableHandle};
-use tower::{Service, ServiceExt};
+use tower::Service;
 
 use crate::call::BoxFuture;
 use crate::call::{Attempt, InboundCall};
@@ -112,11 +112,16 @@ fn not_authorized_foreign(tenant: &str, caller: Option<&str>, capability: &str, 
 /// Service: refuses calls the policies do not allow.
 #[derive(Clone)]
 pub(crate) struct Authorized<S> {
+    /// Shared: a clone of the layer is one reference count.
+    state: Arc<State>,
+    inner: S,
+}
+
+struct State {
     table: TableHandle,
     rejections: Arc<Rejections>,
     /// This sidecar's tenant: a call whose caller is of another one needs a grant.
     tenant: Arc<str>,
-    inner: S,
 }
 
 /// The layer of [`Authorized`].
@@ -125,18 +130,13 @@ pub(crate) fn layer<S>(
     rejections: Arc<Rejections>,
     tenant: Arc<str>,
 ) -> impl tower::Layer<S, Service = Authorized<S>> + Clone {
-    tower::layer::layer_fn(move |inner| Authorized {
-        table: table.clone(),
-        rejections: rejections.clone(),
-        tenant: tenant.clone(),
-        inner,
-    })
+    let state = Arc::new(State { table, rejections, tenant });
+    tower::layer::layer_fn(move |inner| Authorized { state: state.clone(), inner })
 }
 
 impl<S> Service<InboundCall> for Authorized<S>
 where
-    S: Service<InboundCall, Response = Attempt, Error = Infallible> + Clone + Send + 'static,
-    S::Future: Send,
+    S: Service<InboundCall, Response = Attempt, Error = Infallible, Future = BoxFuture<Result<Attempt, Infallible>>>,
 {
     type Response = Attempt;
     type Error = Infallible;
@@ -148,16 +148,19 @@ where
 
     fn call(&mut self, call: InboundCall) -> Self::Future {
         let caller = call.caller.as_ref().map(|c| &*c.agent);
-        let (table, agent) = (self.table.load(), &call.local.registration.agent);
-        let refused = if *call.tenant == *self.tenant {
+        let (table, agent) = (self.state.table.load(), &call.local.registration.agent);
+        let refused = if *call.tenant == *self.state.tenant {
             check(&table, caller, agent, &call.capability).err()
         } else {
             check_foreign(&table, &call.tenant, caller, agent, &call.capability).err()
         };
         if let Some(e) = refused {
-            return Rejections::refuse(&self.rejections.not_authorized, Ok(Attempt::Failed(DeliveryError::Sidecar(e))));
+            let refusal = Ok(Attempt::Failed(DeliveryError::Sidecar(e)));
+            return Rejections::refuse(&self.state.rejections.not_authorized, refusal);
         }
-        Box::pin(self.inner.clone().oneshot(call))
+        // Allowed: the inner layer's own future is the answer (it is ready, `poll_ready`
+        // above), with no future of this layer around it.
+        self.inner.call(call)
     }
 }
 

@@ -14,11 +14,10 @@ use agent_reach_routing::TableHandle;
 use agent_reach_support::grpc_timeout;
 use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
-use tower::{Service, ServiceExt};
+use tower::Service;
 
 use super::InboundService;
-use crate::call::BoxFuture;
-use crate::call::{Attempt, Caller, InboundCall, Shape};
+use crate::call::{Attempt, BoxFuture, Caller, InboundCall, InboundData, Shape, boxed};
 use crate::error::{DeliveryError, SidecarError};
 use crate::grpc::{self, Body, Frames, PATH_HANDLE, PATH_HANDLE_STREAM, header};
 use crate::limits::BodyRead;
@@ -28,9 +27,13 @@ use crate::registry::Registry;
 /// Longest wait for a session's context before delivering a call of that session.
 const PREWARM_WAIT: Duration = Duration::from_millis(250);
 
-/// Serves `Mesh/Deliver` and `Mesh/DeliverStream`.
+/// Serves `Mesh/Deliver` and `Mesh/DeliverStream`. Shared: the mesh port clones it per
+/// request, one reference count.
 #[derive(Clone)]
-pub(crate) struct MeshEntry {
+pub(crate) struct MeshEntry(Arc<MeshParts>);
+
+/// What [`MeshEntry`] holds.
+struct MeshParts {
     registry: Arc<Registry>,
     tenant: Arc<str>,
     sidecar_id: Arc<str>,
@@ -62,7 +65,7 @@ impl MeshEntry {
         body_read: BodyRead,
         (table, rejections): (TableHandle, Arc<crate::telemetry::Rejections>),
     ) -> MeshEntry {
-        MeshEntry {
+        MeshEntry(Arc::new(MeshParts {
             table,
             rejections,
             registry,
@@ -73,12 +76,13 @@ impl MeshEntry {
             sessions,
             limit,
             body_read,
-        }
+        }))
     }
 
     /// Sends the call for the local instance named by the `ar-instance` header through the
     /// inbound stack, body undecoded.
     pub(crate) async fn deliver(&self, req: Request<Incoming>, shape: Shape) -> Response<Body> {
+        let me = &*self.0;
         let (parts, body) = req.into_parts();
         let Some(instance_id) = parts.headers.get(header::INSTANCE).and_then(|v| v.to_str().ok()) else {
             return grpc::status_response(
@@ -93,8 +97,12 @@ impl MeshEntry {
         // mutual TLS (its certificate's tenant is the header's, `mesh_tls::authorize`
         // checked) and for a capability whose policy grants that tenant; otherwise it is
         // refused without saying whether the instance exists.
-        let tenant = parts.headers.get(header::TENANT).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
-        if *tenant != *self.tenant {
+        let tenant = match parts.headers.get(header::TENANT).and_then(|v| v.to_str().ok()).unwrap_or_default() {
+            // This sidecar's own tenant, the usual one: a reference count, not a copy.
+            t if t == &*me.tenant => me.tenant.clone(),
+            t => Arc::<str>::from(t),
+        };
+        if *tenant != *me.tenant {
             if parts.extensions.get::<crate::mesh_tls::MeshPeer>().is_none() {
                 return grpc::status_response(reason::status(
                     Reason::PermissionDenied,
@@ -104,16 +112,16 @@ impl MeshEntry {
             }
             let capability = parts.headers.get(header::CAPABILITY).and_then(|v| v.to_str().ok()).unwrap_or_default();
             let caller = parts.headers.get(header::CALLER_AGENT).and_then(|v| v.to_str().ok());
-            if let Err(e) = super::authz::foreign_granted(&self.table.load(), &tenant, caller, capability) {
-                crate::telemetry::Rejections::count(&self.rejections.not_authorized);
+            if let Err(e) = super::authz::foreign_granted(&me.table.load(), &tenant, caller, capability) {
+                crate::telemetry::Rejections::count(&me.rejections.not_authorized);
                 return grpc::status_response(e.into_status());
             }
         }
-        let Some(local) = self.registry.get(instance_id) else {
+        let Some(local) = me.registry.get(instance_id) else {
             return grpc::not_delivered_response(
                 DeliveryError::Unavailable(format!(
                     "instance {instance_id} is not registered at sidecar {}",
-                    self.sidecar_id
+                    me.sidecar_id
                 ))
                 .into_status(),
             );
@@ -149,27 +157,27 @@ impl MeshEntry {
         // A session whose id the caller's sidecar made for this call has no context yet.
         let new_session = parts.headers.contains_key(header::SESSION_NEW);
         if new_session {
-            self.sessions.skipped_new();
+            me.sessions.skipped_new();
         }
         let prewarmed = match parts.headers.get(header::SESSION).and_then(|v| v.to_str().ok()) {
             Some(session) if !new_session => {
                 let wait = timeout.map_or(PREWARM_WAIT, |t| t.min(PREWARM_WAIT * 2) / 2);
-                tokio::time::timeout(wait, self.sessions.prewarm(session)).await.unwrap_or(false)
+                tokio::time::timeout(wait, me.sessions.prewarm(session)).await.unwrap_or(false)
             }
             _ => false,
         };
         // The call is one message: it is read whole before it asks for an admission slot,
         // so a caller that stalls its body holds none (and is refused after the body-read
         // timeout).
-        let body = match self.body_read.within(collect_chunks(Body::Incoming(body), self.limit)).await {
+        let body = match me.body_read.within(collect_chunks(Body::Incoming(body), me.limit)).await {
             Ok(Ok(chunks)) => Body::Frames(Frames::chunks(chunks)),
             Ok(Err(e)) => return grpc::status_response(DeliveryError::Internal(e).into_status()),
             Err(e) => return grpc::status_response(e.into_status()),
         };
-        let call = InboundCall {
+        let call = InboundCall::new(InboundData {
             local,
             body,
-            remaining: timeout.map(|t| t.saturating_sub(self.deadline_reserve)),
+            remaining: timeout.map(|t| t.saturating_sub(me.deadline_reserve)),
             headers: Arc::new(parts.headers),
             shape,
             priority,
@@ -179,11 +187,8 @@ impl MeshEntry {
             trace,
             caller,
             capability,
-        };
-        let attempt = match self.stack.clone().oneshot(call).await {
-            Ok(a) => a,
-            Err(never) => match never {},
-        };
+        });
+        let attempt = me.stack.attempt(call).await;
         match attempt {
             Attempt::Answered(resp, permit) => {
                 let (mut parts, body) = resp.into_parts();
@@ -199,9 +204,13 @@ impl MeshEntry {
     }
 }
 
-/// The end of the inbound stack: hands the call to the local agent.
+/// The end of the inbound stack: hands the call to the local agent. Shared: a clone is
+/// one reference count.
 #[derive(Clone)]
-pub(crate) struct Deliver {
+pub(crate) struct Deliver(Arc<DeliverParts>);
+
+/// What [`Deliver`] holds.
+struct DeliverParts {
     /// For operators' holds (PAUSED at control).
     table: TableHandle,
     pool: Arc<Pool>,
@@ -218,7 +227,7 @@ impl Deliver {
         limit: usize,
         snapshots: super::session_attach::Snapshots,
     ) -> Deliver {
-        Deliver { table, pool, limit, snapshots }
+        Deliver(Arc::new(DeliverParts { table, pool, limit, snapshots }))
     }
 }
 
@@ -232,15 +241,21 @@ impl Service<InboundCall> for Deliver {
     }
 
     fn call(&mut self, call: InboundCall) -> Self::Future {
-        let me = self.clone();
-        Box::pin(async move { Ok(me.deliver(call).await) })
+        let me = self.0.clone();
+        boxed!(async move { Ok(me.deliver(call).await) })
     }
 }
 
-impl Deliver {
-    async fn deliver(&self, call: InboundCall) -> Attempt {
-        let instance_id = call.local.instance_id.as_str();
-        let state = call.local.effective_state();
+impl DeliverParts {
+    async fn deliver(&self, mut call: InboundCall) -> Attempt {
+        // The body is handed on; the rest of the call is read in place.
+        let body = std::mem::replace(&mut call.body, Body::Empty);
+        // Its fields, borrowed apart (the call itself is not `Sync`: a reference to it
+        // cannot be held across an await).
+        let InboundData { local, remaining, headers: call_headers, shape, trace, caller, tenant, .. } = &*call;
+        let (remaining, shape) = (*remaining, *shape);
+        let instance_id = local.instance_id.as_str();
+        let state = local.effective_state();
         if !state.routable() {
             return Attempt::NotDelivered(DeliveryError::Unavailable(format!("instance {instance_id} is {state}")));
         }
@@ -253,57 +268,56 @@ impl Deliver {
                 "instance {instance_id} is {state} at control"
             )));
         }
-        if call.remaining.is_some_and(|r| r.is_zero()) {
+        if remaining.is_some_and(|r| r.is_zero()) {
             return Attempt::Failed(
                 SidecarError::DeadlineExceeded { deadline: Duration::ZERO, attempts: 0, tried: Vec::new() }.into(),
             );
         }
-        if call.local.registration.transport == Transport::Http {
-            let mut trace = HeaderMap::new();
-            agent_reach_telemetry::trace::inject(&call.trace, &mut trace);
-            let caller = call.caller.as_ref().map(|c| (c, call.tenant.as_str()));
-            return super::http_agent::deliver(&call.local, call.body, call.remaining, &trace, call.shape, caller)
-                .await;
+        if local.registration.transport == Transport::Http {
+            let mut trace_headers = HeaderMap::new();
+            agent_reach_telemetry::trace::inject(trace, &mut trace_headers);
+            let caller = caller.as_ref().map(|c| (c, &**tenant));
+            return super::http_agent::deliver(local, body, remaining, &trace_headers, shape, caller).await;
         }
-        let conn = match self.pool.get(&call.local.authority).await {
+        let conn = match self.pool.get(&local.authority).await {
             Ok(c) => c,
             Err(e) => return Attempt::NotDelivered(DeliveryError::Unavailable(format!("instance {instance_id}: {e}"))),
         };
-        let path = match call.shape {
+        let path = match shape {
             Shape::Unary => PATH_HANDLE,
             Shape::Stream => PATH_HANDLE_STREAM,
         };
-        let mut headers = HeaderMap::with_capacity(call.headers.len() + 4);
-        grpc::copy_forwardable(&call.headers, &mut headers);
-        if let Some(r) = call.remaining {
+        let mut headers = HeaderMap::with_capacity(call_headers.len() + 4);
+        grpc::copy_forwardable(call_headers, &mut headers);
+        if let Some(r) = remaining {
             grpc::set_timeout(&mut headers, r);
         }
         // The agent sees the target sidecar's server span as its parent.
-        agent_reach_telemetry::trace::inject(&call.trace, &mut headers);
+        agent_reach_telemetry::trace::inject(trace, &mut headers);
         // The agent learns the verified caller from its sidecar (the `caller` in the message
         // is what the caller wrote).
-        if let Some(c) = &call.caller
+        if let Some(c) = caller
             && let (Ok(agent), Ok(instance)) =
                 (http::HeaderValue::from_str(&c.agent), http::HeaderValue::from_str(&c.instance))
         {
             headers.insert(header::CALLER_AGENT, agent);
             headers.insert(header::CALLER_INSTANCE, instance);
-            if let Ok(tenant) = http::HeaderValue::from_str(&call.tenant) {
+            if let Ok(tenant) = http::HeaderValue::from_str(tenant) {
                 headers.insert(header::CALLER_TENANT, tenant);
             }
         }
         // The request is one message: read it whole, so HEADERS and DATA leave together.
-        let data = match call.body {
+        let data = match body {
             Body::Frames(f) => grpc::frames_data(f),
             other => match collect_chunks(other, self.limit).await {
                 Ok(d) => d,
                 Err(e) => return Attempt::Failed(DeliveryError::Internal(e)),
             },
         };
-        if call.local.registration.transport == Transport::A2a {
-            return super::a2a_agent::deliver(conn, instance_id, data, headers, call.shape, self.limit).await;
+        if local.registration.transport == Transport::A2a {
+            return super::a2a_agent::deliver(conn, instance_id, data, headers, shape, self.limit).await;
         }
-        let data = self.snapshots.attach(data, &call.tenant);
+        let data = self.snapshots.attach(data, tenant);
         // No timer here: the caller's sidecar enforces the deadline (its cancellation
         // reaches the agent), and the agent sees the remaining time in grpc-timeout.
         match send_h2(conn, path, headers, data).await {
@@ -315,5 +329,22 @@ impl Deliver {
                 SidecarError::InstanceUnreachable { instance: instance_id.to_string(), cause: e }.into(),
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod size_tests {
+    use super::*;
+    use crate::outbound::size_of_output;
+
+    #[test]
+    fn the_entry_and_the_delivery_move_small_futures() {
+        // Upper bounds (debug build) on the futures each call's delivery makes: the entry's
+        // (boxed by the mesh port) and the delivery's, which hold the call as a pointer.
+        let entry =
+            size_of_output(|(m, r): (MeshEntry, Request<Incoming>)| async move { m.deliver(r, Shape::Unary).await });
+        let deliver = size_of_output(|(d, c): (Arc<DeliverParts>, InboundCall)| async move { d.deliver(c).await });
+        assert!(entry <= 3_456, "MeshEntry::deliver's future: {entry} bytes");
+        assert!(deliver <= 4_608, "Deliver's future: {deliver} bytes");
     }
 }

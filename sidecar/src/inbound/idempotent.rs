@@ -10,12 +10,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tokio::time::Instant;
-use tower::{Service, ServiceExt};
+use tower::Service;
 
 use super::claims::{self, Claims, Settled, name_owner};
 use super::idempotency::{Claim, Completion, Outcome, Store, wait};
-use crate::call::BoxFuture;
-use crate::call::{Attempt, InboundCall, Shape};
+use crate::call::{Attempt, BoxFuture, InboundCall, Shape, boxed};
 use crate::error::DeliveryError;
 use crate::grpc::StoredResponse;
 use crate::telemetry::Rejections;
@@ -24,13 +23,18 @@ use crate::telemetry::Rejections;
 /// makes in-flight duplicates wait for the first.
 #[derive(Clone)]
 pub(crate) struct Idempotent<S> {
+    /// Shared: a clone of the layer is one reference count.
+    state: Arc<State>,
+    inner: S,
+}
+
+struct State {
     store: Arc<Store>,
     /// Claims with control (`None`: this sidecar's memory only).
     claims: Option<Arc<Claims>>,
     rejections: Arc<Rejections>,
     /// The largest answer read.
     limit: usize,
-    inner: S,
 }
 
 /// The layer of [`Idempotent`]: the store of keys seen, the claims with control, where
@@ -41,19 +45,16 @@ pub(crate) fn layer<S>(
     rejections: Arc<Rejections>,
     limit: usize,
 ) -> impl tower::Layer<S, Service = Idempotent<S>> + Clone {
-    tower::layer::layer_fn(move |inner| Idempotent {
-        store: store.clone(),
-        claims: claims.clone(),
-        rejections: rejections.clone(),
-        limit,
-        inner,
-    })
+    let state = Arc::new(State { store, claims, rejections, limit });
+    tower::layer::layer_fn(move |inner| Idempotent { state: state.clone(), inner })
 }
 
 impl<S> Service<InboundCall> for Idempotent<S>
 where
-    S: Service<InboundCall, Response = Attempt, Error = Infallible> + Clone + Send + 'static,
-    S::Future: Send,
+    S: Service<InboundCall, Response = Attempt, Error = Infallible, Future = BoxFuture<Result<Attempt, Infallible>>>
+        + Clone
+        + Send
+        + 'static,
 {
     type Response = Attempt;
     type Error = Infallible;
@@ -66,12 +67,18 @@ where
     fn call(&mut self, call: InboundCall) -> Self::Future {
         let key = match (&call.idempotency_key, call.shape) {
             (Some(k), Shape::Unary) if !k.is_empty() => k.clone(),
-            _ => return Box::pin(self.inner.clone().oneshot(call)),
+            // No key: the inner layer's own future is the answer (it is ready, `poll_ready`
+            // above).
+            _ => return self.inner.call(call),
         };
         let digest = call.payload_digest;
-        let (store, claims, rejections, limit, service) =
-            (self.store.clone(), self.claims.clone(), self.rejections.clone(), self.limit, self.inner.clone());
-        Box::pin(async move {
+        // The readied inner layer goes with the call (it runs only if no answer is stored);
+        // a clone stays for the next call's `poll_ready`.
+        let fresh = self.inner.clone();
+        let service = std::mem::replace(&mut self.inner, fresh);
+        let state = self.state.clone();
+        boxed!(async move {
+            let State { store, claims, rejections, limit } = &*state;
             let replay = |outcome: Outcome| match outcome {
                 Outcome::Answer(a) => {
                     Rejections::count(&rejections.idempotency_replays);
@@ -81,14 +88,14 @@ where
                     Rejections::count(&rejections.idempotency_refused);
                     Some(Ok(Attempt::Failed(DeliveryError::ReplyNotStored)))
                 }
-                Outcome::KeyReused => Some(Ok(reused(&rejections, &key))),
+                Outcome::KeyReused => Some(Ok(reused(rejections, &key))),
                 Outcome::Abandoned => None,
             };
             let mut call = Some(call);
             loop {
-                let scope = call.as_ref().map(|c| (c.tenant.as_str(), c.local.registration.agent.as_str()));
+                let scope = call.as_ref().map(|c| (&*c.tenant, c.local.registration.agent.as_str()));
                 match store.claim(scope.map_or("", |s| s.0), scope.map_or("", |s| s.1), &key, digest) {
-                    Claim::Reused => return Ok(reused(&rejections, &key)),
+                    Claim::Reused => return Ok(reused(rejections, &key)),
                     Claim::Done(outcome) => {
                         if let Some(r) = replay(outcome) {
                             return r;
@@ -102,8 +109,8 @@ where
                     Claim::First(done) => {
                         let Some(call) = call.take() else { continue };
                         return match claims {
-                            Some(claims) => run_claimed(&claims, service, call, done, &key, limit, &rejections).await,
-                            None => run_first(service, call, done, limit).await,
+                            Some(claims) => run_claimed(claims, service, call, done, &key, *limit, rejections).await,
+                            None => run_first(service, call, done, *limit).await,
                         };
                     }
                 }
@@ -113,13 +120,14 @@ where
 }
 
 /// Runs the first call of a key seen by this sidecar (no claim with control).
-async fn run_first<S>(service: S, call: InboundCall, done: Completion, limit: usize) -> Result<Attempt, Infallible>
+async fn run_first<S>(mut service: S, call: InboundCall, done: Completion, limit: usize) -> Result<Attempt, Infallible>
 where
     S: Service<InboundCall, Response = Attempt, Error = Infallible> + Send,
     S::Future: Send,
 {
     let owner = call.local.instance_id.clone();
-    match service.oneshot(call).await {
+    // Readied before this call was taken (`Idempotent::poll_ready`).
+    match service.call(call).await {
         Ok(Attempt::Answered(resp, permit)) => {
             let stored = StoredResponse::collect(resp, limit).await;
             drop(permit);
@@ -143,7 +151,7 @@ where
 /// as the key's claim says (see [`super::claims`]).
 async fn run_claimed<S>(
     claims: &Arc<Claims>,
-    service: S,
+    mut service: S,
     call: InboundCall,
     done: Completion,
     key: &str,
@@ -181,7 +189,8 @@ where
         Err(Settled::Deadline(why)) => return Ok(Attempt::NotDelivered(DeliveryError::DeadlineExceeded(why))),
         Err(Settled::Refused(status)) => return Ok(Attempt::NotDelivered(DeliveryError::Remote(status))),
     };
-    match service.oneshot(call).await {
+    // Readied before this call was taken (`Idempotent::poll_ready`).
+    match service.call(call).await {
         Ok(Attempt::Answered(resp, permit)) => {
             let stored = StoredResponse::collect(resp, limit).await;
             drop(permit);

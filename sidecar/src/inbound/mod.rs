@@ -31,16 +31,61 @@ pub(crate) mod session_attach;
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 
 use agent_reach_routing::TableHandle;
 use agent_reach_telemetry::Tracing;
+use tower::{Service, ServiceExt};
 
-use crate::call::{Attempt, InboundCall};
+use crate::call::{Attempt, BoxFuture, InboundCall};
 use crate::pool::Pool;
 use crate::telemetry::{Rejections, SidecarMetrics};
 
-/// The inbound stack.
-pub(crate) type InboundService = tower::util::BoxCloneSyncService<InboundCall, Attempt, Infallible>;
+/// What the inbound stack answers.
+pub(crate) type Answer = BoxFuture<Result<Attempt, Infallible>>;
+
+/// The inbound stack, shared: a clone is one reference count, and a call goes straight to
+/// the outermost layer's `call`, without the allocation of cloning a boxed service or a
+/// `tower::util::Oneshot` holding the call.
+#[derive(Clone)]
+pub(crate) struct InboundService(Arc<dyn Shared>);
+
+impl InboundService {
+    /// Sends `call` through the stack.
+    pub(crate) fn call(&self, call: InboundCall) -> Answer {
+        self.0.send(call)
+    }
+
+    /// The attempt `call` ends in.
+    pub(crate) async fn attempt(&self, call: InboundCall) -> Attempt {
+        match self.call(call).await {
+            Ok(a) => a,
+            Err(never) => match never {},
+        }
+    }
+}
+
+/// A stack called through a shared reference.
+trait Shared: Send + Sync {
+    fn send(&self, call: InboundCall) -> Answer;
+}
+
+impl<S> Shared for S
+where
+    S: Service<InboundCall, Response = Attempt, Error = Infallible, Future = Answer> + Clone + Send + Sync + 'static,
+{
+    fn send(&self, call: InboundCall) -> Answer {
+        // A clone of each layer's handles (one reference count each), whose readiness this
+        // call then uses, as `tower` asks.
+        let mut stack = self.clone();
+        match stack.poll_ready(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(Ok(())) => Service::call(&mut stack, call),
+            Poll::Ready(Err(never)) => match never {},
+            // No layer waits today; if one ever does, wait for it with the task's waker.
+            Poll::Pending => Box::pin(async move { stack.ready().await?.call(call).await }),
+        }
+    }
+}
 
 /// What the inbound stack's layers hold.
 pub(crate) struct Parts {
@@ -74,7 +119,7 @@ pub(crate) fn stack(p: Parts) -> InboundService {
         // before the agent sees it.
         .layer(admission::layer(p.gates, p.table.clone(), p.rejections, p.metrics, p.tracing))
         .service(deliver::Deliver::new(p.table, p.pool, p.limit, p.snapshots));
-    tower::util::BoxCloneSyncService::new(service)
+    InboundService(Arc::new(service))
 }
 
 #[cfg(test)]

@@ -10,9 +10,9 @@ use agent_reach::model::Priority;
 use agent_reach_routing::clock;
 use http::{HeaderMap, HeaderValue};
 use tonic::{Code, Status};
-use tower::{Service, ServiceExt};
+use tower::Service;
 
-use crate::call::{Attempt, BoxFuture, BoxedAttempt, InboundCall, Shape, boxed};
+use crate::call::{Attempt, BoxFuture, BoxedAttempt, InboundCall, InboundData, Shape, boxed};
 use crate::error::{DeliveryError, SidecarError};
 use crate::grpc::{self, Body, PATH_DELIVER, PATH_DELIVER_STREAM, header};
 use crate::inbound::InboundService;
@@ -153,7 +153,7 @@ impl DispatchState {
             )));
         };
         let req = *req;
-        let call = InboundCall {
+        let call = InboundCall::new(InboundData {
             local,
             body: req.body,
             remaining: Some(req.remaining),
@@ -162,15 +162,12 @@ impl DispatchState {
             priority: req.priority,
             idempotency_key: req.idempotency_key,
             payload_digest: req.payload_digest,
-            tenant: self.tenant.to_string(),
+            tenant: self.tenant.clone(),
             trace: req.trace,
             caller: req.caller,
             capability: req.capability,
-        };
-        match self.inbound.clone().oneshot(call).await {
-            Ok(a) => a,
-            Err(never) => match never {},
-        }
+        });
+        self.inbound.attempt(call).await
     }
 
     /// Over `Mesh`, to the instance's sidecar.

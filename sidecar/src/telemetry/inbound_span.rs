@@ -2,6 +2,7 @@
 //! context reaches the agent and records the inbound hop; admission queueing is a span of
 //! its own ([`record_queue_span`]).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
@@ -11,17 +12,25 @@ use agent_reach_telemetry::Tracing;
 use agent_reach_telemetry::semconv;
 use opentelemetry::trace::{Span, SpanKind, Status as SpanStatus, TraceContextExt, Tracer};
 use opentelemetry::{Context, KeyValue};
-use tower::{Service, ServiceExt};
+use prometheus_client::metrics::histogram::Histogram;
+use tower::Service;
 
 use super::{BoxFuture, HopLabels, SidecarMetrics, delivery_outcome, outcome_of};
-use crate::call::{Attempt, InboundCall};
+use crate::call::{Attempt, InboundCall, boxed};
+use crate::grpc;
 
 /// Service: the target's-sidecar server span and the inbound hop metric.
 #[derive(Clone)]
 pub(crate) struct InboundTelemetry<S> {
-    tracing: Tracing,
-    metrics: Arc<SidecarMetrics>,
+    /// Shared: a clone of the layer is one reference count.
+    state: Arc<State>,
     inner: S,
+}
+
+struct State {
+    tracing: Tracing,
+    /// The inbound hop's histogram, looked up once.
+    hop: Histogram,
 }
 
 /// The layer of [`InboundTelemetry`].
@@ -29,13 +38,15 @@ pub(crate) fn inbound_layer<S>(
     tracing: Tracing,
     metrics: Arc<SidecarMetrics>,
 ) -> impl tower::Layer<S, Service = InboundTelemetry<S>> + Clone {
-    tower::layer::layer_fn(move |inner| InboundTelemetry { tracing: tracing.clone(), metrics: metrics.clone(), inner })
+    let hop = metrics.hop_duration.get_or_create(&HopLabels { hop: "inbound" }).clone();
+    let state = Arc::new(State { tracing, hop });
+    tower::layer::layer_fn(move |inner| InboundTelemetry { state: state.clone(), inner })
 }
 
 impl<S> Service<InboundCall> for InboundTelemetry<S>
 where
-    S: Service<InboundCall, Response = Attempt, Error = std::convert::Infallible> + Clone + Send + 'static,
-    S::Future: Send,
+    S: Service<InboundCall, Response = Attempt, Error = std::convert::Infallible>,
+    S::Future: Send + 'static,
 {
     type Response = Attempt;
     type Error = std::convert::Infallible;
@@ -47,7 +58,7 @@ where
 
     fn call(&mut self, mut call: InboundCall) -> Self::Future {
         let reg = &call.local.registration;
-        let span = self.tracing.start_span(
+        let span = self.state.tracing.start_span(
             &call.trace,
             SpanKind::Server,
             false,
@@ -55,7 +66,7 @@ where
             || {
                 let method = if call.shape == crate::call::Shape::Stream { "DeliverStream" } else { "Deliver" };
                 let mut attrs = vec![
-                    KeyValue::new("agent_reach.tenant", call.tenant.clone()),
+                    KeyValue::new("agent_reach.tenant", call.tenant.to_string()),
                     KeyValue::new("agent_reach.instance", call.local.instance_id.clone()),
                     KeyValue::new("agent_reach.agent", reg.agent.clone()),
                     KeyValue::new("agent_reach.agent_version", reg.version.clone()),
@@ -68,21 +79,18 @@ where
         );
         let cx = call.trace.with_span(span);
         call.trace = cx.clone();
-        let (service, metrics) = (self.inner.clone(), self.metrics.clone());
-        Box::pin(async move {
-            let started = clock();
-            let attempt = service.oneshot(call).await?;
+        let started = clock();
+        // The inner layer is ready (`poll_ready` above): called here, not cloned into the
+        // future, which holds only its answer's future.
+        let answer = self.inner.call(call);
+        let state = self.state.clone();
+        boxed!(async move {
+            let attempt = answer.await?;
             let elapsed = Duration::from_nanos(clock().saturating_sub(started));
-            metrics.hop_duration.get_or_create(&HopLabels { hop: "inbound" }).observe(elapsed.as_secs_f64());
-            let (outcome, code) = match &attempt {
-                Attempt::Answered(resp, _) => match tonic::Status::from_header_map(resp.headers()) {
-                    Some(s) => (outcome_of(&s), s.code()),
-                    None => ("OK".to_string(), tonic::Code::Ok),
-                },
-                Attempt::NotDelivered(e) | Attempt::Failed(e) => (delivery_outcome(e), e.code()),
-            };
+            state.hop.observe(elapsed.as_secs_f64());
             let span = cx.span();
             if span.is_recording() {
+                let (outcome, code) = outcome(&attempt);
                 span.set_attribute(KeyValue::new("agent_reach.outcome", outcome.clone()));
                 span.set_attribute(semconv::grpc_status(code as i32));
                 if outcome != "OK" {
@@ -92,6 +100,18 @@ where
             span.end();
             Ok(attempt)
         })
+    }
+}
+
+/// The outcome label and status code of how a delivery ended (an answer's status is in
+/// its headers only when it is trailers-only; otherwise it is OK so far).
+fn outcome(attempt: &Attempt) -> (Cow<'static, str>, tonic::Code) {
+    match attempt {
+        Attempt::Answered(resp, _) => match grpc::failed_status(resp.headers()) {
+            Some(s) => (outcome_of(&s).into(), s.code()),
+            None => (Cow::Borrowed("OK"), tonic::Code::Ok),
+        },
+        Attempt::NotDelivered(e) | Attempt::Failed(e) => (delivery_outcome(e).into(), e.code()),
     }
 }
 
