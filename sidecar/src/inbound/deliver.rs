@@ -12,7 +12,7 @@ use agent_reach::model::{FieldError, HealthState, Priority, Transport};
 use agent_reach::reason::{self, Reason};
 use agent_reach_routing::TableHandle;
 use agent_reach_support::grpc_timeout;
-use http::{HeaderMap, Request, Response};
+use http::{HeaderMap, HeaderValue, Request, Response};
 use hyper::body::Incoming;
 use tower::Service;
 
@@ -84,83 +84,85 @@ impl MeshEntry {
     pub(crate) async fn deliver(&self, req: Request<Incoming>, shape: Shape) -> Response<Body> {
         let me = &*self.0;
         let (parts, body) = req.into_parts();
-        let Some(instance_id) = parts.headers.get(header::INSTANCE).and_then(|v| v.to_str().ok()) else {
-            return grpc::status_response(
-                SidecarError::from(FieldError::new(
-                    agent_reach::headers::INSTANCE,
-                    "header naming the instance is required",
-                ))
-                .into_status(),
-            );
-        };
-        // A sidecar serves one tenant. A call from another tenant's sidecar comes only over
-        // mutual TLS (its certificate's tenant is the header's, `mesh_tls::authorize`
-        // checked) and for a capability whose policy grants that tenant; otherwise it is
-        // refused without saying whether the instance exists.
-        let tenant = match parts.headers.get(header::TENANT).and_then(|v| v.to_str().ok()).unwrap_or_default() {
-            // This sidecar's own tenant, the usual one: a reference count, not a copy.
-            t if t == &*me.tenant => me.tenant.clone(),
-            t => Arc::<str>::from(t),
-        };
-        if *tenant != *me.tenant {
-            if parts.extensions.get::<crate::mesh_tls::MeshPeer>().is_none() {
-                return grpc::status_response(reason::status(
-                    Reason::PermissionDenied,
-                    format!("this sidecar does not serve tenant {tenant:?}"),
-                    &[],
-                ));
+        // The headers read in a block of their own: what it found, not the whole set of
+        // them, is held across the awaits below.
+        let (local, tenant, timeout, priority, idempotency_key, payload_digest, trace, caller, capability, session) = {
+            let h = MeshHeaders::read(&parts.headers);
+            let Some(instance_id) = h.instance.and_then(|v| v.to_str().ok()) else {
+                return grpc::status_response(
+                    SidecarError::from(FieldError::new(
+                        agent_reach::headers::INSTANCE,
+                        "header naming the instance is required",
+                    ))
+                    .into_status(),
+                );
+            };
+            // A sidecar serves one tenant. A call from another tenant's sidecar comes only over
+            // mutual TLS (its certificate's tenant is the header's, `mesh_tls::authorize`
+            // checked) and for a capability whose policy grants that tenant; otherwise it is
+            // refused without saying whether the instance exists.
+            let tenant = match h.tenant.and_then(|v| v.to_str().ok()).unwrap_or_default() {
+                // This sidecar's own tenant, the usual one: a reference count, not a copy.
+                t if t == &*me.tenant => me.tenant.clone(),
+                t => Arc::<str>::from(t),
+            };
+            if *tenant != *me.tenant {
+                if parts.extensions.get::<crate::mesh_tls::MeshPeer>().is_none() {
+                    return grpc::status_response(reason::status(
+                        Reason::PermissionDenied,
+                        format!("this sidecar does not serve tenant {tenant:?}"),
+                        &[],
+                    ));
+                }
+                let capability = h.capability.and_then(|v| v.to_str().ok()).unwrap_or_default();
+                let caller = h.caller_agent.and_then(|v| v.to_str().ok());
+                if let Err(e) = super::authz::foreign_granted(&me.table.load(), &tenant, caller, capability) {
+                    crate::telemetry::Rejections::count(&me.rejections.not_authorized);
+                    return grpc::status_response(e.into_status());
+                }
             }
-            let capability = parts.headers.get(header::CAPABILITY).and_then(|v| v.to_str().ok()).unwrap_or_default();
-            let caller = parts.headers.get(header::CALLER_AGENT).and_then(|v| v.to_str().ok());
-            if let Err(e) = super::authz::foreign_granted(&me.table.load(), &tenant, caller, capability) {
-                crate::telemetry::Rejections::count(&me.rejections.not_authorized);
-                return grpc::status_response(e.into_status());
+            let Some(local) = me.registry.get(instance_id) else {
+                return grpc::not_delivered_response(
+                    DeliveryError::Unavailable(format!(
+                        "instance {instance_id} is not registered at sidecar {}",
+                        me.sidecar_id
+                    ))
+                    .into_status(),
+                );
+            };
+            let timeout = h.timeout.and_then(|v| grpc_timeout::parse(v.as_bytes()));
+            let priority = match h.priority.map(|v| v.as_bytes()) {
+                Some(b"HIGH") => Priority::High,
+                Some(b"LOW") => Priority::Low,
+                _ => Priority::Normal,
+            };
+            let idempotency_key = h.idempotency_key.and_then(|v| v.to_str().ok()).map(str::to_string);
+            let payload_digest =
+                h.idempotency_digest.and_then(|v| v.to_str().ok()).and_then(crate::call::digest_from_hex);
+            let trace = agent_reach_telemetry::trace::extract(&parts.headers);
+            // The caller another sidecar vouches for counts only from a mutual-TLS peer (whose
+            // tenant `mesh_tls::authorize` checked: this one, or the header's for a call from
+            // another tenant); on a plaintext mesh every caller is anonymous, whatever the
+            // headers say.
+            let caller = parts.extensions.get::<crate::mesh_tls::MeshPeer>().and_then(|_| {
+                let agent = h.caller_agent?.to_str().ok()?;
+                let instance = h.caller_instance?.to_str().ok()?;
+                Some(Caller { agent: agent.into(), instance: instance.into() })
+            });
+            let capability: Arc<str> = h.capability.and_then(|v| v.to_str().ok()).unwrap_or_default().into();
+            // Prewarm: a session new to this sidecar (its calls moved here) is fetched before
+            // the agent sees the call, so the agent's first read is a cache hit. Bounded, so a
+            // slow control service delays the call by at most PREWARM_WAIT.
+            // A session whose id the caller's sidecar made for this call has no context yet.
+            let new_session = h.session_new;
+            if new_session {
+                me.sessions.skipped_new();
             }
-        }
-        let Some(local) = me.registry.get(instance_id) else {
-            return grpc::not_delivered_response(
-                DeliveryError::Unavailable(format!(
-                    "instance {instance_id} is not registered at sidecar {}",
-                    me.sidecar_id
-                ))
-                .into_status(),
-            );
+            let session = h.session.filter(|_| !new_session);
+            (local, tenant, timeout, priority, idempotency_key, payload_digest, trace, caller, capability, session)
         };
-        let timeout = parts.headers.get(grpc::HEADER_GRPC_TIMEOUT).and_then(|v| grpc_timeout::parse(v.as_bytes()));
-        let priority = match parts.headers.get(header::PRIORITY).map(|v| v.as_bytes()) {
-            Some(b"HIGH") => Priority::High,
-            Some(b"LOW") => Priority::Low,
-            _ => Priority::Normal,
-        };
-        let idempotency_key =
-            parts.headers.get(header::IDEMPOTENCY_KEY).and_then(|v| v.to_str().ok()).map(str::to_string);
-        let payload_digest = parts
-            .headers
-            .get(header::IDEMPOTENCY_DIGEST)
-            .and_then(|v| v.to_str().ok())
-            .and_then(crate::call::digest_from_hex);
-        let trace = agent_reach_telemetry::trace::extract(&parts.headers);
-        // The caller another sidecar vouches for counts only from a mutual-TLS peer (whose
-        // tenant `mesh_tls::authorize` checked: this one, or the header's for a call from
-        // another tenant); on a plaintext mesh every caller is anonymous, whatever the
-        // headers say.
-        let caller = parts.extensions.get::<crate::mesh_tls::MeshPeer>().and_then(|_| {
-            let agent = parts.headers.get(header::CALLER_AGENT)?.to_str().ok()?;
-            let instance = parts.headers.get(header::CALLER_INSTANCE)?.to_str().ok()?;
-            Some(Caller { agent: agent.into(), instance: instance.into() })
-        });
-        let capability: Arc<str> =
-            parts.headers.get(header::CAPABILITY).and_then(|v| v.to_str().ok()).unwrap_or_default().into();
-        // Prewarm: a session new to this sidecar (its calls moved here) is fetched before
-        // the agent sees the call, so the agent's first read is a cache hit. Bounded, so a
-        // slow control service delays the call by at most PREWARM_WAIT.
-        // A session whose id the caller's sidecar made for this call has no context yet.
-        let new_session = parts.headers.contains_key(header::SESSION_NEW);
-        if new_session {
-            me.sessions.skipped_new();
-        }
-        let prewarmed = match parts.headers.get(header::SESSION).and_then(|v| v.to_str().ok()) {
-            Some(session) if !new_session => {
+        let prewarmed = match session.and_then(|v| v.to_str().ok()) {
+            Some(session) => {
                 let wait = timeout.map_or(PREWARM_WAIT, |t| t.min(PREWARM_WAIT * 2) / 2);
                 tokio::time::timeout(wait, me.sessions.prewarm(session)).await.unwrap_or(false)
             }
@@ -201,6 +203,52 @@ impl MeshEntry {
             Attempt::NotDelivered(e) => grpc::not_delivered_response(e.into_status()),
             Attempt::Failed(e) => grpc::status_response(e.into_status()),
         }
+    }
+}
+
+/// The headers of a delivery the entry reads, found in one pass over the map: a `get`
+/// hashes the name it looks for (a dozen lookups of `ar-` names cost ~3k instructions per
+/// call). As `get`, each holds the first value of its name.
+#[derive(Default)]
+struct MeshHeaders<'h> {
+    instance: Option<&'h HeaderValue>,
+    tenant: Option<&'h HeaderValue>,
+    capability: Option<&'h HeaderValue>,
+    caller_agent: Option<&'h HeaderValue>,
+    caller_instance: Option<&'h HeaderValue>,
+    timeout: Option<&'h HeaderValue>,
+    priority: Option<&'h HeaderValue>,
+    idempotency_key: Option<&'h HeaderValue>,
+    idempotency_digest: Option<&'h HeaderValue>,
+    session: Option<&'h HeaderValue>,
+    session_new: bool,
+}
+
+impl<'h> MeshHeaders<'h> {
+    fn read(headers: &'h HeaderMap) -> MeshHeaders<'h> {
+        use agent_reach::headers as h;
+        let mut out = MeshHeaders::default();
+        for (name, value) in headers {
+            let slot = match name.as_str() {
+                h::INSTANCE => &mut out.instance,
+                h::TENANT => &mut out.tenant,
+                h::CAPABILITY => &mut out.capability,
+                h::CALLER_AGENT => &mut out.caller_agent,
+                h::CALLER_INSTANCE => &mut out.caller_instance,
+                "grpc-timeout" => &mut out.timeout,
+                h::PRIORITY => &mut out.priority,
+                h::IDEMPOTENCY_KEY => &mut out.idempotency_key,
+                h::IDEMPOTENCY_DIGEST => &mut out.idempotency_digest,
+                h::SESSION => &mut out.session,
+                h::SESSION_NEW => {
+                    out.session_new = true;
+                    continue;
+                }
+                _ => continue,
+            };
+            slot.get_or_insert(value);
+        }
+        out
     }
 }
 
@@ -329,6 +377,55 @@ impl DeliverParts {
                 SidecarError::InstanceUnreachable { instance: instance_id.to_string(), cause: e }.into(),
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod header_tests {
+    use http::HeaderName;
+
+    use super::*;
+
+    #[test]
+    fn one_pass_finds_what_get_finds() {
+        let mut map = HeaderMap::new();
+        for (name, value) in [
+            ("ar-instance", "i-1"),
+            ("ar-tenant", "t"),
+            ("ar-capability", "c"),
+            ("ar-caller-agent", "planner"),
+            ("ar-caller-instance", "p-1"),
+            ("grpc-timeout", "250m"),
+            ("ar-priority", "HIGH"),
+            ("ar-idempotency-key", "k"),
+            ("ar-idempotency-digest", "d"),
+            ("ar-session", "s-1"),
+            ("content-type", "application/grpc"),
+        ] {
+            map.append(HeaderName::from_static(name), HeaderValue::from_static(value));
+        }
+        map.append(header::PRIORITY, HeaderValue::from_static("LOW"));
+        let h = MeshHeaders::read(&map);
+        let found = [
+            (h.instance, header::INSTANCE),
+            (h.tenant, header::TENANT),
+            (h.capability, header::CAPABILITY),
+            (h.caller_agent, header::CALLER_AGENT),
+            (h.caller_instance, header::CALLER_INSTANCE),
+            (h.timeout, grpc::HEADER_GRPC_TIMEOUT),
+            (h.priority, header::PRIORITY),
+            (h.idempotency_key, header::IDEMPOTENCY_KEY),
+            (h.idempotency_digest, header::IDEMPOTENCY_DIGEST),
+            (h.session, header::SESSION),
+        ];
+        for (value, name) in found {
+            assert_eq!(value, map.get(&name), "{name}");
+        }
+        assert_eq!(h.priority.map(HeaderValue::as_bytes), Some(&b"HIGH"[..]), "the first value, as get");
+        assert!(!h.session_new);
+        map.insert(header::SESSION_NEW, HeaderValue::from_static("1"));
+        assert!(MeshHeaders::read(&map).session_new);
+        assert!(MeshHeaders::read(&HeaderMap::new()).instance.is_none());
     }
 }
 
