@@ -109,27 +109,7 @@ pub(crate) fn verify_credential(
 /// ([`CallData`], about 490 bytes) behind one allocation, so that each layer, future and
 /// `tower` wrapper it passes through moves a pointer, not the call (unboxed, each move
 /// was a `memcpy` of ~90 instructions under callgrind, a dozen or more per call).
-pub(crate) struct OutboundCall(Box<CallData>);
-
-impl OutboundCall {
-    pub(crate) fn new(data: CallData) -> OutboundCall {
-        OutboundCall(Box::new(data))
-    }
-}
-
-impl std::ops::Deref for OutboundCall {
-    type Target = CallData;
-
-    fn deref(&self) -> &CallData {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for OutboundCall {
-    fn deref_mut(&mut self) -> &mut CallData {
-        &mut self.0
-    }
-}
+pub(crate) type OutboundCall = Box<CallData>;
 
 /// The fields of an [`OutboundCall`].
 pub(crate) struct CallData {
@@ -258,27 +238,7 @@ pub(crate) type BoxedAttempt = Box<AttemptRequest>;
 /// ([`InboundData`], about 420 bytes) behind one allocation, so that each layer and future
 /// it passes through moves a pointer, not the call (unboxed, each move was a `memcpy`, a
 /// dozen or more per call).
-pub(crate) struct InboundCall(Box<InboundData>);
-
-impl InboundCall {
-    pub(crate) fn new(data: InboundData) -> InboundCall {
-        InboundCall(Box::new(data))
-    }
-}
-
-impl std::ops::Deref for InboundCall {
-    type Target = InboundData;
-
-    fn deref(&self) -> &InboundData {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for InboundCall {
-    fn deref_mut(&mut self) -> &mut InboundData {
-        &mut self.0
-    }
-}
+pub(crate) type InboundCall = Box<InboundData>;
 
 /// The fields of an [`InboundCall`].
 pub(crate) struct InboundData {
