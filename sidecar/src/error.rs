@@ -164,6 +164,10 @@ pub(crate) enum DeliveryError {
          or payload differ); it is not run: send a different call under a new key"
     )]
     KeyReused { key_prefix: String },
+    /// The message's own `tenant` field (the caller's sidecar writes it) names another
+    /// tenant than the one the caller was verified as (its certificate).
+    #[error("the call's tenant field names {claimed:?} but the caller is verified as tenant {verified:?}")]
+    TenantMismatch { claimed: String, verified: String },
     /// The call is malformed for its agent.
     #[error("{0}")]
     InvalidArgument(String),
@@ -206,6 +210,11 @@ impl DeliveryError {
                 message,
                 &[("mechanism", "idempotency".into()), ("key_prefix", key_prefix)],
             ),
+            DeliveryError::TenantMismatch { claimed, verified } => reason::status(
+                Reason::TenantMismatch,
+                message,
+                &[("field", "tenant".into()), ("claimed", claimed), ("verified", verified)],
+            ),
             DeliveryError::InvalidArgument(_) => reason::bounded(Status::invalid_argument(message)),
             DeliveryError::DeadlineExceeded(_) => reason::bounded(Status::deadline_exceeded(message)),
             DeliveryError::Internal(_) => reason::bounded(Status::internal(message)),
@@ -222,6 +231,7 @@ impl DeliveryError {
             DeliveryError::CircuitOpen { .. } => Reason::CircuitOpen.code(),
             DeliveryError::ReplyNotStored | DeliveryError::ClaimAbandoned => Reason::IdempotentReplyNotStored.code(),
             DeliveryError::KeyReused { .. } => Reason::IdempotencyKeyReused.code(),
+            DeliveryError::TenantMismatch { .. } => Reason::TenantMismatch.code(),
             DeliveryError::InvalidArgument(_) => Code::InvalidArgument,
             DeliveryError::DeadlineExceeded(_) => Code::DeadlineExceeded,
             DeliveryError::Internal(_) => Code::Internal,
@@ -237,6 +247,7 @@ impl DeliveryError {
             DeliveryError::CircuitOpen { .. } => Some(Reason::CircuitOpen),
             DeliveryError::ReplyNotStored | DeliveryError::ClaimAbandoned => Some(Reason::IdempotentReplyNotStored),
             DeliveryError::KeyReused { .. } => Some(Reason::IdempotencyKeyReused),
+            DeliveryError::TenantMismatch { .. } => Some(Reason::TenantMismatch),
             DeliveryError::Sidecar(e) => Some(e.reason()),
             DeliveryError::Remote(status) => reason::error_info(status).and_then(|i| Reason::parse(&i.reason)),
             _ => None,

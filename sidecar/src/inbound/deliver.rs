@@ -17,6 +17,7 @@ use hyper::body::Incoming;
 use tower::Service;
 
 use super::InboundService;
+use super::session_attach::Scanned;
 use crate::call::{Attempt, BoxFuture, Caller, InboundCall, InboundData, Shape, boxed};
 use crate::error::{DeliveryError, SidecarError};
 use crate::grpc::{self, Body, Frames, PATH_HANDLE, PATH_HANDLE_STREAM, header};
@@ -325,7 +326,7 @@ impl DeliverParts {
             let mut trace_headers = HeaderMap::new();
             agent_reach_telemetry::trace::inject(trace, &mut trace_headers);
             let caller = caller.as_ref().map(|c| (c, &**tenant));
-            return super::http_agent::deliver(local, body, remaining, &trace_headers, shape, caller).await;
+            return super::http_agent::deliver(local, body, remaining, &trace_headers, shape, tenant, caller).await;
         }
         let conn = match self.pool.get(&local.authority).await {
             Ok(c) => c,
@@ -362,8 +363,12 @@ impl DeliverParts {
                 Err(e) => return Attempt::Failed(DeliveryError::Internal(e)),
             },
         };
+        let data = Scanned::new(data);
+        if let Err(e) = data.check_tenant(tenant) {
+            return Attempt::Failed(e);
+        }
         if local.registration.transport == Transport::A2a {
-            return super::a2a_agent::deliver(conn, instance_id, data, headers, shape, self.limit).await;
+            return super::a2a_agent::deliver(conn, instance_id, data.into_data(), headers, shape, self.limit).await;
         }
         let data = self.snapshots.attach(data, tenant);
         // No timer here: the caller's sidecar enforces the deadline (its cancellation

@@ -192,13 +192,15 @@ fn json_call(
     serde_json::to_vec(&json)
 }
 
-/// Delivers one call to an HTTP/JSON agent and converts its answer back to gRPC.
+/// Delivers one call to an HTTP/JSON agent and converts its answer back to gRPC. `tenant`
+/// is the one the caller was verified as; a message naming another is refused.
 pub(crate) async fn deliver(
     local: &LocalInstance,
     body: Body,
     remaining: Option<Duration>,
     headers: &HeaderMap,
     shape: Shape,
+    tenant: &str,
     verified: Option<(&Caller, &str)>,
 ) -> Attempt {
     let collected = match Limited::new(body, MAX_ANSWER_BYTES).collect().await {
@@ -212,6 +214,9 @@ pub(crate) async fn deliver(
         Ok(c) => c,
         Err(e) => return Attempt::Failed(DeliveryError::InvalidArgument(format!("not a HandleRequest: {e}"))),
     };
+    if let Err(e) = super::check_tenant_field(&call.tenant, tenant) {
+        return Attempt::Failed(e);
+    }
     let body = match json_call(&call, verified, remaining, shape) {
         Ok(b) => b,
         Err(e) => return Attempt::Failed(DeliveryError::Internal(format!("encoding the call as JSON: {e}"))),

@@ -41,6 +41,18 @@ use crate::call::{Attempt, BoxFuture, InboundCall};
 use crate::pool::Pool;
 use crate::telemetry::{Rejections, SidecarMetrics};
 
+/// Refuses a call whose message names, in its `tenant` field, another tenant than the one
+/// its caller was verified as (`verified`: the certificate's, or this sidecar's for a local
+/// or plaintext call). The caller's sidecar writes that field after the caller's own
+/// fields (the last value is the one an agent decodes); a sidecar that writes another
+/// tenant's name there is lying to the agent. An empty field claims nothing.
+pub(crate) fn check_tenant_field(claimed: &str, verified: &str) -> Result<(), crate::error::DeliveryError> {
+    if claimed.is_empty() || claimed == verified {
+        return Ok(());
+    }
+    Err(crate::error::DeliveryError::TenantMismatch { claimed: claimed.to_string(), verified: verified.to_string() })
+}
+
 /// What the inbound stack answers.
 pub(crate) type Answer = BoxFuture<Result<Attempt, Infallible>>;
 

@@ -3,7 +3,9 @@
 //! a `session` (field 20) the caller put in its own message, which is dropped: only this
 //! sidecar's snapshot may reach the agent. When the call is of this sidecar's tenant and the
 //! session cache holds the session ([`SessionCache::snapshot`]), the snapshot is appended
-//! as field 20 (protobuf merges concatenated messages) under a fresh length prefix.
+//! as field 20 (protobuf merges concatenated messages) under a fresh length prefix. The
+//! same scan finds the `tenant` (field 19) the caller's sidecar wrote, which must be the
+//! tenant the caller was verified as ([`Scanned::check_tenant`]).
 
 use std::sync::Arc;
 
@@ -11,11 +13,13 @@ use agent_reach::proto;
 use bytes::{Bytes, BytesMut};
 use prost::Message;
 
+use crate::error::DeliveryError;
 use crate::grpc::PREFIX_LEN;
 use crate::session::SessionCache;
 
-/// `HandleRequest.session_id` and `HandleRequest.session`.
+/// `HandleRequest.session_id`, `HandleRequest.tenant` and `HandleRequest.session`.
 const FIELD_SESSION_ID: u64 = 4;
+const FIELD_TENANT: u64 = 19;
 const FIELD_SESSION: u64 = 20;
 
 /// What delivers sessions with calls.
@@ -79,6 +83,11 @@ impl Parts<'_> {
         out
     }
 
+    /// Whether the bytes of `range` are `expected` (no copy).
+    fn equals(&self, range: std::ops::Range<usize>, expected: &[u8]) -> bool {
+        range.len() == expected.len() && range.zip(expected).all(|(at, b)| self.byte(at) == Some(*b))
+    }
+
     /// The bytes from `from` on, as slices of the buffers (no copy).
     fn tail(&self, mut from: usize) -> Vec<Bytes> {
         let mut out = Vec::with_capacity(self.0.len());
@@ -99,6 +108,8 @@ impl Parts<'_> {
 struct Scan {
     /// The last `session_id` (the one a decoder keeps).
     session_id: String,
+    /// Where the last `tenant`'s bytes are (the one a decoder keeps), if the message has one.
+    tenant: Option<std::ops::Range<usize>>,
     /// Where the message's own `session` fields are (whole fields, key included).
     forged: Vec<std::ops::Range<usize>>,
 }
@@ -138,6 +149,8 @@ fn scan(parts: &Parts<'_>) -> Option<Scan> {
         }
         if wire_type == 2 && field == FIELD_SESSION_ID {
             scan.session_id = String::from_utf8(parts.copy(at..end)).ok()?;
+        } else if wire_type == 2 && field == FIELD_TENANT {
+            scan.tenant = Some(at..end);
         } else if field == FIELD_SESSION {
             scan.forged.push(start..end);
         }
@@ -146,13 +159,44 @@ fn scan(parts: &Parts<'_>) -> Option<Scan> {
     Some(scan)
 }
 
+/// A call's message (prefix included), its top-level fields scanned once.
+pub(crate) struct Scanned {
+    data: Vec<Bytes>,
+    /// `None` when the data is not one uncompressed, well-formed message.
+    scan: Option<Scan>,
+}
+
+impl Scanned {
+    pub(crate) fn new(data: Vec<Bytes>) -> Scanned {
+        let scan = scan(&Parts(&data));
+        Scanned { data, scan }
+    }
+
+    /// Refuses the call when its `tenant` field names another tenant than `verified`, the
+    /// one its caller was verified as ([`super::check_tenant_field`]).
+    pub(crate) fn check_tenant(&self, verified: &str) -> Result<(), DeliveryError> {
+        let Some(range) = self.scan.as_ref().and_then(|s| s.tenant.clone()) else { return Ok(()) };
+        let parts = Parts(&self.data);
+        if range.is_empty() || parts.equals(range.clone(), verified.as_bytes()) {
+            return Ok(());
+        }
+        super::check_tenant_field(&String::from_utf8_lossy(&parts.copy(range)), verified)
+    }
+
+    /// The message as it came.
+    pub(crate) fn into_data(self) -> Vec<Bytes> {
+        self.data
+    }
+}
+
 impl Snapshots {
     /// The call's message (`data`, prefix included) as the agent gets it: without a
     /// `session` of the caller's, with this sidecar's snapshot of its session when there is
     /// one. `tenant` is the caller's.
-    pub(crate) fn attach(&self, data: Vec<Bytes>, tenant: &str) -> Vec<Bytes> {
+    pub(crate) fn attach(&self, scanned: Scanned, tenant: &str) -> Vec<Bytes> {
+        let Scanned { data, scan } = scanned;
         let parts = Parts(&data);
-        let Some(scan) = scan(&parts) else { return data };
+        let Some(scan) = scan else { return data };
         let snapshot = (tenant == &*self.tenant && !scan.session_id.is_empty())
             .then(|| self.sessions.snapshot(&scan.session_id, self.max_bytes))
             .flatten();
@@ -257,7 +301,7 @@ mod tests {
         // Unchanged (the same buffers) when there is nothing to drop or attach: the
         // session is not followed here.
         let plain = framed(&call.encode_to_vec());
-        let out = snapshots.attach(vec![plain.clone()], "t");
+        let out = snapshots.attach(Scanned::new(vec![plain.clone()]), "t");
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].as_ptr(), plain.as_ptr());
         let forged = proto::DeliveredSession {
@@ -268,11 +312,51 @@ mod tests {
         let mut message = proto::HandleRequest { session: Some(forged), ..Default::default() }.encode_to_vec();
         message.extend_from_slice(&call.encode_to_vec());
         let data = framed(&message);
-        let out: Vec<u8> = snapshots.attach(split(&data, &[4, 9]), "t").concat();
+        let out: Vec<u8> = snapshots.attach(Scanned::new(split(&data, &[4, 9])), "t").concat();
         let len = u32::from_be_bytes([out[1], out[2], out[3], out[4]]) as usize;
         assert_eq!((out[0], len), (0, out.len() - PREFIX_LEN));
         let delivered = proto::HandleRequest::decode(&out[PREFIX_LEN..]).unwrap();
         assert_eq!(delivered, call, "the caller's session is gone, everything else is as sent");
+    }
+
+    #[test]
+    fn the_last_tenant_field_must_be_the_verified_tenant() {
+        let message = |tenants: &[&str]| {
+            let mut out =
+                proto::HandleRequest { payload: Bytes::from(vec![1u8; 50]), ..Default::default() }.encode_to_vec();
+            for t in tenants {
+                out.extend_from_slice(
+                    &proto::HandleRequest { tenant: t.to_string(), ..Default::default() }.encode_to_vec(),
+                );
+            }
+            framed(&out)
+        };
+        let refused = |data: Vec<Bytes>| match Scanned::new(data).check_tenant("team-a") {
+            Ok(()) => None,
+            Err(DeliveryError::TenantMismatch { claimed, verified }) => Some((claimed, verified)),
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(refused(vec![message(&[])]), None, "no tenant field claims nothing");
+        // Cuts inside the tenant field's bytes (they start at 59) too.
+        for cuts in [vec![], vec![56], vec![58, 60, 61]] {
+            // The caller's sidecar wrote its own tenant last: whatever the caller wrote before it
+            // is not what an agent decodes.
+            assert_eq!(refused(split(&message(&["team-a"]), &cuts)), None);
+            assert_eq!(refused(split(&message(&["team-b", "team-a"]), &cuts)), None);
+            assert_eq!(
+                refused(split(&message(&["team-a", "team-b"]), &cuts)),
+                Some(("team-b".to_string(), "team-a".to_string()))
+            );
+            assert_eq!(refused(split(&message(&["team-a2"]), &cuts)), Some(("team-a2".into(), "team-a".into())));
+            assert_eq!(refused(split(&message(&["team"]), &cuts)), Some(("team".into(), "team-a".into())));
+        }
+        let status = Scanned::new(vec![message(&["team-b"])]).check_tenant("team-a").unwrap_err().into_status();
+        assert_eq!(status.code(), tonic::Code::PermissionDenied);
+        let info = agent_reach::reason::error_info(&status).unwrap();
+        assert_eq!(
+            (info.reason.as_str(), info.metadata["field"].as_str(), info.metadata["claimed"].as_str()),
+            ("TENANT_MISMATCH", "tenant", "team-b")
+        );
     }
 
     #[test]

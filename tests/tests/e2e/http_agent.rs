@@ -154,6 +154,39 @@ async fn http_json_agents_join_the_mesh() {
     // The tenant is the calling sidecar's, from its certificate.
     let who = format!("planner/{}@default", planner.instance_id());
     assert_eq!(reply.metadata()["verified"], format!("json {who}, headers {who}"));
+    // A sidecar of the tenant that writes another tenant into the message's own `tenant`
+    // field (the JSON's "tenant") is refused before the agent is called; a true one is not.
+    let now = std::time::SystemTime::now();
+    let liar = crate::identity::made_configs(
+        control.ca(),
+        &agent_reach_identity::WorkloadId::new(agent_reach_identity::DEFAULT_TRUST_DOMAIN, "default", "liar").uri(),
+        now,
+        now + Duration::from_secs(3600),
+        control.ca().bundle_pem(),
+    );
+    let deliver = |tenant_field: &str| {
+        let channel = agent_reach_sidecar::identity::TlsConnector::fixed(liar.client())
+            .channel(&format!("http://{}", b.mesh_addr()))
+            .unwrap();
+        let mut request = tonic::Request::new(proto::HandleRequest {
+            capability: "orders.lookup".into(),
+            instance_id: instance.clone(),
+            payload: "x".into(),
+            tenant: tenant_field.into(),
+            ..Default::default()
+        });
+        request.metadata_mut().insert("ar-tenant", "default".parse().unwrap());
+        request.metadata_mut().insert("ar-instance", instance.parse().unwrap());
+        async move { proto::mesh_client::MeshClient::new(channel).deliver(request).await }
+    };
+    let status = deliver("team-x").await.expect_err("a tenant field naming another tenant");
+    let info = agent_reach::reason::error_info(&status).unwrap();
+    assert_eq!(
+        (status.code(), info.reason.as_str(), info.metadata["field"].as_str(), info.metadata["claimed"].as_str()),
+        (Code::PermissionDenied, "TENANT_MISMATCH", "tenant", "team-x")
+    );
+    let reply = deliver("default").await.expect("a true tenant field").into_inner();
+    assert!(String::from_utf8_lossy(&reply.payload).starts_with("X via orders.lookup"), "{reply:?}");
 
     let chunks: Vec<String> = client
         .invoke("orders.lookup")

@@ -529,7 +529,7 @@ async fn the_mesh_port_takes_the_tenant_from_the_certificate() {
     let now = SystemTime::now();
     let bundle = control.ca().bundle_pem();
     let in_a_year = now + Duration::from_secs(3600);
-    let deliver = |configs: Option<&TlsConfigs>, tenant_header: &str| {
+    let deliver = |configs: Option<&TlsConfigs>, tenant_header: &str, tenant_field: &str| {
         let channel = match configs {
             Some(c) => TlsConnector::fixed(c.client()).channel(&format!("http://{}", b.mesh_addr())).unwrap(),
             None => {
@@ -539,6 +539,7 @@ async fn the_mesh_port_takes_the_tenant_from_the_certificate() {
         let mut request = tonic::Request::new(proto::HandleRequest {
             capability: "text.echo".into(),
             instance_id: target.instance_id(),
+            tenant: tenant_field.into(),
             ..Default::default()
         });
         request.metadata_mut().insert("ar-tenant", tenant_header.parse().unwrap());
@@ -546,13 +547,23 @@ async fn the_mesh_port_takes_the_tenant_from_the_certificate() {
         async move { proto::mesh_client::MeshClient::new(channel).deliver(request).await }
     };
     let team_b = made_configs(control.ca(), &WorkloadId::new(TD, "team-b", "evil").uri(), now, in_a_year, bundle);
-    let status = deliver(Some(&team_b), "team-a").await.expect_err("another tenant's certificate");
+    let status = deliver(Some(&team_b), "team-a", "").await.expect_err("another tenant's certificate");
     assert_eq!((status.code(), reason(&status).as_str()), (Code::PermissionDenied, "TENANT_MISMATCH"));
     assert_eq!(agent_reach::reason::error_info(&status).unwrap().metadata["field"], "certificate");
     let team_a = made_configs(control.ca(), &WorkloadId::new(TD, "team-a", "x").uri(), now, in_a_year, bundle);
-    let status = deliver(Some(&team_a), "team-b").await.expect_err("header claiming another tenant");
+    let status = deliver(Some(&team_a), "team-b", "").await.expect_err("header claiming another tenant");
     assert_eq!((status.code(), reason(&status).as_str()), (Code::PermissionDenied, "TENANT_MISMATCH"));
     assert_eq!(agent_reach::reason::error_info(&status).unwrap().metadata["field"], "ar-tenant");
+    // The message's own tenant field (the one the agent decodes) must be the certificate's too.
+    let status = deliver(Some(&team_a), "team-a", "team-b").await.expect_err("field claiming another tenant");
+    assert_eq!((status.code(), reason(&status).as_str()), (Code::PermissionDenied, "TENANT_MISMATCH"));
+    let info = agent_reach::reason::error_info(&status).unwrap();
+    assert_eq!((info.metadata["field"].as_str(), info.metadata["claimed"].as_str()), ("tenant", "team-b"));
+    // The same certificate with a true (or no) tenant field is delivered: the refusals above
+    // are of the claims, not of the certificate.
+    let reply = deliver(Some(&team_a), "team-a", "team-a").await.expect("a true tenant field");
+    assert_eq!(String::from_utf8_lossy(&reply.get_ref().payload), format!("echo@{}:", target.instance_id()));
+    assert_eq!(target.handled(), 2);
     let other_ca = Ca::generate_named(TD, "someone else's CA").unwrap();
     let foreign = made_configs(&other_ca, &WorkloadId::new(TD, "team-a", "x").uri(), now, in_a_year, bundle);
     let expired = made_configs(
@@ -563,7 +574,7 @@ async fn the_mesh_port_takes_the_tenant_from_the_certificate() {
         bundle,
     );
     for (what, configs) in [("another CA", Some(&foreign)), ("expired", Some(&expired)), ("plaintext", None)] {
-        let status = deliver(configs, "team-a").await.expect_err(what);
+        let status = deliver(configs, "team-a", "").await.expect_err(what);
         assert!(
             matches!(status.code(), Code::Unavailable | Code::Unknown | Code::Internal | Code::Cancelled),
             "{what}: the connection must fail: {status:?}"
@@ -584,7 +595,7 @@ async fn the_mesh_port_takes_the_tenant_from_the_certificate() {
         matches!(status.code(), Code::Unavailable | Code::Unknown | Code::Internal | Code::Cancelled),
         "no client certificate: the connection must fail: {status:?}"
     );
-    assert_eq!(target.handled(), 1, "no refused call reached the agent");
+    assert_eq!(target.handled(), 2, "no refused call reached the agent");
     assert_eq!(store.writes_since(before).await, Vec::<String>::new(), "a refused Deliver wrote to the store");
 }
 
