@@ -325,8 +325,8 @@ impl DeliverParts {
         if local.registration.transport == Transport::Http {
             let mut trace_headers = HeaderMap::new();
             agent_reach_telemetry::trace::inject(trace, &mut trace_headers);
-            let caller = caller.as_ref().map(|c| (c, &**tenant));
-            return super::http_agent::deliver(local, body, remaining, &trace_headers, shape, tenant, caller).await;
+            return super::http_agent::deliver(local, body, remaining, &trace_headers, shape, tenant, caller.as_ref())
+                .await;
         }
         let conn = match self.pool.get(&local.authority).await {
             Ok(c) => c,

@@ -193,7 +193,8 @@ fn json_call(
 }
 
 /// Delivers one call to an HTTP/JSON agent and converts its answer back to gRPC. `tenant`
-/// is the one the caller was verified as; a message naming another is refused.
+/// is the one the caller was verified as (a message naming another is refused), `caller`
+/// the verified agent, if any.
 pub(crate) async fn deliver(
     local: &LocalInstance,
     body: Body,
@@ -201,8 +202,9 @@ pub(crate) async fn deliver(
     headers: &HeaderMap,
     shape: Shape,
     tenant: &str,
-    verified: Option<(&Caller, &str)>,
+    caller: Option<&Caller>,
 ) -> Attempt {
+    let verified = caller.map(|c| (c, tenant));
     let collected = match Limited::new(body, MAX_ANSWER_BYTES).collect().await {
         Ok(c) => c.to_bytes(),
         Err(e) => return Attempt::Failed(DeliveryError::Internal(format!("reading the call: {e}"))),
