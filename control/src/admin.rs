@@ -18,7 +18,6 @@ use agent_reach::model::{
     AgentSummary, FieldError, HealthState, HoldScope, Instance, InstanceStatus, validate_name, validate_tag,
     validate_tenant,
 };
-use agent_reach::policy::{Policy, PolicyKind};
 use agent_reach::proto;
 use agent_reach::proto::admin_server::Admin;
 use agent_reach_routing::RoutingTable;
@@ -490,7 +489,7 @@ impl Admin for AdminService {
             view.instances.iter().map(|s| (s.record.instance_id.as_str(), s)).collect();
         let instances: HashMap<String, Arc<Instance>> =
             view.instances.iter().map(|s| (s.record.instance_id.clone(), Arc::new(s.instance()))).collect();
-        let policies: HashMap<(PolicyKind, String), Arc<Policy>> =
+        let policies: agent_reach_routing::table::Policies =
             view.policies.iter().map(|(p, _)| ((p.kind, p.name.clone()), Arc::new(p.clone()))).collect();
         let table = RoutingTable::build(view.revision, instances, policies, None);
         if let Err(agent_reach_routing::RouteError::NotFound { target, suggestions }) =

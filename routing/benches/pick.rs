@@ -31,7 +31,7 @@ fn table(strategy: Strategy) -> RoutingTable {
             .build();
         map.insert(id, Arc::new(inst));
     }
-    let mut policies = HashMap::new();
+    let mut policies = agent_reach_routing::table::Policies::default();
     let mut weights = std::collections::BTreeMap::new();
     if strategy == Strategy::Weighted {
         weights.insert("1.0".to_string(), 9);

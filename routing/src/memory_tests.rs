@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use agent_reach::model::{Instance, fixture};
 
-use crate::table::{Change, RoutingTable};
+use crate::table::{Change, Policies, RoutingTable};
 
 struct Counting;
 
@@ -86,7 +86,7 @@ const N: usize = 10_000;
 #[test]
 fn a_table_of_10000_instances_costs_its_records_and_under_300_bytes_per_instance() {
     let (records, _, instances) = counted(|| fleet(N));
-    let (table_bytes, peak, table) = counted(|| RoutingTable::build(7, instances, HashMap::new(), None));
+    let (table_bytes, peak, table) = counted(|| RoutingTable::build(7, instances, Policies::default(), None));
     assert_eq!((table.len(), table.by_agent.len(), table.by_capability.len()), (N, N / 10, 201));
     let common = &table.by_capability["fleet.common"];
     assert_eq!((common.members.capacity(), common.up.capacity()), (N, N), "lists at their exact size");
@@ -110,8 +110,8 @@ fn a_table_of_10000_instances_costs_its_records_and_under_300_bytes_per_instance
 
 #[test]
 fn applying_a_change_keeps_one_table_and_frees_the_previous_one() {
-    let table = RoutingTable::build(7, fleet(N), HashMap::new(), None);
-    let (steady, _, ()) = counted(|| drop(RoutingTable::build(7, fleet(N), HashMap::new(), None)));
+    let table = RoutingTable::build(7, fleet(N), Policies::default(), None);
+    let (steady, _, ()) = counted(|| drop(RoutingTable::build(7, fleet(N), Policies::default(), None)));
     assert!(steady.abs() < 1024, "a table dropped returns what it took: {steady} B");
     let change = Change { revision: 8, upserted: vec![instance(N)], ..Default::default() };
     let (after, peak, next) = counted(|| {

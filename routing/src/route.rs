@@ -520,7 +520,7 @@ mod tests {
     fn table_with(list: Vec<Instance>, strategy: Option<Strategy>, cap: &str) -> RoutingTable {
         let map: HashMap<String, Arc<Instance>> =
             list.into_iter().map(|i| (i.record.instance_id.clone(), Arc::new(i))).collect();
-        let mut policies = HashMap::new();
+        let mut policies = crate::table::Policies::default();
         if let Some(s) = strategy {
             let p = Policy {
                 tenant: "default".into(),
@@ -668,7 +668,7 @@ mod tests {
         let t = RoutingTable::build(
             1,
             map,
-            HashMap::from([((PolicyKind::Capability, "x".to_string()), Arc::new(p))]),
+            crate::table::Policies::from_iter([((PolicyKind::Capability, "x".to_string()), Arc::new(p))]),
             None,
         );
         let target = Target::capability("x");

@@ -273,6 +273,9 @@ impl Port {
         let mut builder = hyper::server::conn::http2::Builder::new(exec);
         builder
             .timer(TokioTimer::new())
+            // gRPC has no use for `date`; hyper would read the clock for it and every
+            // hop would encode and decode it once per answer.
+            .auto_date_header(false)
             .initial_stream_window_size(1 << 20)
             .initial_connection_window_size(8 << 20)
             .max_concurrent_streams(self.limits.max_concurrent_streams)

@@ -318,7 +318,10 @@ mod tests {
         RoutingTable::build(
             42,
             instances.iter().map(|i| (i.record.instance_id.clone(), Arc::new(i.clone()))).collect(),
-            HashMap::from([((PolicyKind::Capability, "c".to_string()), Arc::new(policy()))]),
+            agent_reach_routing::table::Policies::from_iter([(
+                (PolicyKind::Capability, "c".to_string()),
+                Arc::new(policy()),
+            )]),
             None,
         )
     }

@@ -9,11 +9,11 @@
 //! elsewhere). [`send_h2`] sends one call on a connection. The pool does not retry or time
 //! calls; the caller does.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use agent_reach_routing::table::FastMap;
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
 use h2::client::SendRequest;
@@ -48,7 +48,7 @@ struct Open {
 /// HTTP/2 connections keyed by `host:port`.
 #[derive(Default)]
 pub(crate) struct Pool {
-    slots: Mutex<HashMap<String, Arc<Slot>>>,
+    slots: Mutex<FastMap<String, Arc<Slot>>>,
     /// TLS with the sidecar's current certificate (connections to other sidecars' mesh
     /// ports when the sidecar has an identity); `None`: plaintext.
     tls: Option<Arc<crate::identity::ControlTls>>,

@@ -11,11 +11,11 @@
 //! lease; every control replica merges all of them (see the control's `reports` module).
 //! Nothing here talks to control.
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use agent_reach::proto;
+use agent_reach_routing::table::FastMap;
 use agent_reach_routing::{BreakerState, TableHandle, clock};
 use tokio::time::Instant;
 
@@ -67,7 +67,7 @@ pub(crate) struct CallSeen {
 /// See the module documentation.
 pub struct Traffic {
     started: Instant,
-    edges: Mutex<HashMap<EdgeKey, [Slot; SLOTS]>>,
+    edges: Mutex<FastMap<EdgeKey, [Slot; SLOTS]>>,
 }
 
 impl Default for Traffic {
@@ -78,10 +78,10 @@ impl Default for Traffic {
 
 impl Traffic {
     pub fn new() -> Traffic {
-        Traffic { started: Instant::now(), edges: Mutex::new(HashMap::new()) }
+        Traffic { started: Instant::now(), edges: Mutex::new(FastMap::default()) }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<EdgeKey, [Slot; SLOTS]>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, FastMap<EdgeKey, [Slot; SLOTS]>> {
         // Poisoning only means a panic elsewhere; the counts stay usable.
         self.edges.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -94,7 +94,8 @@ impl Traffic {
     pub(crate) fn record(&self, now: Instant, mut key: EdgeKey, call: CallSeen) {
         let number = self.slot_number(now);
         let mut edges = self.lock();
-        if !edges.contains_key(&key) && edges.len() >= MAX_EDGES {
+        // Only a full map needs the extra lookup.
+        if edges.len() >= MAX_EDGES && !edges.contains_key(&key) {
             // Drop edges with nothing in the window before folding new ones together.
             edges.retain(|_, slots| slots.iter().any(|s| s.calls > 0 && s.number + SLOTS as u64 > number));
             if edges.len() >= MAX_EDGES {

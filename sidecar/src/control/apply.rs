@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use agent_reach::convert::{instance_from_proto, policy_from_proto, policy_kind_from_i32};
 use agent_reach::model::Instance;
-use agent_reach::policy::{Policy, PolicyKind};
 use agent_reach::proto;
 use agent_reach_routing::{RoutingTable, TableHandle};
 
@@ -28,7 +27,7 @@ pub struct Converted {
     pub revision: i64,
     pub resync: bool,
     pub instances: HashMap<String, Arc<Instance>>,
-    pub policies: HashMap<(PolicyKind, String), Arc<Policy>>,
+    pub policies: agent_reach_routing::table::Policies,
 }
 
 impl Converted {
@@ -202,7 +201,7 @@ struct Batch<'a> {
     current: &'a RoutingTable,
     revision: i64,
     instances: Option<HashMap<String, Arc<Instance>>>,
-    policies: Option<HashMap<(PolicyKind, String), Arc<Policy>>>,
+    policies: Option<agent_reach_routing::table::Policies>,
     stats: &'a WatchStats,
     held: &'a mut Held,
     now: tokio::time::Instant,

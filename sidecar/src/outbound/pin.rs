@@ -32,7 +32,6 @@ pub(crate) fn pick_instance(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
     use std::sync::Arc;
 
     use agent_reach::model::{HealthState, fixture};
@@ -43,7 +42,7 @@ mod tests {
         let instance = |id: &str, state| fixture::instance(id).agent("sum").capability("x", &[]).state(state).build();
         let list = [instance("a", HealthState::Up), instance("b", HealthState::Down)];
         let map = list.into_iter().map(|i| (i.record.instance_id.clone(), Arc::new(i))).collect();
-        RoutingTable::build(7, map, HashMap::new(), None)
+        RoutingTable::build(7, map, Default::default(), None)
     }
 
     fn why(r: Result<(Member, Arc<GroupState>), RouteError>) -> String {

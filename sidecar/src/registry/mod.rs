@@ -24,13 +24,13 @@ mod instance;
 mod probes;
 mod renewal;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agent_reach::model::{FieldError, HealthState, Registration, new_instance_id, validate_name};
 use agent_reach::proto;
+use agent_reach_routing::table::FastMap;
 use arc_swap::ArcSwap;
 use tokio::time::Instant;
 use tonic::transport::Endpoint;
@@ -102,7 +102,7 @@ pub struct Registry {
     identity: proto::SidecarIdentity,
     control: Arc<ControlClients>,
     timers: Timers,
-    instances: ArcSwap<HashMap<String, Arc<LocalInstance>>>,
+    instances: ArcSwap<FastMap<String, Arc<LocalInstance>>>,
     /// The sidecar's lease (0: none yet, or lost) and its TTL.
     lease: AtomicI64,
     lease_ttl: Mutex<Duration>,
@@ -182,7 +182,7 @@ impl Registry {
 
     fn insert(&self, inst: Arc<LocalInstance>) {
         self.instances.rcu(|m| {
-            let mut m = HashMap::clone(m);
+            let mut m = FastMap::clone(m);
             m.insert(inst.instance_id.clone(), inst.clone());
             m
         });
@@ -192,7 +192,7 @@ impl Registry {
     fn remove(&self, inst: &Arc<LocalInstance>) -> bool {
         let mut removed = false;
         self.instances.rcu(|m| {
-            let mut m = HashMap::clone(m);
+            let mut m = FastMap::clone(m);
             removed = false;
             if m.get(&inst.instance_id).is_some_and(|i| Arc::ptr_eq(i, inst)) {
                 m.remove(&inst.instance_id);

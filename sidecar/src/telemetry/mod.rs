@@ -39,7 +39,7 @@ pub(crate) use inbound_span::{inbound_layer, record_queue_span};
 pub(crate) use outbound_span::outbound_layer;
 pub(crate) use scrape::{BoundedMaps, ScrapeCollector};
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct CallLabels {
     pub caller: String,
     pub target: String,
@@ -47,10 +47,31 @@ pub(crate) struct CallLabels {
     pub outcome: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct TargetOutcome {
     pub target: String,
     pub outcome: String,
+}
+
+/// The label sets looked up once per call hash their strings with a seeded foldhash and
+/// hand the family's SipHash one word: a family's map cannot take another hasher, and
+/// SipHash over four strings cost about 500 instructions per lookup.
+fn label_digest<T: std::hash::Hash>(parts: T) -> u64 {
+    use std::hash::BuildHasher;
+    static SEED: std::sync::LazyLock<foldhash::fast::RandomState> = std::sync::LazyLock::new(Default::default);
+    SEED.hash_one(parts)
+}
+
+impl std::hash::Hash for CallLabels {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(label_digest((&self.caller, &self.target, &self.instance, &self.outcome)));
+    }
+}
+
+impl std::hash::Hash for TargetOutcome {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(label_digest((&self.target, &self.outcome)));
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
