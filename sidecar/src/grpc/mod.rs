@@ -193,13 +193,26 @@ pub(crate) fn not_delivered_response(status: Status) -> http::Response<Body> {
     resp
 }
 
-/// Whether a request header should travel on to the next hop: custom metadata and trace
-/// context do; HTTP/2 and gRPC framing headers and the mesh's own `ar-*` headers do not.
+/// Whether a request header should travel on to the next hop: custom metadata does;
+/// HTTP/2 and gRPC framing headers and the mesh's own `ar-*` headers do not, and neither
+/// does the trace context, which each hop writes for its own span
+/// (`agent_reach_telemetry::trace::inject`, right after the copy) instead of copying the
+/// caller's and overwriting it.
 pub(crate) fn forwardable_header(name: &HeaderName) -> bool {
     let n = name.as_str();
     !(n.starts_with("grpc-")
         || n.starts_with(agent_reach::headers::PREFIX)
-        || matches!(n, "content-type" | "te" | "user-agent" | "content-length" | "host" | "connection"))
+        || matches!(
+            n,
+            "content-type"
+                | "te"
+                | "user-agent"
+                | "content-length"
+                | "host"
+                | "connection"
+                | "traceparent"
+                | "tracestate"
+        ))
 }
 
 /// Copies the headers that travel on to the next hop ([`forwardable_header`]).
@@ -319,7 +332,8 @@ mod tests {
     fn internal_headers_are_not_forwarded() {
         for (name, fwd) in [
             ("x-tenant-hint", true),
-            ("traceparent", true),
+            ("traceparent", false),
+            ("tracestate", false),
             ("grpc-timeout", false),
             ("ar-instance", false),
             ("te", false),
