@@ -351,3 +351,34 @@ impl TableHandle {
         self.0.store(Arc::new(table));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(kind: PolicyKind, name: &str) -> Arc<Policy> {
+        Arc::new(Policy {
+            tenant: "default".into(),
+            kind,
+            name: name.into(),
+            spec: PolicySpec::default(),
+            description: format!("{kind:?} {name}"),
+        })
+    }
+
+    #[test]
+    fn a_policy_is_found_by_its_kind_and_name_only() {
+        let policies = Policies::from_iter(
+            [(PolicyKind::Capability, "x"), (PolicyKind::Agent, "x"), (PolicyKind::Tenant, "default")]
+                .map(|(kind, name)| ((kind, name.to_string()), policy(kind, name))),
+        );
+        let table = RoutingTable::build(1, HashMap::new(), policies, None);
+        let found = |kind, name| table.policy(kind, name).map(|p| p.description.clone());
+        assert_eq!(found(PolicyKind::Capability, "x").as_deref(), Some("Capability x"));
+        assert_eq!(found(PolicyKind::Agent, "x").as_deref(), Some("Agent x"));
+        assert_eq!(table.tenant_policy().map(|p| p.description.as_str()), Some("Tenant default"));
+        assert_eq!(found(PolicyKind::Capability, "y"), None);
+        assert_eq!(found(PolicyKind::Capability, "default"), None, "a name under another kind is not found");
+        assert_eq!(found(PolicyKind::Capability, "x\u{ff}"), None);
+    }
+}
