@@ -330,10 +330,10 @@ fn parse_traceparent(v: &[u8]) -> Option<(TraceId, SpanId, TraceFlags)> {
 /// Writes `cx`'s span as the `traceparent` and `tracestate` of a request, as
 /// `TraceContextPropagator::inject_context` does (nothing for an invalid span context),
 /// except that an empty `tracestate` is left out (as OpenTelemetry's Go and Java
-/// propagators do): a header with no value would cost both ends of every hop an HPACK entry
-/// and a map insert. `traceparent` is marked never-indexed: a value new on every call would only churn the
-/// HPACK tables of both ends (each encode walking the entries of the previous calls' values,
-/// each decode inserting one).
+/// propagators do): a header with no value would cost both ends of every hop an HPACK
+/// entry and a map insert. `traceparent` is marked never-indexed: a value new on every
+/// call would only churn the HPACK tables of both ends (each encode walking the entries of
+/// the previous calls' values, each decode inserting one).
 pub fn inject(cx: &Context, headers: &mut http::HeaderMap) {
     let span = cx.span();
     let sc = span.span_context();

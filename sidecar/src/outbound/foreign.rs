@@ -227,7 +227,10 @@ mod tests {
         let own = RoutingTable::build(
             3,
             HashMap::new(),
-            [((PolicyKind::Tenant, "default".to_string()), Arc::new(tenant_policy))].into(),
+            agent_reach_routing::table::Policies::from_iter([(
+                (PolicyKind::Tenant, "default".to_string()),
+                Arc::new(tenant_policy),
+            )]),
             None,
         );
         let reply = proto::LookupGrantedReply {
