@@ -168,6 +168,11 @@ impl Frames {
     pub(super) fn len(&self) -> usize {
         self.parts.iter().flatten().map(Bytes::len).sum()
     }
+
+    /// Whether trailers follow the data.
+    pub(super) fn has_trailers(&self) -> bool {
+        self.trailers.is_some()
+    }
 }
 
 /// A complete unary answer kept in memory (idempotency replays, the result cache).

@@ -169,6 +169,14 @@ impl HttpBody for Body {
     fn size_hint(&self) -> SizeHint {
         match self {
             Body::Empty => SizeHint::with_exact(0),
+            // Exact only without trailers: from an exact hint hyper writes `content-length`
+            // into the answer's headers, which a gRPC answer (its status in the trailers)
+            // does not use and each hop would encode, parse and drop on every call.
+            Body::Frames(f) if f.has_trailers() => {
+                let mut hint = SizeHint::new();
+                hint.set_lower(f.len() as u64);
+                hint
+            }
             Body::Frames(f) => SizeHint::with_exact(f.len() as u64),
             Body::Incoming(b) => b.size_hint(),
             Body::H2(_) => SizeHint::default(),
@@ -286,6 +294,19 @@ mod tests {
         let mut joined = parts.concat();
         assert_eq!(joined.split_off(PREFIX_LEN).len(), big.len() + 1);
         assert_eq!(u32::from_be_bytes(joined[1..5].try_into().unwrap()) as usize, big.len() + 1);
+    }
+
+    #[test]
+    fn a_body_ending_in_trailers_announces_no_exact_length() {
+        use http_body::Body as _;
+        let data = Bytes::from(frame(b"hello"));
+        let plain = Body::Frames(Frames::raw(data.clone()));
+        assert_eq!(plain.size_hint().exact(), Some(10));
+        let mut trailers = HeaderMap::new();
+        trailers.insert(HEADER_GRPC_STATUS, HeaderValue::from_static("0"));
+        let grpc = Body::Frames(Frames::raw(data).with_trailers(Some(trailers)));
+        let hint = grpc.size_hint();
+        assert_eq!((hint.exact(), hint.lower(), hint.upper()), (None, 10, None));
     }
 
     #[test]
