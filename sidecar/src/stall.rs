@@ -18,6 +18,11 @@
 //! The stall of a stream reaches the executor through a thread-local slot: hyper calls
 //! the connection's service for a new stream ([`hand_off`]) and spawns the stream's task
 //! ([`StallExec::execute`]) right after, on the same thread, with nothing in between.
+//!
+//! The body is polled only from the stream's own task, so whether the reply waits can
+//! change only while that task polls the stream: [`Watched`] looks right after each poll
+//! and runs a timer only while the reply waits (never for a reply that got its window at
+//! once, i.e. almost every call), with no wake-up of its own.
 
 use std::cell::RefCell;
 use std::future::Future;
@@ -29,57 +34,39 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
-use tokio::sync::Notify;
-use tokio::time::Instant;
+use tokio::time::Sleep;
 
 use crate::grpc::Body;
 
 /// Largest piece of a reply's data handed to hyper at once (h2's default frame size).
 pub(crate) const CHUNK: usize = 16 * 1024;
 
-/// "Not waiting" in [`SendStall::since_us`].
-const NOT_WAITING: u64 = u64::MAX;
-
-/// Whether (and since when) one reply has waited for send capacity.
-#[derive(Debug)]
-pub(crate) struct SendStall {
-    base: Instant,
-    /// When the reply last handed hyper a DATA frame without being polled again, in µs
-    /// after `base`; [`NOT_WAITING`] otherwise.
-    since_us: AtomicU64,
-    armed: Notify,
-}
+/// Whether one reply waits for send capacity: the number of DATA frames it handed hyper,
+/// twice, plus one while hyper has not polled it again since the last (odd: waiting).
+#[derive(Debug, Default)]
+pub(crate) struct SendStall(AtomicU64);
 
 impl SendStall {
     pub(crate) fn new() -> Arc<SendStall> {
-        Arc::new(SendStall { base: Instant::now(), since_us: AtomicU64::new(NOT_WAITING), armed: Notify::new() })
+        Arc::new(SendStall::default())
     }
 
     /// The reply handed hyper a DATA frame: it waits until polled again.
     fn arm(&self) {
-        let now = u64::try_from(self.base.elapsed().as_micros()).unwrap_or(NOT_WAITING - 1);
-        self.since_us.store(now, Ordering::Release);
-        self.armed.notify_one();
+        let n = self.0.load(Ordering::Relaxed);
+        self.0.store((n | 1) + 2, Ordering::Relaxed);
     }
 
     /// The reply was polled: hyper is not waiting for capacity.
     fn clear(&self) {
-        self.since_us.store(NOT_WAITING, Ordering::Release);
+        let n = self.0.load(Ordering::Relaxed);
+        self.0.store(n & !1, Ordering::Relaxed);
     }
 
-    /// Completes once the reply has waited `timeout` without being polled.
-    pub(crate) async fn expired(&self, timeout: Duration) {
-        loop {
-            let since = self.since_us.load(Ordering::Acquire);
-            if since == NOT_WAITING {
-                self.armed.notified().await;
-                continue;
-            }
-            tokio::time::sleep_until(self.base + Duration::from_micros(since) + timeout).await;
-            if self.since_us.load(Ordering::Acquire) == since {
-                return;
-            }
-        }
+    /// Which wait the reply is in (one per DATA frame handed on), if it waits.
+    fn waiting(&self) -> Option<u64> {
+        let n = self.0.load(Ordering::Relaxed);
+        (n & 1 == 1).then_some(n)
     }
 }
 
@@ -114,24 +101,58 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     fn execute(&self, fut: F) {
-        let Some(stall) = NEXT.with(|n| n.borrow_mut().take()) else {
-            tokio::spawn(fut);
-            return;
+        match NEXT.with(|n| n.borrow_mut().take()) {
+            Some(stall) => tokio::spawn(Watched::new(fut, stall, self.timeout, self.stalled.clone())),
+            None => tokio::spawn(fut),
         };
-        let (timeout, stalled) = (self.timeout, self.stalled.clone());
-        tokio::spawn(async move {
-            tokio::select! {
-                () = fut => {}
-                () = stall.expired(timeout) => {
-                    stalled.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(
-                        ?timeout,
-                        "stream reset: its reply waited for the client's flow-control window longer than \
-                         --send-stall-timeout"
-                    );
-                }
-            }
-        });
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A stream's task, ended (its stream reset) once its reply has waited `timeout` for
+    /// send capacity without being polled.
+    pub(crate) struct Watched<F> {
+        #[pin]
+        fut: F,
+        stall: Arc<SendStall>,
+        timeout: Duration,
+        stalled: Arc<AtomicU64>,
+        // The wait timed, and its timer; none while the reply does not wait.
+        timer: Option<(u64, Pin<Box<Sleep>>)>,
+    }
+}
+
+impl<F> Watched<F> {
+    pub(crate) fn new(fut: F, stall: Arc<SendStall>, timeout: Duration, stalled: Arc<AtomicU64>) -> Watched<F> {
+        Watched { fut, stall, timeout, stalled, timer: None }
+    }
+}
+
+impl<F: Future<Output = ()>> Future for Watched<F> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.project();
+        if this.fut.poll(cx).is_ready() {
+            return Poll::Ready(());
+        }
+        let Some(wait) = this.stall.waiting() else {
+            *this.timer = None;
+            return Poll::Pending;
+        };
+        let timer = match this.timer {
+            Some((timed, timer)) if *timed == wait => timer,
+            slot => &mut slot.insert((wait, Box::pin(tokio::time::sleep(*this.timeout)))).1,
+        };
+        if timer.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        this.stalled.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            timeout = ?this.timeout,
+            "stream reset: its reply waited for the client's flow-control window longer than --send-stall-timeout"
+        );
+        Poll::Ready(())
     }
 }
 
@@ -212,38 +233,81 @@ mod tests {
         Body::Frames(crate::grpc::Frames::raw(Bytes::from(vec![7u8; len])))
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_reply_not_polled_after_handing_on_data_expires_after_the_timeout() {
-        let stall = SendStall::new();
-        let mut tracked = Tracked::new(body(10), stall.clone(), ());
-        let timeout = Duration::from_secs(30);
-        let expired = tokio::spawn({
-            let stall = stall.clone();
-            async move {
-                let t = Instant::now();
-                stall.expired(timeout).await;
-                t.elapsed()
+    /// A stream's task as hyper runs it: waits for its reply (`ready`), then hands each
+    /// DATA frame on and waits for send capacity (`capacity`) before polling for the next;
+    /// `done` once the body ended.
+    async fn stream_task(
+        mut tracked: Tracked<()>,
+        ready: tokio::sync::oneshot::Receiver<()>,
+        mut capacity: tokio::sync::mpsc::UnboundedReceiver<()>,
+        done: Arc<std::sync::atomic::AtomicBool>,
+    ) {
+        let _ = ready.await;
+        while let Some(frame) = tracked.frame().await {
+            if frame.unwrap().is_data() && capacity.recv().await.is_none() {
+                return;
             }
-        });
-        tokio::task::yield_now().await;
-        // Not waiting yet: nothing was handed on. Time passes without expiry.
+        }
+        done.store(true, Ordering::SeqCst);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reply_not_polled_after_handing_on_data_is_ended_after_the_timeout() {
+        let stall = SendStall::new();
+        let stalled = Arc::new(AtomicU64::new(0));
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (ready_tx, ready) = tokio::sync::oneshot::channel();
+        let (capacity_tx, capacity) = tokio::sync::mpsc::unbounded_channel();
+        // Two DATA frames: CHUNK bytes, then 10.
+        let tracked = Tracked::new(body(CHUNK + 10), stall.clone(), ());
+        let task = stream_task(tracked, ready, capacity, done.clone());
+        let timeout = Duration::from_secs(30);
+        let watched = tokio::spawn(Watched::new(task, stall, timeout, stalled.clone()));
+        // No reply yet: the handler may take as long as it likes.
         tokio::time::advance(Duration::from_secs(60)).await;
-        assert!(!expired.is_finished());
-        let t0 = Instant::now();
-        let frame = tracked.frame().await.unwrap().unwrap();
-        assert_eq!(frame.into_data().unwrap().len(), 10);
-        // Polled again after 29 s: the wait starts over.
+        assert!(!watched.is_finished());
+        // The first frame is handed on; hyper waits for capacity 29 s, gets it, hands on
+        // the second: the wait starts over.
+        ready_tx.send(()).unwrap();
         tokio::time::advance(Duration::from_secs(29)).await;
+        assert!(!watched.is_finished());
+        capacity_tx.send(()).unwrap();
         tokio::task::yield_now().await;
-        assert!(!expired.is_finished());
-        assert!(tracked.frame().await.is_none(), "the body ended");
-        let t1 = Instant::now();
-        assert_eq!(t1 - t0, Duration::from_secs(29));
-        // A second data frame, then no poll: expires exactly one timeout later.
-        let mut second = Tracked::new(body(5), stall.clone(), ());
-        let _ = second.frame().await.unwrap().unwrap();
-        let waited = expired.await.unwrap();
-        assert_eq!(waited, Duration::from_secs(60 + 29 + 30));
+        let second = tokio::time::Instant::now();
+        tokio::time::advance(Duration::from_secs(29)).await;
+        assert!(!watched.is_finished(), "29 s into the second wait");
+        // No capacity for the second frame: ended exactly one timeout after it waited.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        watched.await.unwrap();
+        assert_eq!(tokio::time::Instant::now() - second, timeout);
+        assert_eq!(stalled.load(Ordering::SeqCst), 1);
+        assert!(!done.load(Ordering::SeqCst), "the stream's task was dropped, not finished");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reply_that_gets_its_window_runs_to_its_end_without_a_timer() {
+        let stall = SendStall::new();
+        let stalled = Arc::new(AtomicU64::new(0));
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (ready_tx, ready) = tokio::sync::oneshot::channel();
+        let (capacity_tx, capacity) = tokio::sync::mpsc::unbounded_channel();
+        for _ in 0..3 {
+            capacity_tx.send(()).unwrap();
+        }
+        ready_tx.send(()).unwrap();
+        let tracked = Tracked::new(body(CHUNK * 2 + 100), stall.clone(), ());
+        let mut watched = Box::pin(Watched::new(
+            stream_task(tracked, ready, capacity, done.clone()),
+            stall,
+            Duration::from_secs(30),
+            stalled.clone(),
+        ));
+        // Capacity was there for every frame: one poll runs the stream to its end, and no
+        // timer was started on the way.
+        let polled = std::future::poll_fn(|cx| Poll::Ready(watched.as_mut().poll(cx))).await;
+        assert!(polled.is_ready());
+        assert!(watched.timer.is_none());
+        assert_eq!((done.load(Ordering::SeqCst), stalled.load(Ordering::SeqCst)), (true, 0));
     }
 
     #[tokio::test]
