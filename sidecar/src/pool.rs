@@ -9,7 +9,7 @@
 //! elsewhere). [`send_h2`] sends one call on a connection. The pool does not retry or time
 //! calls; the caller does.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -38,7 +38,17 @@ pub(crate) struct Conn {
     pub sender: SendRequest<Bytes>,
     /// The peer's `host:port`, parsed once.
     pub authority: Authority,
+    /// Calls sent on the connection (see [`PRIME_EVERY`]).
+    sent: Arc<AtomicU32>,
 }
+
+/// One call in this many on a connection (the first one first) sends `grpc-timeout` and
+/// `traceparent` indexable, which puts their names in the peer's HPACK table: the other
+/// calls send them never-indexed (their values change with every call and would only churn
+/// the table), and a never-indexed header whose name is not in the table spells its name out
+/// (Huffman-coded) on every call, which the peer decodes into a new `HeaderName` each time.
+/// Again every so often, in case newer entries pushed the names out of the table.
+const PRIME_EVERY: u32 = 1024;
 
 struct Open {
     conn: Conn,
@@ -153,7 +163,7 @@ async fn connect(authority: &str, tls: Option<&crate::identity::ControlTls>) -> 
             sender
         }
     };
-    Ok(Open { conn: Conn { sender, authority: parsed }, closed })
+    Ok(Open { conn: Conn { sender, authority: parsed, sent: Arc::default() }, closed })
 }
 
 /// The HTTP/2 client handshake with the sidecar's settings.
@@ -219,6 +229,13 @@ pub(crate) async fn send_h2(
     parts.authority = Some(conn.authority);
     parts.path_and_query = Some(http::uri::PathAndQuery::from_static(path));
     let uri = Uri::from_parts(parts).map_err(|e| SendError::NotSent(e.to_string()))?;
+    if conn.sent.fetch_add(1, Ordering::Relaxed).is_multiple_of(PRIME_EVERY) {
+        for name in [grpc::HEADER_GRPC_TIMEOUT, agent_reach_telemetry::trace::TRACEPARENT] {
+            if let Some(v) = headers.get_mut(name) {
+                v.set_sensitive(false);
+            }
+        }
+    }
     headers.insert(http::header::CONTENT_TYPE, grpc::CONTENT_TYPE_GRPC);
     headers.insert(grpc::HEADER_TE, grpc::TRAILERS);
     let mut request = Request::new(());
@@ -402,5 +419,116 @@ mod tests {
         let reset = send_h2(conn, "/c", HeaderMap::new(), body()).await.err();
         assert!(matches!(reset, Some(SendError::Failed(_))), "{reset:?}");
         assert_eq!(data_frames.load(std::sync::atomic::Ordering::Relaxed), 0, "no request body was sent");
+    }
+
+    /// The header fields of an HPACK block that spell their names out (index 0), by walking
+    /// its representations (RFC 7541 §6).
+    fn literal_names(block: &[u8]) -> usize {
+        fn int(b: &[u8], at: &mut usize, prefix: u8) -> usize {
+            let max = (1usize << prefix) - 1;
+            let mut n = usize::from(b[*at]) & max;
+            *at += 1;
+            if n == max {
+                let mut shift = 0;
+                loop {
+                    let byte = b[*at];
+                    *at += 1;
+                    n += usize::from(byte & 0x7f) << shift;
+                    shift += 7;
+                    if byte & 0x80 == 0 {
+                        break;
+                    }
+                }
+            }
+            n
+        }
+        fn skip_string(b: &[u8], at: &mut usize) {
+            let len = int(b, at, 7);
+            *at += len;
+        }
+        let (mut at, mut literal) = (0, 0);
+        while at < block.len() {
+            let first = block[at];
+            let prefix = match first {
+                f if f & 0x80 != 0 => {
+                    int(block, &mut at, 7); // indexed field
+                    continue;
+                }
+                f if f & 0xc0 == 0x40 => 6, // literal, incremental indexing
+                f if f & 0xe0 == 0x20 => {
+                    int(block, &mut at, 5); // table size update
+                    continue;
+                }
+                _ => 4, // literal without indexing / never indexed
+            };
+            if int(block, &mut at, prefix) == 0 {
+                literal += 1;
+                skip_string(block, &mut at);
+            }
+            skip_string(block, &mut at);
+        }
+        literal
+    }
+
+    #[tokio::test]
+    async fn the_per_call_headers_names_are_indexed_after_the_first_call_of_a_connection() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        // A peer that keeps each request's header block and answers it trailers-only.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (blocks_tx, mut blocks) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+        tokio::spawn(async move {
+            let (mut tcp, _) = listener.accept().await.unwrap();
+            let mut preface = [0u8; 24];
+            tcp.read_exact(&mut preface).await.unwrap();
+            tcp.write_all(&[0, 0, 0, 0x4, 0, 0, 0, 0, 0]).await.unwrap();
+            loop {
+                let mut head = [0u8; 9];
+                if tcp.read_exact(&mut head).await.is_err() {
+                    return;
+                }
+                let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+                let mut payload = vec![0u8; len];
+                tcp.read_exact(&mut payload).await.unwrap();
+                let out = match head[3] {
+                    0x4 if head[4] & 1 == 0 => vec![0, 0, 0, 0x4, 1, 0, 0, 0, 0],
+                    0x1 => {
+                        assert_eq!(head[4] & 0x4, 0x4, "one HEADERS frame per request");
+                        let _ = blocks_tx.send(payload);
+                        // :status 200, then grpc-status 0 (literal without indexing, new
+                        // name), ending the stream.
+                        let mut block = vec![0x88, 0, 11];
+                        block.extend_from_slice(b"grpc-status");
+                        block.extend_from_slice(&[1, b'0']);
+                        let mut f = vec![0, 0, block.len() as u8, 0x1, 0x5];
+                        f.extend_from_slice(&head[5..9]);
+                        f.extend_from_slice(&block);
+                        f
+                    }
+                    _ => continue,
+                };
+                tcp.write_all(&out).await.unwrap();
+            }
+        });
+        let pool = Pool::default();
+        let conn = pool.get(&addr).await.unwrap();
+        let mut counts = Vec::new();
+        for call in 0..3u64 {
+            // As a hop sends them: both never-indexed, values new on every call.
+            let mut headers = HeaderMap::new();
+            grpc::set_timeout(&mut headers, Duration::from_millis(5_000 - call));
+            let mut trace =
+                http::HeaderValue::from_str(&format!("00-{:032x}-{:016x}-01", u128::from(call) + 1, call + 1)).unwrap();
+            trace.set_sensitive(true);
+            headers.insert(agent_reach_telemetry::trace::TRACEPARENT, trace);
+            headers.insert("ar-instance", http::HeaderValue::from_static("i-1"));
+            let resp = send_h2(conn.clone(), "/a", headers, vec![Bytes::from_static(b"x")]).await.unwrap();
+            assert_eq!(resp.headers()["grpc-status"], "0");
+            counts.push(literal_names(&blocks.recv().await.unwrap()));
+        }
+        // The first call spells out every name not in the static table (te, ar-instance,
+        // grpc-timeout, traceparent), indexing them; the calls after it refer to them
+        // by index, the two never-indexed values' names included.
+        assert_eq!(counts, [4, 0, 0]);
     }
 }

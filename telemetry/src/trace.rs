@@ -277,7 +277,8 @@ impl Extractor for HeaderExtractor<'_> {
     }
 }
 
-const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+/// The W3C trace context header.
+pub const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
 const TRACESTATE: http::HeaderName = http::HeaderName::from_static("tracestate");
 /// `00-` + 32 hex digits + `-` + 16 hex digits + `-` + 2 hex digits.
 const TRACEPARENT_LEN: usize = 55;
