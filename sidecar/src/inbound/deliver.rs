@@ -374,7 +374,13 @@ impl DeliverParts {
         // No timer here: the caller's sidecar enforces the deadline (its cancellation
         // reaches the agent), and the agent sees the remaining time in grpc-timeout.
         match send_h2(conn, path, headers, data).await {
-            Ok(resp) => Attempt::Answered(resp, None),
+            Ok(mut resp) => {
+                // The `date` that hyper-based agent servers (tonic's) put on every answer is
+                // not gRPC metadata: not carried to the caller, encoded and decoded at each
+                // hop on every call.
+                resp.headers_mut().remove(http::header::DATE);
+                Attempt::Answered(resp, None)
+            }
             Err(SendError::NotSent(e)) => {
                 Attempt::NotDelivered(DeliveryError::Unavailable(format!("instance {instance_id}: {e}")))
             }

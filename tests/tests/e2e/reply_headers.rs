@@ -175,6 +175,31 @@ async fn ar_route_names_the_strategy_target_instance_and_attempt() {
     mesh.stop(vec![sum_a, sum_b, alive]).await;
 }
 
+/// The caller's answer carries the mesh's own headers but neither the `date` that the
+/// agent's server (tonic, on hyper) puts on every answer nor a `content-length` (the
+/// status follows in trailers), whether the instance is behind another sidecar or this one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_carries_no_date_of_the_agents_server_and_no_content_length() {
+    let mesh = Mesh::start_on(Backend::Etcd).await;
+    let far = echo_agent(mesh.b.local_addr(), "far", &[("far", &[])]).await;
+    let near = echo_agent(mesh.a.local_addr(), "near", &[("near", &[])]).await;
+    wait_for_instances(&mesh.a, &[far.instance_id(), near.instance_id()]).await;
+    let client = mesh.client().await;
+    for (capability, instance) in [("far", far.instance_id()), ("near", near.instance_id())] {
+        let request = proto::InvokeRequest {
+            target: Some(Target::capability(capability).into()),
+            payload: bytes::Bytes::from_static(b"x"),
+            ..Default::default()
+        };
+        let answer = client.raw().invoke(request).await.unwrap();
+        let headers = answer.metadata();
+        assert_eq!(headers.get("ar-instance").map(|v| v.to_str().unwrap()), Some(instance.as_str()), "{capability}");
+        assert!(headers.get("ar-route").is_some(), "{capability}");
+        assert_eq!((headers.get("date"), headers.get("content-length")), (None, None), "{capability}: {headers:?}");
+    }
+    mesh.stop(vec![far, near]).await;
+}
+
 /// With `consistent_hash` and `hash_key: "user"`, the metadata value `user` — not the
 /// session — decides the instance: every call of a user lands on the instance the
 /// sidecar's Route names for that key, whatever its session, and users spread.
