@@ -321,6 +321,18 @@ mod tests {
         assert_eq!(pool.get(&live).await.unwrap().authority, conn.authority);
     }
 
+    /// The next frame a raw peer reads: its 9-byte header and its payload (`None` once
+    /// the connection ended).
+    async fn read_frame(tcp: &mut tokio::net::TcpStream) -> Option<([u8; 9], Vec<u8>)> {
+        use tokio::io::AsyncReadExt;
+        let mut head = [0u8; 9];
+        tcp.read_exact(&mut head).await.ok()?;
+        let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+        let mut payload = vec![0u8; len];
+        tcp.read_exact(&mut payload).await.unwrap();
+        Some((head, payload))
+    }
+
     /// A peer written frame by frame, so that an answer and a reset leave in one write:
     /// it never opens a stream's receive window (no request body can be sent) and ends
     /// each stream as soon as its HEADERS arrive: the first with a trailers-only answer
@@ -359,14 +371,7 @@ mod tests {
             // SETTINGS_INITIAL_WINDOW_SIZE = 0.
             tcp.write_all(&frame(0x4, 0, 0, &[0, 4, 0, 0, 0, 0])).await.unwrap();
             let mut requests = 0;
-            loop {
-                let mut head = [0u8; 9];
-                if tcp.read_exact(&mut head).await.is_err() {
-                    return;
-                }
-                let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
-                let mut payload = vec![0u8; len];
-                tcp.read_exact(&mut payload).await.unwrap();
+            while let Some((head, _)) = read_frame(&mut tcp).await {
                 let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
                 let out = match head[3] {
                     0x0 => {
@@ -482,14 +487,7 @@ mod tests {
             let mut preface = [0u8; 24];
             tcp.read_exact(&mut preface).await.unwrap();
             tcp.write_all(&[0, 0, 0, 0x4, 0, 0, 0, 0, 0]).await.unwrap();
-            loop {
-                let mut head = [0u8; 9];
-                if tcp.read_exact(&mut head).await.is_err() {
-                    return;
-                }
-                let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
-                let mut payload = vec![0u8; len];
-                tcp.read_exact(&mut payload).await.unwrap();
+            while let Some((head, payload)) = read_frame(&mut tcp).await {
                 let out = match head[3] {
                     0x4 if head[4] & 1 == 0 => vec![0, 0, 0, 0x4, 1, 0, 0, 0, 0],
                     0x1 => {
