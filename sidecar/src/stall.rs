@@ -111,7 +111,7 @@ where
 pin_project_lite::pin_project! {
     /// A stream's task, ended (its stream reset) once its reply has waited `timeout` for
     /// send capacity without being polled.
-    pub(crate) struct Watched<F> {
+    struct Watched<F> {
         #[pin]
         fut: F,
         stall: Arc<SendStall>,
@@ -123,7 +123,7 @@ pin_project_lite::pin_project! {
 }
 
 impl<F> Watched<F> {
-    pub(crate) fn new(fut: F, stall: Arc<SendStall>, timeout: Duration, stalled: Arc<AtomicU64>) -> Watched<F> {
+    fn new(fut: F, stall: Arc<SendStall>, timeout: Duration, stalled: Arc<AtomicU64>) -> Watched<F> {
         Watched { fut, stall, timeout, stalled, timer: None }
     }
 }
@@ -233,45 +233,54 @@ mod tests {
         Body::Frames(crate::grpc::Frames::raw(Bytes::from(vec![7u8; len])))
     }
 
-    /// A stream's task as hyper runs it: waits for its reply (`ready`), then hands each
-    /// DATA frame on and waits for send capacity (`capacity`) before polling for the next;
-    /// `done` once the body ended.
-    async fn stream_task(
-        mut tracked: Tracked<()>,
-        ready: tokio::sync::oneshot::Receiver<()>,
-        mut capacity: tokio::sync::mpsc::UnboundedReceiver<()>,
+    /// A stream's task as hyper runs it, watched with a 30 s send-stall timeout: it waits
+    /// for its reply (`ready`), then hands each DATA frame of a `len`-byte body on and waits
+    /// for send capacity (`capacity`) before polling for the next.
+    struct Stream {
+        watched: Watched<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>>,
+        ready: tokio::sync::oneshot::Sender<()>,
+        capacity: tokio::sync::mpsc::UnboundedSender<()>,
+        /// Streams ended by the watch.
+        stalled: Arc<AtomicU64>,
+        /// Set once the body ended.
         done: Arc<std::sync::atomic::AtomicBool>,
-    ) {
-        let _ = ready.await;
-        while let Some(frame) = tracked.frame().await {
-            if frame.unwrap().is_data() && capacity.recv().await.is_none() {
-                return;
+    }
+
+    const TIMEOUT: Duration = Duration::from_secs(30);
+
+    fn stream(len: usize) -> Stream {
+        let stall = SendStall::new();
+        let (stalled, done) = (Arc::new(AtomicU64::new(0)), Arc::new(std::sync::atomic::AtomicBool::new(false)));
+        let (ready, ready_rx) = tokio::sync::oneshot::channel::<()>();
+        let (capacity, mut capacity_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let mut tracked = Tracked::new(body(len), stall.clone(), ());
+        let finished = done.clone();
+        let task = Box::pin(async move {
+            let _ = ready_rx.await;
+            while let Some(frame) = tracked.frame().await {
+                if frame.unwrap().is_data() && capacity_rx.recv().await.is_none() {
+                    return;
+                }
             }
-        }
-        done.store(true, Ordering::SeqCst);
+            finished.store(true, Ordering::SeqCst);
+        });
+        Stream { watched: Watched::new(task, stall, TIMEOUT, stalled.clone()), ready, capacity, stalled, done }
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_reply_not_polled_after_handing_on_data_is_ended_after_the_timeout() {
-        let stall = SendStall::new();
-        let stalled = Arc::new(AtomicU64::new(0));
-        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (ready_tx, ready) = tokio::sync::oneshot::channel();
-        let (capacity_tx, capacity) = tokio::sync::mpsc::unbounded_channel();
         // Two DATA frames: CHUNK bytes, then 10.
-        let tracked = Tracked::new(body(CHUNK + 10), stall.clone(), ());
-        let task = stream_task(tracked, ready, capacity, done.clone());
-        let timeout = Duration::from_secs(30);
-        let watched = tokio::spawn(Watched::new(task, stall, timeout, stalled.clone()));
+        let Stream { watched, ready, capacity, stalled, done } = stream(CHUNK + 10);
+        let watched = tokio::spawn(watched);
         // No reply yet: the handler may take as long as it likes.
         tokio::time::advance(Duration::from_secs(60)).await;
         assert!(!watched.is_finished());
         // The first frame is handed on; hyper waits for capacity 29 s, gets it, hands on
         // the second: the wait starts over.
-        ready_tx.send(()).unwrap();
+        ready.send(()).unwrap();
         tokio::time::advance(Duration::from_secs(29)).await;
         assert!(!watched.is_finished());
-        capacity_tx.send(()).unwrap();
+        capacity.send(()).unwrap();
         tokio::task::yield_now().await;
         let second = tokio::time::Instant::now();
         tokio::time::advance(Duration::from_secs(29)).await;
@@ -279,29 +288,19 @@ mod tests {
         // No capacity for the second frame: ended exactly one timeout after it waited.
         tokio::time::advance(Duration::from_secs(1)).await;
         watched.await.unwrap();
-        assert_eq!(tokio::time::Instant::now() - second, timeout);
+        assert_eq!(tokio::time::Instant::now() - second, TIMEOUT);
         assert_eq!(stalled.load(Ordering::SeqCst), 1);
         assert!(!done.load(Ordering::SeqCst), "the stream's task was dropped, not finished");
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_reply_that_gets_its_window_runs_to_its_end_without_a_timer() {
-        let stall = SendStall::new();
-        let stalled = Arc::new(AtomicU64::new(0));
-        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (ready_tx, ready) = tokio::sync::oneshot::channel();
-        let (capacity_tx, capacity) = tokio::sync::mpsc::unbounded_channel();
+        let Stream { watched, ready, capacity, stalled, done } = stream(CHUNK * 2 + 100);
         for _ in 0..3 {
-            capacity_tx.send(()).unwrap();
+            capacity.send(()).unwrap();
         }
-        ready_tx.send(()).unwrap();
-        let tracked = Tracked::new(body(CHUNK * 2 + 100), stall.clone(), ());
-        let mut watched = Box::pin(Watched::new(
-            stream_task(tracked, ready, capacity, done.clone()),
-            stall,
-            Duration::from_secs(30),
-            stalled.clone(),
-        ));
+        ready.send(()).unwrap();
+        let mut watched = Box::pin(watched);
         // Capacity was there for every frame: one poll runs the stream to its end, and no
         // timer was started on the way.
         let polled = std::future::poll_fn(|cx| Poll::Ready(watched.as_mut().poll(cx))).await;
