@@ -7,7 +7,9 @@
 //! replaced when its connection task ends. Connection failures are reported as
 //! [`ConnectError`], which the forwarding path treats as "never delivered" (safe to retry
 //! elsewhere). [`send_h2`] sends one call on a connection. The pool does not retry or time
-//! calls; the caller does.
+//! calls; the caller does. The answer's stream of a call that ended cleanly is kept on its
+//! connection until the next call is sent ([`grpc::Parked`]), which saves the connection's
+//! task a poll per call.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -40,6 +42,8 @@ pub(crate) struct Conn {
     pub authority: Authority,
     /// Calls sent on the connection (see [`PRIME_EVERY`]).
     sent: Arc<AtomicU32>,
+    /// The last cleanly ended answer stream, dropped when the next call is sent.
+    parked: Arc<grpc::Parked>,
 }
 
 /// One call in this many on a connection (the first one first) sends `grpc-timeout` and
@@ -163,7 +167,7 @@ async fn connect(authority: &str, tls: Option<&crate::identity::ControlTls>) -> 
             sender
         }
     };
-    Ok(Open { conn: Conn { sender, authority: parsed, sent: Arc::default() }, closed })
+    Ok(Open { conn: Conn { sender, authority: parsed, sent: Arc::default(), parked: Arc::default() }, closed })
 }
 
 /// The HTTP/2 client handshake with the sidecar's settings.
@@ -244,6 +248,9 @@ pub(crate) async fn send_h2(
     *request.headers_mut() = headers;
     let (response, mut stream) =
         sender.send_request(request, data.is_empty()).map_err(|e| SendError::NotSent(e.to_string()))?;
+    // Queuing the HEADERS woke the connection's task: dropping the previous call's stream
+    // now wakes nothing (see `grpc::Parked`).
+    conn.parked.release();
     let last = data.len().saturating_sub(1);
     let mut unsent = None;
     for (i, chunk) in data.into_iter().enumerate() {
@@ -255,7 +262,12 @@ pub(crate) async fn send_h2(
         }
     }
     match response.await {
-        Ok(resp) => Ok(resp.map(|recv| Body::H2(grpc::H2Body::new(recv)))),
+        // A stream whose request was not all sent is not closed at its answer's end: it is
+        // not kept.
+        Ok(resp) => {
+            let parked = unsent.is_none().then_some(conn.parked);
+            Ok(resp.map(|recv| Body::H2(grpc::H2Body::new(recv, parked))))
+        }
         Err(e) if unsent.is_some() => {
             Err(SendError::Failed(format!("{e} (sending the call: {})", unsent.unwrap_or_default())))
         }
@@ -528,5 +540,89 @@ mod tests {
         // grpc-timeout, traceparent), indexing them; the calls after it refer to them
         // by index, the two never-indexed values' names included.
         assert_eq!(counts, [4, 0, 0]);
+    }
+    /// A client connection over an in-memory pipe to an `h2` server that answers every call
+    /// with HEADERS, one DATA frame and trailers; the connection's task counts its polls.
+    async fn counted_connection() -> (Conn, Arc<std::sync::atomic::AtomicUsize>) {
+        let (client_io, server_io) = tokio::io::duplex(64 * 1024);
+        tokio::spawn(async move {
+            let mut server = h2::server::handshake(server_io).await.unwrap();
+            while let Some(Ok((_request, mut respond))) = server.accept().await {
+                let mut send = respond.send_response(http::Response::new(()), false).unwrap();
+                send.send_data(Bytes::from_static(b"answer"), false).unwrap();
+                let mut trailers = HeaderMap::new();
+                trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                send.send_trailers(trailers).unwrap();
+            }
+        });
+        let (sender, connection) = handshake(client_io).await.unwrap();
+        let polls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = polls.clone();
+        let mut connection = Box::pin(connection);
+        tokio::spawn(std::future::poll_fn(move |cx| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            connection.as_mut().poll(cx)
+        }));
+        let conn =
+            Conn { sender, authority: Authority::from_static("peer:1"), sent: Arc::default(), parked: Arc::default() };
+        (conn, polls)
+    }
+
+    /// Lets every task that is ready run until none is (one thread: nothing runs meanwhile).
+    async fn settle() {
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Reads a body to its end and returns its data and trailers, keeping the body.
+    async fn read_all(body: &mut Body) -> (Vec<u8>, Option<HeaderMap>) {
+        use http_body_util::BodyExt;
+        let (mut data, mut trailers) = (Vec::new(), None);
+        while let Some(frame) = body.frame().await {
+            let frame = frame.unwrap();
+            match frame.into_data() {
+                Ok(d) => data.extend_from_slice(&d),
+                Err(frame) => trailers = frame.into_trailers().ok(),
+            }
+        }
+        (data, trailers)
+    }
+
+    #[tokio::test]
+    async fn an_ended_answer_dropped_between_calls_does_not_poll_the_connection_again() {
+        let (conn, polls) = counted_connection().await;
+        let polled = || polls.load(std::sync::atomic::Ordering::Relaxed);
+        for call in 0..3 {
+            let resp = send_h2(conn.clone(), "/a", HeaderMap::new(), vec![Bytes::from_static(b"x")]).await.unwrap();
+            assert!(!conn.parked.is_kept(), "call {call}: sending it dropped the previous call's stream");
+            let mut body = resp.into_body();
+            let (data, trailers) = read_all(&mut body).await;
+            assert!(conn.parked.is_kept(), "call {call}: its stream is kept once it ended");
+            assert_eq!(data, b"answer");
+            assert_eq!(trailers.unwrap()["grpc-status"], "0");
+            settle().await;
+            let before = polled();
+            drop(body);
+            settle().await;
+            assert_eq!(polled(), before, "call {call}: dropping the ended answer polled the connection");
+        }
+
+        // The same answer read without a slot: h2 wakes the connection when the stream's
+        // last handle drops (what the slot saves).
+        let mut sender = conn.sender.clone().ready().await.unwrap();
+        let mut request = Request::new(());
+        *request.method_mut() = http::Method::POST;
+        *request.uri_mut() = Uri::from_static("http://peer:1/a");
+        let (response, send) = sender.send_request(request, true).unwrap();
+        drop(send);
+        let recv = response.await.unwrap().into_body();
+        let mut body = Body::H2(grpc::H2Body::new(recv, None));
+        assert_eq!(read_all(&mut body).await.0, b"answer");
+        settle().await;
+        let before = polled();
+        drop(body);
+        settle().await;
+        assert_eq!(polled(), before + 1);
     }
 }

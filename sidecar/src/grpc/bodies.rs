@@ -3,6 +3,7 @@
 //! ([`H2Body`]), and a body whose trailers are tapped on the way ([`Tapped`]).
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -28,18 +29,67 @@ impl ChannelBody {
     }
 }
 
+/// A pooled connection's last cleanly ended answer stream, kept until the connection's
+/// next call is sent (then [`Parked::release`] drops it).
+///
+/// `h2` wakes the connection's task when the last handle of a closed stream is dropped
+/// (so that the stream leaves its store). An answer's [`h2::RecvStream`] is that last handle,
+/// and the task that reads it to its end drops it when the connection's task has nothing
+/// left to do: one more poll of the connection per call, which reads and writes nothing.
+/// Dropped right after the next call's HEADERS are queued (which has woken the connection's
+/// task already, and taken its waker), the stream wakes nothing. A stream that ended with an
+/// error is not kept (its reset, if any, must not wait); at most one stream per connection
+/// is, until the next call or until the connection's last handle goes.
+#[derive(Default)]
+pub(crate) struct Parked(std::sync::Mutex<Option<h2::RecvStream>>);
+
+impl Parked {
+    fn park(&self, recv: h2::RecvStream) {
+        let previous = self.0.lock().unwrap_or_else(|e| e.into_inner()).replace(recv);
+        drop(previous);
+    }
+
+    /// Drops the kept stream, if any (outside the lock).
+    pub(crate) fn release(&self) {
+        let previous = self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
+        drop(previous);
+    }
+
+    #[cfg(test)]
+    pub(crate) fn is_kept(&self) -> bool {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+}
+
 /// The body of an answer received with `h2`: data (returning flow-control capacity as it
 /// is read, so the peer keeps sending only as fast as we pass it on), then trailers.
 pub(crate) struct H2Body {
-    recv: h2::RecvStream,
+    /// `None` once a clean end handed it to `parked`.
+    recv: Option<h2::RecvStream>,
+    parked: Option<Arc<Parked>>,
     data_done: bool,
     done: bool,
 }
 
 impl H2Body {
-    pub(crate) fn new(recv: h2::RecvStream) -> H2Body {
+    /// `parked`: where the stream goes once it ended cleanly (see [`Parked`]); `None`: it is
+    /// dropped with the body.
+    pub(crate) fn new(recv: h2::RecvStream, parked: Option<Arc<Parked>>) -> H2Body {
         let done = recv.is_end_stream();
-        H2Body { recv, data_done: done, done }
+        let mut body = H2Body { recv: Some(recv), parked, data_done: done, done };
+        if done {
+            body.park();
+        }
+        body
+    }
+
+    /// After a clean end: the stream goes to the connection's [`Parked`] slot, if it has one.
+    fn park(&mut self) {
+        if let Some(parked) = self.parked.take()
+            && let Some(recv) = self.recv.take()
+        {
+            parked.park(recv);
+        }
     }
 
     pub(super) fn is_end_stream(&self) -> bool {
@@ -47,13 +97,13 @@ impl H2Body {
     }
 
     pub(super) fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if self.done {
+        let Some(recv) = self.recv.as_mut().filter(|_| !self.done) else {
             return Poll::Ready(None);
-        }
+        };
         if !self.data_done {
-            match self.recv.poll_data(cx) {
+            match recv.poll_data(cx) {
                 Poll::Ready(Some(Ok(data))) => {
-                    let _ = self.recv.flow_control().release_capacity(data.len());
+                    let _ = recv.flow_control().release_capacity(data.len());
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
                 Poll::Ready(Some(Err(e))) => {
@@ -64,21 +114,18 @@ impl H2Body {
                 Poll::Pending => return Poll::Pending,
             }
         }
-        match self.recv.poll_trailers(cx) {
-            Poll::Ready(Ok(Some(trailers))) => {
-                self.done = true;
-                Poll::Ready(Some(Ok(Frame::trailers(trailers))))
-            }
-            Poll::Ready(Ok(None)) => {
-                self.done = true;
-                Poll::Ready(None)
-            }
+        let polled = match recv.poll_trailers(cx) {
+            Poll::Ready(Ok(Some(trailers))) => Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
+            Poll::Ready(Ok(None)) => Poll::Ready(None),
             Poll::Ready(Err(e)) => {
                 self.done = true;
-                Poll::Ready(Some(Err(e.into())))
+                return Poll::Ready(Some(Err(e.into())));
             }
-            Poll::Pending => Poll::Pending,
-        }
+            Poll::Pending => return Poll::Pending,
+        };
+        self.done = true;
+        self.park();
+        polled
     }
 }
 

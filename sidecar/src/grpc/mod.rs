@@ -26,7 +26,7 @@ use hyper::body::Incoming;
 use tonic::Status;
 
 use bodies::Source;
-pub(crate) use bodies::{ChannelBody, H2Body, Tapped};
+pub(crate) use bodies::{ChannelBody, H2Body, Parked, Tapped};
 pub(crate) use frames::{Field, Frames, ReadError, StoredResponse, frames_data, read_message, single_message};
 pub(crate) use messages::{MessageReader, Read};
 
