@@ -23,8 +23,9 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Duration;
 
 use http::{Request, Response};
@@ -352,56 +353,121 @@ impl Port {
     /// timeout, when it has had no request in flight for the idle timeout, or at shutdown;
     /// drops it when a close started for a timeout has not finished one header-read
     /// timeout later. `slot` and `_running` are held until the connection ends.
+    ///
+    /// The timeouts and the shutdown signal are watched by a task of their own
+    /// ([`watchdog`]), which hands its orders to this one through [`Orders`]: here every
+    /// wake-up of a busy connection polls the connection and loads one atomic, where
+    /// polling a timer and the shutdown signal as well cost ~300 instructions per wake-up,
+    /// two per call. Must be awaited as its task's own future (it keeps the waker of its
+    /// first poll).
     pub(crate) async fn drive<C, E>(
-        &self,
+        self: &Arc<Self>,
         conn: C,
         graceful: impl Fn(Pin<&mut C>),
         activity: Arc<Activity>,
-        mut shutdown: watch::Receiver<bool>,
+        shutdown: watch::Receiver<bool>,
         slot: OwnedSemaphorePermit,
         _running: mpsc::Sender<()>,
     ) where
         C: Future<Output = Result<(), E>>,
         E: std::fmt::Display,
     {
+        let orders = Arc::new(Orders::default());
+        let watching = tokio::spawn(watchdog(self.clone(), activity, shutdown, orders.clone())).abort_handle();
         tokio::pin!(conn);
-        let mut closing: Option<Instant> = None;
-        let mut stopping = false;
-        loop {
-            let check = match closing {
-                Some(give_up) => give_up,
-                None => activity.deadline(&self.limits),
-            };
-            tokio::select! {
-                ended = conn.as_mut() => {
-                    if let Err(e) = ended {
-                        tracing::debug!("connection ended: {e}");
-                    }
-                    break;
+        let mut closing = false;
+        std::future::poll_fn(|cx| {
+            orders.register(cx.waker());
+            match orders.order.load(Ordering::SeqCst) {
+                DROP => {
+                    tracing::debug!("connection dropped: it did not close after GOAWAY");
+                    return Poll::Ready(());
                 }
-                _ = agent_reach_support::process::stopped(&mut shutdown), if !stopping => {
-                    stopping = true;
+                GRACEFUL if !closing => {
+                    closing = true;
                     graceful(conn.as_mut());
                 }
-                _ = tokio::time::sleep_until(check), if !stopping => {
-                    if closing.is_some() {
-                        tracing::debug!("connection dropped: it did not close after GOAWAY");
-                        break;
-                    }
-                    if let Some(limit) = activity.expired(&self.limits) {
-                        let counter = match limit {
-                            Expired::HeaderRead => &self.stats.header_read_timeout,
-                            Expired::Idle => &self.stats.idle_timeout,
-                        };
-                        counter.fetch_add(1, Ordering::Relaxed);
-                        tracing::debug!(?limit, "closing the connection");
-                        graceful(conn.as_mut());
-                        closing = Some(Instant::now() + self.limits.header_read_timeout);
-                    }
+                _ => {}
+            }
+            conn.as_mut().poll(cx).map(|ended| {
+                if let Err(e) = ended {
+                    tracing::debug!("connection ended: {e}");
+                }
+            })
+        })
+        .await;
+        watching.abort();
+        drop(slot);
+    }
+}
+
+/// Close the connection gracefully.
+const GRACEFUL: u8 = 1;
+/// Drop the connection.
+const DROP: u8 = 2;
+
+/// What a connection's [`watchdog`] tells its connection's task ([`Port::drive`]).
+#[derive(Default)]
+struct Orders {
+    /// 0 (none yet), [`GRACEFUL`] or [`DROP`].
+    order: AtomicU8,
+    /// The connection task's waker, kept from its first poll (any waker of a task wakes it).
+    task: std::sync::OnceLock<std::task::Waker>,
+}
+
+impl Orders {
+    fn register(&self, waker: &std::task::Waker) {
+        if self.task.get().is_none() {
+            let _ = self.task.set(waker.clone());
+            // Pairs with the fence in `give`: an order given before the waker was kept is
+            // seen by the load that follows this poll's registration.
+            std::sync::atomic::fence(Ordering::SeqCst);
+        }
+        debug_assert!(self.task.get().is_some_and(|t| t.will_wake(waker)), "drive is polled by one task");
+    }
+
+    fn give(&self, order: u8) {
+        self.order.store(order, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if let Some(task) = self.task.get() {
+            task.wake_by_ref();
+        }
+    }
+}
+
+/// Watches one connection's timeouts and the shutdown signal, and gives its task the
+/// orders of [`Port::drive`]; ends after a shutdown's or a drop's order (a timeout's
+/// graceful close is followed by a drop if the connection is still there one header-read
+/// timeout later), or when the connection's task aborts it.
+async fn watchdog(port: Arc<Port>, activity: Arc<Activity>, mut shutdown: watch::Receiver<bool>, orders: Arc<Orders>) {
+    let mut closing: Option<Instant> = None;
+    loop {
+        let check = match closing {
+            Some(give_up) => give_up,
+            None => activity.deadline(&port.limits),
+        };
+        tokio::select! {
+            _ = agent_reach_support::process::stopped(&mut shutdown) => {
+                orders.give(GRACEFUL);
+                return;
+            }
+            _ = tokio::time::sleep_until(check) => {
+                if closing.is_some() {
+                    orders.give(DROP);
+                    return;
+                }
+                if let Some(limit) = activity.expired(&port.limits) {
+                    let counter = match limit {
+                        Expired::HeaderRead => &port.stats.header_read_timeout,
+                        Expired::Idle => &port.stats.idle_timeout,
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(?limit, "closing the connection");
+                    orders.give(GRACEFUL);
+                    closing = Some(Instant::now() + port.limits.header_read_timeout);
                 }
             }
         }
-        drop(slot);
     }
 }
 
@@ -571,5 +637,79 @@ mod tests {
         let info = reason::error_info(&s).unwrap();
         assert_eq!(info.reason, "LIMIT_EXCEEDED");
         assert_eq!(info.metadata.get("limit").map(String::as_str), Some("max-header-list-bytes"));
+    }
+
+    /// A connection that counts its graceful closes and its polls, and ends at its first
+    /// graceful close if `ends_on_graceful`.
+    struct FakeConn {
+        gracefuls: Arc<AtomicUsize>,
+        ends_on_graceful: bool,
+    }
+
+    impl Future for FakeConn {
+        type Output = Result<(), String>;
+        fn poll(self: Pin<&mut Self>, _cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
+            if self.ends_on_graceful && self.gracefuls.load(Ordering::Relaxed) > 0 {
+                Poll::Ready(Ok(()))
+            } else {
+                Poll::Pending
+            }
+        }
+    }
+
+    /// Drives a [`FakeConn`] on a task of its own; returns its graceful closes, the task,
+    /// the port and the shutdown sender.
+    fn driven(
+        ends_on_graceful: bool,
+    ) -> (Arc<AtomicUsize>, tokio::task::JoinHandle<()>, Arc<Port>, watch::Sender<bool>) {
+        let port = Arc::new(Port::new(limits(), Arc::default()));
+        let gracefuls = Arc::new(AtomicUsize::new(0));
+        let conn = FakeConn { gracefuls: gracefuls.clone(), ends_on_graceful };
+        let (stop, shutdown) = watch::channel(false);
+        let slot = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
+        let (running, _) = mpsc::channel(1);
+        let driving = port.clone();
+        let task = tokio::spawn(async move {
+            let graceful = |c: Pin<&mut FakeConn>| {
+                c.gracefuls.fetch_add(1, Ordering::Relaxed);
+            };
+            driving.drive(conn, graceful, Activity::new(), shutdown, slot, running).await;
+        });
+        (gracefuls, task, port, stop)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_connection_is_closed_at_the_header_read_timeout_and_dropped_one_later() {
+        let (gracefuls, task, port, _stop) = driven(false);
+        let start = Instant::now();
+        tokio::time::sleep_until(start + Duration::from_millis(1999)).await;
+        assert_eq!(gracefuls.load(Ordering::Relaxed), 0);
+        tokio::time::sleep_until(start + Duration::from_millis(2001)).await;
+        assert_eq!(gracefuls.load(Ordering::Relaxed), 1, "GOAWAY at the header-read timeout");
+        assert_eq!(port.stats.header_read_timeout.load(Ordering::Relaxed), 1);
+        tokio::time::sleep_until(start + Duration::from_millis(3999)).await;
+        assert!(!task.is_finished(), "still given time to close");
+        tokio::time::sleep_until(start + Duration::from_millis(4001)).await;
+        assert!(task.is_finished(), "dropped when it did not close after GOAWAY");
+        assert_eq!(gracefuls.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn at_shutdown_a_connection_closes_gracefully_and_is_never_cut() {
+        // One that closes when asked ends at once.
+        let (gracefuls, task, _port, stop) = driven(true);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        stop.send(true).unwrap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(gracefuls.load(Ordering::Relaxed), 1);
+        assert!(task.is_finished());
+        // One still finishing its requests is left to finish them: no drop, no timeout.
+        let (gracefuls, task, port, stop) = driven(false);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        stop.send(true).unwrap();
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(gracefuls.load(Ordering::Relaxed), 1);
+        assert!(!task.is_finished());
+        assert_eq!(port.stats.header_read_timeout.load(Ordering::Relaxed), 0);
     }
 }

@@ -144,7 +144,7 @@ async fn connect(authority: &str, tls: Option<&crate::identity::ControlTls>) -> 
             let (sender, mut connection) = handshake(io).await.map_err(|e| err(e.to_string()))?;
             let ping = connection.ping_pong();
             let connection = coalesce::Flushing::new(connection, drain);
-            tokio::spawn(drive(connection, ping, authority.to_string(), closed.clone()));
+            drive(connection, ping, authority.to_string(), closed.clone());
             sender
         }
         Some(tls) => {
@@ -163,7 +163,7 @@ async fn connect(authority: &str, tls: Option<&crate::identity::ControlTls>) -> 
             let (sender, mut connection) = handshake(io).await.map_err(|e| err(e.to_string()))?;
             let ping = connection.ping_pong();
             let connection = coalesce::Flushing::new(connection, drain);
-            tokio::spawn(drive(connection, ping, authority.to_string(), closed.clone()));
+            drive(connection, ping, authority.to_string(), closed.clone());
             sender
         }
     };
@@ -183,31 +183,53 @@ where
         .await
 }
 
-/// Runs a connection until it ends or its peer stops answering PINGs, then marks it closed.
-async fn drive<F>(connection: F, ping: Option<h2::PingPong>, peer: String, closed: Arc<AtomicBool>)
+/// Runs a connection on a task of its own until it ends, then marks it closed; a second
+/// task PINGs the peer while the connection runs and ends the connection if the peer stops
+/// answering. (In one task, every wake-up of the busy connection would poll the keepalive's
+/// timer too: ~120 instructions per poll, two polls per call.)
+fn drive<F>(connection: F, ping: Option<h2::PingPong>, peer: String, closed: Arc<AtomicBool>)
 where
-    F: std::future::Future<Output = Result<(), h2::Error>>,
+    F: std::future::Future<Output = Result<(), h2::Error>> + Send + 'static,
 {
-    // Detect peers that vanished without closing the connection: PING when idle.
-    let keepalive = async move {
-        let Some(mut ping) = ping else { return std::future::pending::<()>().await };
-        loop {
-            tokio::time::sleep(KEEPALIVE).await;
-            match tokio::time::timeout(KEEPALIVE_TIMEOUT, ping.ping(h2::Ping::opaque())).await {
-                Ok(Ok(_)) => {}
-                _ => return,
-            }
+    let ended = closed.clone();
+    let peer_name = peer.clone();
+    let task = tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(peer = %peer_name, "connection closed: {e}");
         }
-    };
-    tokio::select! {
-        result = connection => {
-            if let Err(e) = result {
-                tracing::debug!(peer = %peer, "connection closed: {e}");
-            }
-        }
-        _ = keepalive => tracing::debug!(peer = %peer, "no PING answer; dropping the connection"),
+        ended.store(true, Ordering::Relaxed);
+    });
+    if let Some(ping) = ping {
+        tokio::spawn(keepalive(ping, task.abort_handle(), peer, closed));
     }
-    closed.store(true, Ordering::Relaxed);
+}
+
+/// Detects a peer that vanished without closing the connection: PINGs it when idle, and
+/// drops the connection (its task) when the answer does not come in time. Ends with the
+/// connection.
+async fn keepalive(
+    mut ping: h2::PingPong,
+    connection: tokio::task::AbortHandle,
+    peer: String,
+    closed: Arc<AtomicBool>,
+) {
+    loop {
+        tokio::time::sleep(KEEPALIVE).await;
+        if connection.is_finished() {
+            return;
+        }
+        match tokio::time::timeout(KEEPALIVE_TIMEOUT, ping.ping(h2::Ping::opaque())).await {
+            Ok(Ok(_)) => {}
+            _ => {
+                if !connection.is_finished() {
+                    tracing::debug!(peer = %peer, "no PING answer; dropping the connection");
+                }
+                closed.store(true, Ordering::Relaxed);
+                connection.abort();
+                return;
+            }
+        }
+    }
 }
 
 /// Why an `h2` call failed.
@@ -624,5 +646,37 @@ mod tests {
         drop(body);
         settle().await;
         assert_eq!(polled(), before + 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_that_stops_answering_pings_loses_its_connection() {
+        let (client_io, server_io) = tokio::io::duplex(64 * 1024);
+        // The peer answers (its connection is polled) until told to stop, then keeps the
+        // connection open without ever polling it again: a host that vanished.
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let peer = tokio::spawn(async move {
+            let mut server = h2::server::handshake(server_io).await.unwrap();
+            tokio::select! {
+                _ = async { while server.accept().await.is_some() {} } => unreachable!("the client keeps it open"),
+                _ = stopped => {}
+            }
+            server
+        });
+        let (sender, mut connection) = handshake(client_io).await.unwrap();
+        let ping = connection.ping_pong();
+        let closed = Arc::new(AtomicBool::new(false));
+        drive(connection, ping, "peer:1".into(), closed.clone());
+        let start = tokio::time::Instant::now();
+        // The first PING (at KEEPALIVE) is answered.
+        tokio::time::sleep(KEEPALIVE + Duration::from_secs(1)).await;
+        assert!(!closed.load(Ordering::Relaxed));
+        stop.send(()).unwrap();
+        let _vanished = peer.await.unwrap();
+        // The second (at 2 × KEEPALIVE) is not: the connection goes KEEPALIVE_TIMEOUT later.
+        tokio::time::sleep_until(start + KEEPALIVE * 2 + KEEPALIVE_TIMEOUT - Duration::from_millis(100)).await;
+        assert!(!closed.load(Ordering::Relaxed), "closed before the PING's answer was due");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(closed.load(Ordering::Relaxed), "still open after the PING went unanswered");
+        assert!(sender.ready().await.is_err(), "the connection's task ended");
     }
 }
