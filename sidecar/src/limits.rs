@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
 
+use futures_util::task::AtomicWaker;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioTimer;
@@ -358,8 +359,7 @@ impl Port {
     /// ([`watchdog`]), which hands its orders to this one through [`Orders`]: here every
     /// wake-up of a busy connection polls the connection and loads one atomic, where
     /// polling a timer and the shutdown signal as well cost ~300 instructions per wake-up,
-    /// two per call. Must be awaited as its task's own future (it keeps the waker of its
-    /// first poll).
+    /// two per call.
     pub(crate) async fn drive<C, E>(
         self: &Arc<Self>,
         conn: C,
@@ -377,8 +377,8 @@ impl Port {
         tokio::pin!(conn);
         let mut closing = false;
         std::future::poll_fn(|cx| {
-            orders.register(cx.waker());
-            match orders.order.load(Ordering::SeqCst) {
+            orders.task.register(cx.waker());
+            match orders.order.load(Ordering::Acquire) {
                 DROP => {
                     tracing::debug!("connection dropped: it did not close after GOAWAY");
                     return Poll::Ready(());
@@ -406,32 +406,19 @@ const GRACEFUL: u8 = 1;
 /// Drop the connection.
 const DROP: u8 = 2;
 
-/// What a connection's [`watchdog`] tells its connection's task ([`Port::drive`]).
+/// What a connection's [`watchdog`] tells its connection's task ([`Port::drive`]): the
+/// order is stored, then the task woken; the task registers its waker, then loads the order.
 #[derive(Default)]
 struct Orders {
     /// 0 (none yet), [`GRACEFUL`] or [`DROP`].
     order: AtomicU8,
-    /// The connection task's waker, kept from its first poll (any waker of a task wakes it).
-    task: std::sync::OnceLock<std::task::Waker>,
+    task: AtomicWaker,
 }
 
 impl Orders {
-    fn register(&self, waker: &std::task::Waker) {
-        if self.task.get().is_none() {
-            let _ = self.task.set(waker.clone());
-            // Pairs with the fence in `give`: an order given before the waker was kept is
-            // seen by the load that follows this poll's registration.
-            std::sync::atomic::fence(Ordering::SeqCst);
-        }
-        debug_assert!(self.task.get().is_some_and(|t| t.will_wake(waker)), "drive is polled by one task");
-    }
-
     fn give(&self, order: u8) {
-        self.order.store(order, Ordering::SeqCst);
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if let Some(task) = self.task.get() {
-            task.wake_by_ref();
-        }
+        self.order.store(order, Ordering::Release);
+        self.task.wake();
     }
 }
 
@@ -639,8 +626,8 @@ mod tests {
         assert_eq!(info.metadata.get("limit").map(String::as_str), Some("max-header-list-bytes"));
     }
 
-    /// A connection that counts its graceful closes and its polls, and ends at its first
-    /// graceful close if `ends_on_graceful`.
+    /// A connection that counts its graceful closes, and ends at its first graceful close
+    /// if `ends_on_graceful`.
     struct FakeConn {
         gracefuls: Arc<AtomicUsize>,
         ends_on_graceful: bool,
