@@ -13,7 +13,9 @@
 //! drives it with [`Port::drive`] (which closes it gracefully when it sent no request
 //! headers in time, stayed idle too long, or the sidecar shuts down). h2 itself advertises
 //! the streams limit and refuses streams past it (REFUSED_STREAM), and keeps its
-//! protections against reset floods (CVE-2023-44487) on.
+//! protections against reset floods (CVE-2023-44487) on. A connection accepted over TCP
+//! has its peer watched by the kernel ([`serve_tcp`]: keep-alive probes and
+//! `TCP_USER_TIMEOUT`), so one whose host vanished is closed.
 //!
 //! Not here: the body-read timeout is applied where bodies are read (the `Invoke` and
 //! `Deliver` entries, [`PortLimits::body_read_timeout`]); TLS handshakes have their own
@@ -287,10 +289,10 @@ impl Port {
             // connection gets GOAWAY. The values are hyper's and h2's defaults, stated
             // so that they cannot be switched off by accident.
             .max_pending_accept_reset_streams(20)
-            .max_local_error_reset_streams(1024)
-            // Dead peers: a PING unanswered within the timeout closes the connection.
-            .keep_alive_interval(Duration::from_secs(20))
-            .keep_alive_timeout(Duration::from_secs(10));
+            // No HTTP/2 keep-alive: hyper's ran a timer and a lock on every poll and
+            // frame of every connection. Dead peers are found by the kernel instead
+            // ([`serve_tcp`]); on the Unix socket a peer's end closes with its process.
+            .max_local_error_reset_streams(1024);
         builder
     }
 
@@ -534,10 +536,104 @@ impl Drop for ActiveGuard {
     }
 }
 
+/// How long a served TCP connection may be silent before the kernel probes its peer
+/// (TCP keep-alive), how often it probes then, and after how many unanswered probes it
+/// gives up on the peer.
+const PEER_PROBE_AFTER: Duration = Duration::from_secs(20);
+const PEER_PROBE_EVERY: Duration = Duration::from_secs(5);
+const PEER_PROBES: u32 = 2;
+/// How long bytes sent on a served TCP connection may stay unacknowledged before the
+/// kernel drops it (`TCP_USER_TIMEOUT`, Linux).
+const PEER_ACK_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Sets up a TCP connection accepted on the local or mesh port (plaintext or before its
+/// TLS handshake): no Nagle delay, and dead-peer detection by the kernel. A peer whose
+/// host vanished (power loss, a partition) is found by keep-alive probes once the
+/// connection has been silent [`PEER_PROBE_AFTER`] (about 30 s in all) and, while our
+/// bytes go unacknowledged, by `TCP_USER_TIMEOUT` after [`PEER_ACK_TIMEOUT`]; the
+/// connection then fails, and hyper ends its streams. This replaces HTTP/2 PINGs, which
+/// cost every call a timer and a lock on the connection. What it does not find, a peer
+/// process that hangs while its kernel answers, is bounded by the port's other limits:
+/// its connection closes at the idle timeout once its calls end, a reply it stops reading
+/// is reset at the send-stall timeout, and a call it never finishes sending at the
+/// body-read timeout.
+pub(crate) fn serve_tcp(tcp: &tokio::net::TcpStream) {
+    let _ = tcp.set_nodelay(true);
+    let sock = socket2::SockRef::from(tcp);
+    let probes = socket2::TcpKeepalive::new()
+        .with_time(PEER_PROBE_AFTER)
+        .with_interval(PEER_PROBE_EVERY)
+        .with_retries(PEER_PROBES);
+    if let Err(e) = sock.set_tcp_keepalive(&probes) {
+        tracing::debug!("TCP keep-alive not set on a served connection: {e}");
+    }
+    #[cfg(target_os = "linux")]
+    if let Err(e) = sock.set_tcp_user_timeout(Some(PEER_ACK_TIMEOUT)) {
+        tracing::debug!("TCP_USER_TIMEOUT not set on a served connection: {e}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use agent_reach::reason;
+
+    /// The options [`serve_tcp`] sets, read back from the socket.
+    pub(crate) fn assert_served_tcp(sock: socket2::SockRef<'_>) {
+        assert!(sock.tcp_nodelay().unwrap());
+        assert!(sock.keepalive().unwrap());
+        assert_eq!(sock.tcp_keepalive_time().unwrap(), Duration::from_secs(20));
+        assert_eq!(sock.tcp_keepalive_interval().unwrap(), Duration::from_secs(5));
+        assert_eq!(sock.tcp_keepalive_retries().unwrap(), 2);
+        #[cfg(target_os = "linux")]
+        assert_eq!(sock.tcp_user_timeout().unwrap(), Some(Duration::from_secs(30)));
+    }
+
+    #[tokio::test]
+    async fn a_served_tcp_connection_has_its_peer_watched_by_the_kernel() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (client, accepted) =
+            tokio::join!(tokio::net::TcpStream::connect(listener.local_addr().unwrap()), listener.accept());
+        let (_client, (served, _)) = (client.unwrap(), accepted.unwrap());
+        // What an accepted socket has before (the kernel's defaults: no probes).
+        assert!(!socket2::SockRef::from(&served).keepalive().unwrap());
+        serve_tcp(&served);
+        assert_served_tcp(socket2::SockRef::from(&served));
+    }
+
+    #[tokio::test]
+    async fn the_tcp_accept_loop_sets_up_every_connection_it_serves() {
+        use std::os::fd::BorrowedFd;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let port = Arc::new(Port::new(limits(), Arc::default()));
+        let (_stop, shutdown) = watch::channel(false);
+        let handler =
+            |_| -> crate::serve::HandlerFuture { Box::pin(async { grpc::status_response(Status::not_found("none")) }) };
+        tokio::spawn(crate::serve::serve_http2(listener, port, shutdown, handler));
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let client = tcp.local_addr().unwrap();
+        let (mut send, conn) = h2::client::handshake(tcp).await.unwrap();
+        tokio::spawn(conn);
+        // Answered: the loop has accepted the connection and set it up.
+        let (answer, _) = send.send_request(Request::post("http://sidecar/x").body(()).unwrap(), true).unwrap();
+        assert_eq!(answer.await.unwrap().headers()["grpc-status"], "5");
+        // This process's socket for the served end of that connection.
+        let mut served = 0;
+        for entry in std::fs::read_dir("/proc/self/fd").unwrap() {
+            let Ok(fd) = entry.unwrap().file_name().to_string_lossy().parse::<i32>() else { continue };
+            // SAFETY: the descriptor is only read from (its addresses and options), while
+            // this loop runs; one another test closes meanwhile fails those reads.
+            let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+            let sock = socket2::SockRef::from(&fd);
+            let at = |a: std::io::Result<socket2::SockAddr>| a.ok().and_then(|a| a.as_socket());
+            if at(sock.local_addr()) == Some(addr) && at(sock.peer_addr()) == Some(client) {
+                assert_served_tcp(sock);
+                served += 1;
+            }
+        }
+        assert_eq!(served, 1);
+    }
 
     fn limits() -> PortLimits {
         PortLimits {

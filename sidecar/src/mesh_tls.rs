@@ -71,9 +71,13 @@ pub async fn serve<F>(
         let (tls, slot) = tokio::select! {
             _ = agent_reach_support::process::stopped(&mut shutdown) => break,
             a = accepted.recv() => match a {
-                Some(Ok((Accepted::Tls(tls), slot))) => (tls, slot),
+                Some(Ok((Accepted::Tls(tls), slot))) => {
+                    crate::limits::serve_tcp(tls.get_ref().0);
+                    (tls, slot)
+                }
                 Some(Ok((Accepted::Plain(tcp), slot))) => {
                     port.count_plaintext();
+                    crate::limits::serve_tcp(&tcp);
                     let activity = Activity::new();
                     let service = port.clone().service(activity.clone(), handler.clone());
                     let (io, drain) = coalesce::coalesced(tcp);

@@ -45,7 +45,7 @@ pub(crate) async fn serve_http2<F>(
             }
         };
         let Some(slot) = port.admit() else { continue };
-        let _ = stream.set_nodelay(true);
+        crate::limits::serve_tcp(&stream);
         let activity = Activity::new();
         let service = port.clone().service(activity.clone(), handler.clone());
         let (io, drain) = coalesce::coalesced(stream);
