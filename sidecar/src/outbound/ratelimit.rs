@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 
 use crate::call::BoxFuture;
-use crate::call::{OutboundCall, policy_name};
+use crate::call::{OutboundCall, policy_name, target_text};
 use crate::error::SidecarError;
 use crate::grpc::Body;
 use crate::telemetry::Rejections;
@@ -192,12 +192,12 @@ where
                 .max(1);
             (limit, sidecars as u32)
         });
-        let target = call.target.to_string();
-        let policy = policy_name(&call.target);
-        let pair = call
-            .spec()
-            .and_then(|s| s.rate_limit)
-            .map(|limit| (limit, call.caller_agent(), target.as_str(), policy.as_str()));
+        // The target's bucket and policy are named only when it has a limit (most have none).
+        let pair_limit = call.spec().and_then(|s| s.rate_limit);
+        let names = pair_limit.map(|_| (target_text(&call.target), policy_name(&call.target)));
+        let pair = pair_limit
+            .zip(names.as_ref())
+            .map(|(limit, (target, policy))| (limit, call.caller_agent(), target.as_str(), policy.as_str()));
         if (tenant.is_some() || pair.is_some())
             && let Err(limited) = self.limits.check(Instant::now(), tenant, pair)
         {
