@@ -573,21 +573,42 @@ pub(crate) fn serve_tcp(tcp: &tokio::net::TcpStream) {
     }
 }
 
+/// Asserts that the socket of this process serving the TCP connection from `peer` to
+/// `local` has the options [`serve_tcp`] sets.
+#[cfg(test)]
+pub(crate) fn assert_served_tcp(local: std::net::SocketAddr, peer: std::net::SocketAddr) {
+    let mut served = 0;
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap() {
+        let Ok(fd) = entry.unwrap().file_name().to_string_lossy().parse::<i32>() else { continue };
+        // SAFETY: the descriptor is only read from (its addresses and options) while this
+        // loop runs; should another test close it meanwhile, those reads fail.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let sock = socket2::SockRef::from(&fd);
+        let at = |a: std::io::Result<socket2::SockAddr>| a.ok().and_then(|a| a.as_socket());
+        if at(sock.local_addr()) == Some(local) && at(sock.peer_addr()) == Some(peer) {
+            assert_options(sock);
+            served += 1;
+        }
+    }
+    assert_eq!(served, 1, "one socket serves {peer} -> {local}");
+}
+
+/// The options [`serve_tcp`] sets, read back from the socket.
+#[cfg(test)]
+fn assert_options(sock: socket2::SockRef<'_>) {
+    assert!(sock.tcp_nodelay().unwrap());
+    assert!(sock.keepalive().unwrap());
+    assert_eq!(sock.tcp_keepalive_time().unwrap(), PEER_PROBE_AFTER);
+    assert_eq!(sock.tcp_keepalive_interval().unwrap(), PEER_PROBE_EVERY);
+    assert_eq!(sock.tcp_keepalive_retries().unwrap(), PEER_PROBES);
+    #[cfg(target_os = "linux")]
+    assert_eq!(sock.tcp_user_timeout().unwrap(), Some(PEER_ACK_TIMEOUT));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use agent_reach::reason;
-
-    /// The options [`serve_tcp`] sets, read back from the socket.
-    pub(crate) fn assert_served_tcp(sock: socket2::SockRef<'_>) {
-        assert!(sock.tcp_nodelay().unwrap());
-        assert!(sock.keepalive().unwrap());
-        assert_eq!(sock.tcp_keepalive_time().unwrap(), Duration::from_secs(20));
-        assert_eq!(sock.tcp_keepalive_interval().unwrap(), Duration::from_secs(5));
-        assert_eq!(sock.tcp_keepalive_retries().unwrap(), 2);
-        #[cfg(target_os = "linux")]
-        assert_eq!(sock.tcp_user_timeout().unwrap(), Some(Duration::from_secs(30)));
-    }
 
     #[tokio::test]
     async fn a_served_tcp_connection_has_its_peer_watched_by_the_kernel() {
@@ -598,12 +619,11 @@ mod tests {
         // What an accepted socket has before (the kernel's defaults: no probes).
         assert!(!socket2::SockRef::from(&served).keepalive().unwrap());
         serve_tcp(&served);
-        assert_served_tcp(socket2::SockRef::from(&served));
+        assert_options(socket2::SockRef::from(&served));
     }
 
     #[tokio::test]
     async fn the_tcp_accept_loop_sets_up_every_connection_it_serves() {
-        use std::os::fd::BorrowedFd;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let port = Arc::new(Port::new(limits(), Arc::default()));
@@ -618,21 +638,7 @@ mod tests {
         // Answered: the loop has accepted the connection and set it up.
         let (answer, _) = send.send_request(Request::post("http://sidecar/x").body(()).unwrap(), true).unwrap();
         assert_eq!(answer.await.unwrap().headers()["grpc-status"], "5");
-        // This process's socket for the served end of that connection.
-        let mut served = 0;
-        for entry in std::fs::read_dir("/proc/self/fd").unwrap() {
-            let Ok(fd) = entry.unwrap().file_name().to_string_lossy().parse::<i32>() else { continue };
-            // SAFETY: the descriptor is only read from (its addresses and options), while
-            // this loop runs; one another test closes meanwhile fails those reads.
-            let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-            let sock = socket2::SockRef::from(&fd);
-            let at = |a: std::io::Result<socket2::SockAddr>| a.ok().and_then(|a| a.as_socket());
-            if at(sock.local_addr()) == Some(addr) && at(sock.peer_addr()) == Some(client) {
-                assert_served_tcp(sock);
-                served += 1;
-            }
-        }
-        assert_eq!(served, 1);
+        assert_served_tcp(addr, client);
     }
 
     fn limits() -> PortLimits {

@@ -159,3 +159,44 @@ pub fn authorize(ours: &str, req: &Request<Incoming>) -> Result<(), Status> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use agent_reach_identity::{Ca, ClientAuth, Credentials, ExpectedPeer, WorkloadId};
+    use tokio_rustls::TlsConnector;
+
+    use super::*;
+    use crate::limits::PortLimits;
+
+    fn configs(ca: &Ca, sidecar: &str) -> TlsConfigs {
+        let now = SystemTime::now();
+        let id = WorkloadId::new("mesh.test", "a", sidecar);
+        let (issued, key) = ca.issue_with_key(&id.uri(), now, now + Duration::from_secs(600)).unwrap();
+        let creds = Credentials::from_pem(&issued.cert_pem, &key, ca.bundle_pem()).unwrap();
+        TlsConfigs::new(creds, ClientAuth::Required, ExpectedPeer::AnyInTrustDomain).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_mutual_tls_connection_has_its_peer_watched_by_the_kernel() {
+        let ca = Ca::generate("mesh.test").unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let port = Arc::new(Port::new(PortLimits::default(), Arc::default()));
+        let (_stop, shutdown) = watch::channel(false);
+        let handler =
+            |_| -> HandlerFuture { Box::pin(async { crate::grpc::status_response(Status::not_found("none")) }) };
+        tokio::spawn(serve(listener, Arc::new(configs(&ca, "b")), false, port, shutdown, handler));
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let client = tcp.local_addr().unwrap();
+        let name = rustls::pki_types::ServerName::try_from(agent_reach_identity::tls::SERVER_NAME).unwrap();
+        let tls = TlsConnector::from(configs(&ca, "a").client()).connect(name, tcp).await.unwrap();
+        let (mut send, conn) = h2::client::handshake(tls).await.unwrap();
+        tokio::spawn(conn);
+        // Answered: the connection was accepted, its handshake done, and it is served.
+        let (answer, _) = send.send_request(Request::post("http://sidecar/x").body(()).unwrap(), true).unwrap();
+        assert_eq!(answer.await.unwrap().headers()["grpc-status"], "5");
+        crate::limits::assert_served_tcp(addr, client);
+    }
+}
