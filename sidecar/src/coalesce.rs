@@ -258,9 +258,9 @@ impl<F: Future, W: AsyncWrite + Unpin> Future for Flushing<F, W> {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU64, Ordering};
-    use std::time::{Duration, SystemTime};
+    use std::time::Duration;
 
-    use agent_reach_identity::{Ca, ClientAuth, Credentials, ExpectedPeer, TlsConfigs, WorkloadId};
+    use agent_reach_identity::Ca;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpSocket};
     use tokio_rustls::{TlsAcceptor, TlsConnector, client, server};
@@ -330,15 +330,6 @@ mod tests {
         }
     }
 
-    /// Mutual TLS configurations of two sidecars of one CA, as on the mesh port.
-    fn sidecar_configs(ca: &Ca, sidecar: &str) -> TlsConfigs {
-        let now = SystemTime::now();
-        let id = WorkloadId::new("mesh.test", "a", sidecar);
-        let (issued, key) = ca.issue_with_key(&id.uri(), now, now + Duration::from_secs(600)).unwrap();
-        let creds = Credentials::from_pem(&issued.cert_pem, &key, ca.bundle_pem()).unwrap();
-        TlsConfigs::new(creds, ClientAuth::Required, ExpectedPeer::AnyInTrustDomain).unwrap()
-    }
-
     type TlsClient = client::TlsStream<Counting>;
 
     /// A mutual TLS connection over `(client, server)`: the client's TLS stream, whose
@@ -347,7 +338,7 @@ mod tests {
         (client, server): (TcpStream, TcpStream),
     ) -> (TlsClient, Arc<AtomicU64>, server::TlsStream<TcpStream>) {
         let ca = Ca::generate("mesh.test").unwrap();
-        let (a, b) = (sidecar_configs(&ca, "a"), sidecar_configs(&ca, "b"));
+        let (a, b) = (crate::mesh_tls::test_configs(&ca, "a"), crate::mesh_tls::test_configs(&ca, "b"));
         let writes = Arc::new(AtomicU64::new(0));
         let name = rustls::pki_types::ServerName::try_from(agent_reach_identity::tls::SERVER_NAME).unwrap();
         let counting = Counting { tcp: client, writes: writes.clone() };

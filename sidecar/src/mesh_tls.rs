@@ -160,23 +160,25 @@ pub fn authorize(ours: &str, req: &Request<Incoming>) -> Result<(), Status> {
     Ok(())
 }
 
+/// Mutual TLS configurations of sidecar `sidecar` of tenant `a`, issued by `ca` (trust
+/// domain `mesh.test`), as on the mesh port (tests).
+#[cfg(test)]
+pub(crate) fn test_configs(ca: &agent_reach_identity::Ca, sidecar: &str) -> TlsConfigs {
+    use agent_reach_identity::{ClientAuth, Credentials, ExpectedPeer, WorkloadId};
+    let now = std::time::SystemTime::now();
+    let id = WorkloadId::new("mesh.test", "a", sidecar);
+    let (issued, key) = ca.issue_with_key(&id.uri(), now, now + Duration::from_secs(600)).unwrap();
+    let creds = Credentials::from_pem(&issued.cert_pem, &key, ca.bundle_pem()).unwrap();
+    TlsConfigs::new(creds, ClientAuth::Required, ExpectedPeer::AnyInTrustDomain).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
-    use std::time::SystemTime;
-
-    use agent_reach_identity::{Ca, ClientAuth, Credentials, ExpectedPeer, WorkloadId};
+    use agent_reach_identity::Ca;
     use tokio_rustls::TlsConnector;
 
     use super::*;
     use crate::limits::PortLimits;
-
-    fn configs(ca: &Ca, sidecar: &str) -> TlsConfigs {
-        let now = SystemTime::now();
-        let id = WorkloadId::new("mesh.test", "a", sidecar);
-        let (issued, key) = ca.issue_with_key(&id.uri(), now, now + Duration::from_secs(600)).unwrap();
-        let creds = Credentials::from_pem(&issued.cert_pem, &key, ca.bundle_pem()).unwrap();
-        TlsConfigs::new(creds, ClientAuth::Required, ExpectedPeer::AnyInTrustDomain).unwrap()
-    }
 
     #[tokio::test]
     async fn a_mutual_tls_connection_has_its_peer_watched_by_the_kernel() {
@@ -187,11 +189,11 @@ mod tests {
         let (_stop, shutdown) = watch::channel(false);
         let handler =
             |_| -> HandlerFuture { Box::pin(async { crate::grpc::status_response(Status::not_found("none")) }) };
-        tokio::spawn(serve(listener, Arc::new(configs(&ca, "b")), false, port, shutdown, handler));
+        tokio::spawn(serve(listener, Arc::new(test_configs(&ca, "b")), false, port, shutdown, handler));
         let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
         let client = tcp.local_addr().unwrap();
         let name = rustls::pki_types::ServerName::try_from(agent_reach_identity::tls::SERVER_NAME).unwrap();
-        let tls = TlsConnector::from(configs(&ca, "a").client()).connect(name, tcp).await.unwrap();
+        let tls = TlsConnector::from(test_configs(&ca, "a").client()).connect(name, tcp).await.unwrap();
         let (mut send, conn) = h2::client::handshake(tls).await.unwrap();
         tokio::spawn(conn);
         // Answered: the connection was accepted, its handshake done, and it is served.

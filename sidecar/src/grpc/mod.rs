@@ -252,6 +252,21 @@ pub(crate) fn set_timeout(headers: &mut HeaderMap, remaining: std::time::Duratio
     }
 }
 
+/// `n` in decimal, written into `buf`.
+pub(crate) fn decimal(mut n: u32, buf: &mut [u8; 10]) -> &str {
+    let mut start = buf.len();
+    loop {
+        start -= 1;
+        buf[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    // Only ASCII digits were written.
+    std::str::from_utf8(&buf[start..]).unwrap_or("0")
+}
+
 /// The `grpc-status` code `headers` carry, if any, without building a [`Status`]
 /// (`Status::from_header_map` copies the whole map even for an OK status): callers build
 /// one only for a code that is not OK.

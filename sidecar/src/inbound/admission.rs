@@ -264,23 +264,18 @@ fn load_value(busy: u32, max: u32) -> HeaderValue {
         0 => 0,
         m => (u64::from(busy) * 2000 + u64::from(m)) / (2 * u64::from(m)),
     };
-    let (whole, frac) = (thousandths / 1000, thousandths % 1000);
-    let mut out = [0u8; 24];
-    let mut start = 20;
-    let mut n = whole;
-    loop {
-        start -= 1;
-        out[start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out[20] = b'.';
-    out[21] = b'0' + (frac / 100) as u8;
-    out[22] = b'0' + (frac / 10 % 10) as u8;
-    out[23] = b'0' + (frac % 10) as u8;
-    HeaderValue::from_bytes(&out[start..]).expect("digits and a dot")
+    let mut digits = [0; 10];
+    let whole = crate::grpc::decimal(u32::try_from(thousandths / 1000).unwrap_or(u32::MAX), &mut digits).as_bytes();
+    let frac = thousandths % 1000;
+    let mut out = [0u8; 14];
+    out[..whole.len()].copy_from_slice(whole);
+    out[whole.len()..whole.len() + 4].copy_from_slice(&[
+        b'.',
+        b'0' + (frac / 100) as u8,
+        b'0' + (frac / 10 % 10) as u8,
+        b'0' + (frac % 10) as u8,
+    ]);
+    HeaderValue::from_bytes(&out[..whole.len() + 4]).expect("digits and a dot")
 }
 
 impl TrailersHook for Permit {

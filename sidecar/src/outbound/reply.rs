@@ -210,7 +210,7 @@ fn stamp(h: &mut HeaderMap, served: &Served<'_>) -> CallOutcome {
     route.push_str(" -> ");
     route.push_str(&rec.instance_id);
     route.push_str(" (attempt ");
-    route.push_str(itoa_u32(served.attempts, &mut [0; 10]));
+    route.push_str(grpc::decimal(served.attempts, &mut [0; 10]));
     route.push(')');
     if let Ok(v) = HeaderValue::try_from(route) {
         h.insert(header::ROUTE, v);
@@ -267,21 +267,6 @@ fn tried_value(tried: &[String]) -> Option<HeaderValue> {
     }
 }
 
-/// `n` in decimal, written into `buf`.
-fn itoa_u32(mut n: u32, buf: &mut [u8; 10]) -> &str {
-    let mut start = buf.len();
-    loop {
-        start -= 1;
-        buf[start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    // Only ASCII digits were written.
-    std::str::from_utf8(&buf[start..]).unwrap_or("0")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -290,7 +275,7 @@ mod tests {
     fn counts_and_lists_read_as_before() {
         for n in [0, 1, 3, 6, 7, 10, 4_294_967_295] {
             assert_eq!(attempts_value(n), HeaderValue::from(n));
-            assert_eq!(itoa_u32(n, &mut [0; 10]), n.to_string());
+            assert_eq!(grpc::decimal(n, &mut [0; 10]), n.to_string());
         }
         let tried = |ids: &[&str]| tried_value(&ids.iter().map(|s| s.to_string()).collect::<Vec<_>>());
         assert_eq!(tried(&["a-1"]), Some(HeaderValue::from_static("a-1")));
