@@ -33,7 +33,6 @@ use std::time::Duration;
 use futures_util::task::AtomicWaker;
 use http::{Request, Response};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioTimer;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::time::Instant;
 use tonic::Status;
@@ -275,8 +274,9 @@ impl Port {
     pub(crate) fn builder(&self) -> hyper::server::conn::http2::Builder<StallExec> {
         let exec = StallExec::new(self.limits.send_stall_timeout, self.stats.send_stall_timeout.clone());
         let mut builder = hyper::server::conn::http2::Builder::new(exec);
+        // No timer: hyper's HTTP/2 server uses one only for keep-alive PINGs, which these
+        // ports do not send (see below).
         builder
-            .timer(TokioTimer::new())
             // gRPC has no use for `date`; hyper would read the clock for it and every
             // hop would encode and decode it once per answer.
             .auto_date_header(false)

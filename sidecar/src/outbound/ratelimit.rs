@@ -193,11 +193,13 @@ where
             (limit, sidecars as u32)
         });
         // The target's bucket and policy are named only when it has a limit (most have none).
-        let pair_limit = call.spec().and_then(|s| s.rate_limit);
-        let names = pair_limit.map(|_| (target_text(&call.target), policy_name(&call.target)));
-        let pair = pair_limit
-            .zip(names.as_ref())
-            .map(|(limit, (target, policy))| (limit, call.caller_agent(), target.as_str(), policy.as_str()));
+        let named = call
+            .spec()
+            .and_then(|s| s.rate_limit)
+            .map(|limit| (limit, target_text(&call.target), policy_name(&call.target)));
+        let pair = named
+            .as_ref()
+            .map(|(limit, target, policy)| (*limit, call.caller_agent(), target.as_str(), policy.as_str()));
         if (tenant.is_some() || pair.is_some())
             && let Err(limited) = self.limits.check(Instant::now(), tenant, pair)
         {
