@@ -20,7 +20,8 @@
 //! an answer that provably never reached the agent; [`LOAD`] (a trailer) carries the serving
 //! instance's load ratio. [`CALLER_AGENT`] and [`CALLER_INSTANCE`] name the caller its
 //! sidecar verified, trusted by the target's sidecar only from a mutual-TLS peer of the
-//! tenant; [`CAPABILITY`] names the capability the call was routed by.
+//! tenant; [`CAPABILITY`] names the capability the call was routed by. [`HOP`] carries
+//! those five in one header to a sidecar that said, with [`HOP_OK`], that it reads it.
 //!
 //! Target's sidecar → agent: [`CALLER_AGENT`], [`CALLER_INSTANCE`] and [`CALLER_TENANT`]
 //! name the verified caller (absent for anonymous calls); an HTTP/JSON agent receives them
@@ -78,6 +79,15 @@ pub const LOAD: &str = "ar-load";
 /// `Mesh` request metadata with [`IDEMPOTENCY_KEY`]: the hex SHA-256 of what the call asks
 /// (capability, content type, payload), so a duplicate asking something else is refused.
 pub const IDEMPOTENCY_DIGEST: &str = "ar-idempotency-digest";
+/// `Mesh` request metadata: [`INSTANCE`], [`TENANT`], [`CAPABILITY`], [`CALLER_AGENT`]
+/// and [`CALLER_INSTANCE`] in one header, `instance|tenant|capability|agent|instance`
+/// (the last three may be empty), sent in their place to a sidecar that answered
+/// [`HOP_OK`] on the connection.
+pub const HOP: &str = "ar-hop";
+/// `Mesh` response metadata: `1` on the answer to a call made with the separate headers:
+/// this sidecar reads [`HOP`] (older ones do not say so, and keep getting the separate
+/// headers).
+pub const HOP_OK: &str = "ar-hop-ok";
 /// Response metadata of a call with an idempotency key: the instance whose call of the key
 /// ran (the owner of the key's claim), so the caller's sidecar sends later duplicates there.
 pub const IDEMPOTENCY_OWNER: &str = "ar-idempotency-owner";

@@ -48,6 +48,7 @@ mod error;
 pub mod fuzzing;
 mod grace;
 mod grpc;
+mod hop;
 mod http_client;
 pub mod identity;
 mod identity_file;

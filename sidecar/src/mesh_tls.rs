@@ -128,18 +128,25 @@ pub async fn serve<F>(
     }
 }
 
-/// Refuses a mesh request whose `ar-tenant` header is not its certificate's tenant, or
-/// whose certificate is of another tenant than this sidecar's (`ours`) unless the request
-/// is a Deliver naming that tenant in `ar-tenant` (a cross-tenant call, which the policies
-/// decide next). Requests without a [`MeshPeer`] (plaintext mesh) pass unchecked.
+/// Refuses a mesh request whose claimed tenant (`ar-tenant`, or the tenant field of
+/// `ar-hop`) is not its certificate's tenant, or whose certificate is of another tenant
+/// than this sidecar's (`ours`) unless the request is a Deliver claiming that tenant (a
+/// cross-tenant call, which the policies decide next). Requests without a [`MeshPeer`]
+/// (plaintext mesh) pass unchecked.
 pub fn authorize(ours: &str, req: &Request<Incoming>) -> Result<(), Status> {
     let Some(MeshPeer(peer)) = req.extensions().get::<MeshPeer>() else { return Ok(()) };
+    check_peer(ours, peer, req.uri().path(), req.headers())
+}
+
+/// [`authorize`] of a request from `peer` for `path`.
+fn check_peer(ours: &str, peer: &PeerId, path: &str, headers: &http::HeaderMap) -> Result<(), Status> {
     let PeerId::Sidecar(id) = peer else {
         return Err(reason::status(Reason::Unauthenticated, format!("{peer} is not a sidecar"), &[]));
     };
-    let deliver = matches!(req.uri().path(), crate::grpc::PATH_DELIVER | crate::grpc::PATH_DELIVER_STREAM);
-    let names_its_tenant =
-        req.headers().get(agent_reach::headers::TENANT).is_some_and(|h| h.as_bytes() == id.tenant.as_bytes());
+    let deliver = matches!(path, crate::grpc::PATH_DELIVER | crate::grpc::PATH_DELIVER_STREAM);
+    let claimed = crate::hop::claimed_tenant(headers)
+        .map_err(|why| reason::status(Reason::InvalidArgument, format!("malformed mesh request: {why}"), &[]))?;
+    let names_its_tenant = claimed.is_some_and(|(_, tenant)| tenant == id.tenant);
     if id.tenant != ours && !(deliver && names_its_tenant) {
         return Err(reason::status(
             Reason::TenantMismatch,
@@ -147,15 +154,14 @@ pub fn authorize(ours: &str, req: &Request<Incoming>) -> Result<(), Status> {
             &[("field", "certificate".into()), ("claimed", id.tenant.clone()), ("verified", ours.to_string())],
         ));
     }
-    if let Some(header) = req.headers().get(agent_reach::headers::TENANT) {
-        let claimed = header.to_str().unwrap_or_default();
-        if claimed != id.tenant {
-            return Err(reason::status(
-                Reason::TenantMismatch,
-                format!("ar-tenant names {claimed:?} but the caller's certificate is of tenant {:?}", id.tenant),
-                &[("field", "ar-tenant".into()), ("claimed", claimed.to_string()), ("verified", id.tenant.clone())],
-            ));
-        }
+    if let Some((field, claimed)) = claimed
+        && claimed != id.tenant
+    {
+        return Err(reason::status(
+            Reason::TenantMismatch,
+            format!("{field} names tenant {claimed:?} but the caller's certificate is of tenant {:?}", id.tenant),
+            &[("field", field.into()), ("claimed", claimed.to_string()), ("verified", id.tenant.clone())],
+        ));
     }
     Ok(())
 }

@@ -40,10 +40,26 @@ pub(crate) struct Conn {
     pub sender: SendRequest<Bytes>,
     /// The peer's `host:port`, parsed once.
     pub authority: Authority,
-    /// Calls sent on the connection (see [`PRIME_EVERY`]).
-    sent: Arc<AtomicU32>,
+    /// What is known of the connection.
+    state: Arc<ConnState>,
     /// The last cleanly ended answer stream, dropped when the next call is sent.
     parked: Arc<grpc::Parked>,
+}
+
+#[derive(Debug, Default)]
+struct ConnState {
+    /// Calls sent on the connection (see [`PRIME_EVERY`]).
+    sent: AtomicU32,
+    /// The peer sidecar answered [`agent_reach::headers::HOP_OK`]: it reads `ar-hop`.
+    hop: AtomicBool,
+}
+
+impl Conn {
+    /// Whether the peer, a sidecar, said on this connection that it reads `ar-hop` (see
+    /// [`crate::hop`]): calls on it then carry their routing fields in that one header.
+    pub(crate) fn speaks_hop(&self) -> bool {
+        self.state.hop.load(Ordering::Relaxed)
+    }
 }
 
 /// One call in this many on a connection (the first one first) sends `grpc-timeout` and
@@ -167,7 +183,7 @@ async fn connect(authority: &str, tls: Option<&crate::identity::ControlTls>) -> 
             sender
         }
     };
-    Ok(Open { conn: Conn { sender, authority: parsed, sent: Arc::default(), parked: Arc::default() }, closed })
+    Ok(Open { conn: Conn { sender, authority: parsed, state: Arc::default(), parked: Arc::default() }, closed })
 }
 
 /// The HTTP/2 client handshake with the sidecar's settings.
@@ -241,6 +257,19 @@ pub(crate) enum SendError {
     Failed(String),
 }
 
+/// Whom [`send_h2`] calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum To {
+    /// An agent's gRPC server (or an A2A agent's): the request carries the headers gRPC
+    /// requires, `content-type: application/grpc` and `te: trailers`.
+    Agent,
+    /// Another sidecar's mesh port. It reads neither header (no sidecar version ever has),
+    /// so the hop goes without them: two headers fewer to encode, decode and check per
+    /// call. Its answer is a gRPC answer as before. `hop`: the call's routing fields are in
+    /// `ar-hop` (else, in the separate headers, the answer may say the peer reads it).
+    Sidecar { hop: bool },
+}
+
 /// Sends a gRPC call with a unary request on `conn`: HEADERS and DATA are queued from this
 /// task together, so they leave in one write. The answer streams back as [`Body::H2`].
 pub(crate) async fn send_h2(
@@ -248,6 +277,7 @@ pub(crate) async fn send_h2(
     path: &'static str,
     mut headers: HeaderMap,
     data: Vec<Bytes>,
+    to: To,
 ) -> Result<Response<Body>, SendError> {
     let mut sender = conn.sender.ready().await.map_err(|e| SendError::NotSent(e.to_string()))?;
     let mut parts = http::uri::Parts::default();
@@ -255,15 +285,17 @@ pub(crate) async fn send_h2(
     parts.authority = Some(conn.authority);
     parts.path_and_query = Some(http::uri::PathAndQuery::from_static(path));
     let uri = Uri::from_parts(parts).map_err(|e| SendError::NotSent(e.to_string()))?;
-    if conn.sent.fetch_add(1, Ordering::Relaxed).is_multiple_of(PRIME_EVERY) {
+    if conn.state.sent.fetch_add(1, Ordering::Relaxed).is_multiple_of(PRIME_EVERY) {
         for name in [grpc::HEADER_GRPC_TIMEOUT, agent_reach_telemetry::trace::TRACEPARENT] {
             if let Some(v) = headers.get_mut(name) {
                 v.set_sensitive(false);
             }
         }
     }
-    headers.insert(http::header::CONTENT_TYPE, grpc::CONTENT_TYPE_GRPC);
-    headers.insert(grpc::HEADER_TE, grpc::TRAILERS);
+    if to == To::Agent {
+        headers.insert(http::header::CONTENT_TYPE, grpc::CONTENT_TYPE_GRPC);
+        headers.insert(grpc::HEADER_TE, grpc::TRAILERS);
+    }
     let mut request = Request::new(());
     *request.method_mut() = http::Method::POST;
     *request.uri_mut() = uri;
@@ -286,7 +318,14 @@ pub(crate) async fn send_h2(
     match response.await {
         // A stream whose request was not all sent is not closed at its answer's end: it is
         // not kept.
-        Ok(resp) => {
+        Ok(mut resp) => {
+            // A sidecar answers a call with the separate headers saying that it reads
+            // `ar-hop`; the answer goes on without it.
+            if to == (To::Sidecar { hop: false })
+                && resp.headers_mut().remove(grpc::header::HOP_OK).is_some_and(|v| v == "1")
+            {
+                conn.state.hop.store(true, Ordering::Relaxed);
+            }
             let parked = unsent.is_none().then_some(conn.parked);
             Ok(resp.map(|recv| Body::H2(grpc::H2Body::new(recv, parked))))
         }
@@ -451,11 +490,11 @@ mod tests {
         let body = || vec![Bytes::from(vec![7u8; 1024])];
         let conn = pool.get(&addr).await.unwrap();
         settled.await.unwrap();
-        let resp = send_h2(conn.clone(), "/a", HeaderMap::new(), body()).await.expect("the answer is used");
+        let resp = send_h2(conn.clone(), "/a", HeaderMap::new(), body(), To::Agent).await.expect("the answer is used");
         assert_eq!(resp.headers().get("grpc-status").map(|v| v.as_bytes()), Some(&b"8"[..]));
-        let refused = send_h2(conn.clone(), "/b", HeaderMap::new(), body()).await.err();
+        let refused = send_h2(conn.clone(), "/b", HeaderMap::new(), body(), To::Agent).await.err();
         assert!(matches!(refused, Some(SendError::NotSent(_))), "{refused:?}");
-        let reset = send_h2(conn, "/c", HeaderMap::new(), body()).await.err();
+        let reset = send_h2(conn, "/c", HeaderMap::new(), body(), To::Agent).await.err();
         assert!(matches!(reset, Some(SendError::Failed(_))), "{reset:?}");
         assert_eq!(data_frames.load(std::sync::atomic::Ordering::Relaxed), 0, "no request body was sent");
     }
@@ -554,7 +593,7 @@ mod tests {
             trace.set_sensitive(true);
             headers.insert(agent_reach_telemetry::trace::TRACEPARENT, trace);
             headers.insert("ar-instance", http::HeaderValue::from_static("i-1"));
-            let resp = send_h2(conn.clone(), "/a", headers, vec![Bytes::from_static(b"x")]).await.unwrap();
+            let resp = send_h2(conn.clone(), "/a", headers, vec![Bytes::from_static(b"x")], To::Agent).await.unwrap();
             assert_eq!(resp.headers()["grpc-status"], "0");
             counts.push(literal_names(&blocks.recv().await.unwrap()));
         }
@@ -563,6 +602,88 @@ mod tests {
         // by index, the two never-indexed values' names included.
         assert_eq!(counts, [4, 0, 0]);
     }
+    #[tokio::test]
+    async fn a_call_to_an_agent_carries_the_grpc_headers_and_one_to_a_sidecar_does_not() {
+        let (client_io, server_io) = tokio::io::duplex(64 * 1024);
+        let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut server = h2::server::handshake(server_io).await.unwrap();
+            while let Some(Ok((request, mut respond))) = server.accept().await {
+                seen_tx.send(request.headers().clone()).unwrap();
+                let mut send = respond.send_response(http::Response::new(()), false).unwrap();
+                let mut trailers = HeaderMap::new();
+                trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                send.send_trailers(trailers).unwrap();
+            }
+        });
+        let (sender, connection) = handshake(client_io).await.unwrap();
+        tokio::spawn(connection);
+        let conn =
+            Conn { sender, authority: Authority::from_static("peer:1"), state: Arc::default(), parked: Arc::default() };
+        for to in [To::Agent, To::Sidecar { hop: false }] {
+            let mut headers = HeaderMap::new();
+            grpc::set_timeout(&mut headers, Duration::from_millis(1_000));
+            headers.insert("ar-instance", http::HeaderValue::from_static("i-1"));
+            let resp = send_h2(conn.clone(), "/a", headers, vec![Bytes::from_static(b"x")], to).await.unwrap();
+            assert_eq!(resp.status(), http::StatusCode::OK);
+            let got = seen.recv().await.unwrap();
+            let mut names: Vec<&str> = got.keys().map(http::HeaderName::as_str).collect();
+            names.sort_unstable();
+            let expected: &[&str] = match to {
+                To::Agent => &["ar-instance", "content-type", "grpc-timeout", "te"],
+                To::Sidecar { .. } => &["ar-instance", "grpc-timeout"],
+            };
+            assert_eq!(names, expected, "{to:?}");
+            if to == To::Agent {
+                assert_eq!(got["content-type"], "application/grpc");
+                assert_eq!(got["te"], "trailers");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_sidecar_connection_learns_from_one_answer_that_its_peer_reads_ar_hop() {
+        // Answers every call with `ar-hop-ok: 1` in its headers, as a sidecar answers a call
+        // made with the separate headers.
+        let serve = |server_io| async move {
+            let mut server = h2::server::handshake(server_io).await.unwrap();
+            while let Some(Ok((_request, mut respond))) = server.accept().await {
+                let mut head = http::Response::new(());
+                head.headers_mut().insert(grpc::header::HOP_OK, http::HeaderValue::from_static("1"));
+                let mut send = respond.send_response(head, false).unwrap();
+                let mut trailers = HeaderMap::new();
+                trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                send.send_trailers(trailers).unwrap();
+            }
+        };
+        for to in [To::Agent, To::Sidecar { hop: true }, To::Sidecar { hop: false }] {
+            let (client_io, server_io) = tokio::io::duplex(64 * 1024);
+            tokio::spawn(serve(server_io));
+            let (sender, connection) = handshake(client_io).await.unwrap();
+            tokio::spawn(connection);
+            let conn = Conn {
+                sender,
+                authority: Authority::from_static("peer:1"),
+                state: Arc::default(),
+                parked: Arc::default(),
+            };
+            assert!(!conn.speaks_hop(), "a new connection starts with the separate headers");
+            let resp = send_h2(conn.clone(), "/a", HeaderMap::new(), vec![Bytes::from_static(b"x")], to).await.unwrap();
+            match to {
+                // An agent's answer is passed on as it came, and teaches nothing; nor does an
+                // answer to a call that was already in `ar-hop` (no sidecar says it then).
+                To::Agent | To::Sidecar { hop: true } => {
+                    assert!(!conn.speaks_hop(), "{to:?}");
+                    assert_eq!(resp.headers()["ar-hop-ok"], "1");
+                }
+                To::Sidecar { hop: false } => {
+                    assert!(conn.speaks_hop());
+                    assert!(!resp.headers().contains_key("ar-hop-ok"), "not passed on to the caller");
+                }
+            }
+        }
+    }
+
     /// A client connection over an in-memory pipe to an `h2` server that answers every call
     /// with HEADERS, one DATA frame and trailers; the connection's task counts its polls.
     async fn counted_connection() -> (Conn, Arc<std::sync::atomic::AtomicUsize>) {
@@ -586,7 +707,7 @@ mod tests {
             connection.as_mut().poll(cx)
         }));
         let conn =
-            Conn { sender, authority: Authority::from_static("peer:1"), sent: Arc::default(), parked: Arc::default() };
+            Conn { sender, authority: Authority::from_static("peer:1"), state: Arc::default(), parked: Arc::default() };
         (conn, polls)
     }
 
@@ -616,7 +737,8 @@ mod tests {
         let (conn, polls) = counted_connection().await;
         let polled = || polls.load(std::sync::atomic::Ordering::Relaxed);
         for call in 0..3 {
-            let resp = send_h2(conn.clone(), "/a", HeaderMap::new(), vec![Bytes::from_static(b"x")]).await.unwrap();
+            let resp =
+                send_h2(conn.clone(), "/a", HeaderMap::new(), vec![Bytes::from_static(b"x")], To::Agent).await.unwrap();
             assert!(!conn.parked.is_kept(), "call {call}: sending it dropped the previous call's stream");
             let mut body = resp.into_body();
             let (data, trailers) = read_all(&mut body).await;

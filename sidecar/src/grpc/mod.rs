@@ -83,6 +83,8 @@ pub(crate) mod header {
     pub(crate) const CALLER_TENANT: HeaderName = HeaderName::from_static(h::CALLER_TENANT);
     pub(crate) const CALLER_INSTANCE: HeaderName = HeaderName::from_static(h::CALLER_INSTANCE);
     pub(crate) const CAPABILITY: HeaderName = HeaderName::from_static(h::CAPABILITY);
+    pub(crate) const HOP: HeaderName = HeaderName::from_static(h::HOP);
+    pub(crate) const HOP_OK: HeaderName = HeaderName::from_static(h::HOP_OK);
 }
 
 /// A hook on an answer's trailers, held until the answer ends: the target's sidecar writes
@@ -372,6 +374,7 @@ mod tests {
             ("tracestate", false),
             ("grpc-timeout", false),
             ("ar-instance", false),
+            ("ar-hop", false),
             ("te", false),
         ] {
             assert_eq!(forwardable_header(&HeaderName::from_static(name)), fwd, "{name}");

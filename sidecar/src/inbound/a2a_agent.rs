@@ -24,7 +24,7 @@ use crate::a2a_wire::proto::{self as a2a, SendMessageConfiguration, SendMessageR
 use crate::call::{Attempt, Shape};
 use crate::error::DeliveryError;
 use crate::grpc::{self, Body, Frames, StoredResponse};
-use crate::pool::{Conn, SendError, send_h2};
+use crate::pool::{Conn, SendError, To, send_h2};
 
 /// The method a call becomes.
 const PATH_SEND_MESSAGE: &str = "/lf.a2a.v1.A2AService/SendMessage";
@@ -133,7 +133,7 @@ pub(crate) async fn deliver(
     framed.put_u32(message.len() as u32);
     framed.put_slice(&message);
     headers.insert(http::header::CONTENT_TYPE, grpc::CONTENT_TYPE_GRPC);
-    let resp = match send_h2(conn, PATH_SEND_MESSAGE, headers, vec![framed.freeze()]).await {
+    let resp = match send_h2(conn, PATH_SEND_MESSAGE, headers, vec![framed.freeze()], To::Agent).await {
         Ok(r) => r,
         Err(SendError::NotSent(e)) => {
             return Attempt::NotDelivered(DeliveryError::Unavailable(format!("instance {instance_id}: {e}")));

@@ -18,7 +18,7 @@ use crate::a2a_wire::{A2A_METHOD_KEY, A2A_PROTO_CONTENT_TYPE, PASS_THROUGH_METHO
 use crate::call::{Attempt, Shape};
 use crate::error::DeliveryError;
 use crate::grpc::{self, Body, ChannelBody, Frames, MessageReader, Read, StoredResponse};
-use crate::pool::{Conn, SendError, send_h2};
+use crate::pool::{Conn, SendError, To, send_h2};
 
 /// Whether the call is an A2A request to carry through unchanged.
 pub(crate) fn is_pass_through(call: &proto::HandleRequest) -> bool {
@@ -55,7 +55,8 @@ pub(crate) async fn forward(
         Ok(p) => p,
         Err(why) => return Attempt::Failed(DeliveryError::InvalidArgument(why)),
     };
-    let resp = match send_h2(conn, path, headers, grpc::frames_data(Frames::message(call.payload, &[]))).await {
+    let data = grpc::frames_data(Frames::message(call.payload, &[]));
+    let resp = match send_h2(conn, path, headers, data, To::Agent).await {
         Ok(r) => r,
         Err(SendError::NotSent(e)) => {
             return Attempt::NotDelivered(DeliveryError::Unavailable(format!("instance {instance_id}: {e}")));

@@ -21,8 +21,9 @@ use super::session_attach::Scanned;
 use crate::call::{Attempt, BoxFuture, Caller, InboundCall, InboundData, Shape, boxed};
 use crate::error::{DeliveryError, SidecarError};
 use crate::grpc::{self, Body, Frames, PATH_HANDLE, PATH_HANDLE_STREAM, header};
+use crate::hop::Hop;
 use crate::limits::BodyRead;
-use crate::pool::{Pool, SendError, collect_chunks, send_h2};
+use crate::pool::{Pool, SendError, To, collect_chunks, send_h2};
 use crate::registry::Registry;
 
 /// Longest wait for a session's context before delivering a call of that session.
@@ -87,22 +88,30 @@ impl MeshEntry {
         let (parts, body) = req.into_parts();
         // The headers read in a block of their own: what it found, not the whole set of
         // them, is held across the awaits below.
-        let (local, tenant, timeout, priority, idempotency_key, payload_digest, trace, caller, capability, session) = {
+        let (
+            local,
+            tenant,
+            timeout,
+            priority,
+            idempotency_key,
+            payload_digest,
+            trace,
+            caller,
+            capability,
+            session,
+            hop,
+        ) = {
             let h = MeshHeaders::read(&parts.headers);
-            let Some(instance_id) = h.instance.and_then(|v| v.to_str().ok()) else {
-                return grpc::status_response(
-                    SidecarError::from(FieldError::new(
-                        agent_reach::headers::INSTANCE,
-                        "header naming the instance is required",
-                    ))
-                    .into_status(),
-                );
+            let routing = match h.routing() {
+                Ok(r) => r,
+                Err(e) => return grpc::status_response(SidecarError::from(e).into_status()),
             };
+            let instance_id = routing.instance;
             // A sidecar serves one tenant. A call from another tenant's sidecar comes only over
             // mutual TLS (its certificate's tenant is the header's, `mesh_tls::authorize`
             // checked) and for a capability whose policy grants that tenant; otherwise it is
             // refused without saying whether the instance exists.
-            let tenant = match h.tenant.and_then(|v| v.to_str().ok()).unwrap_or_default() {
+            let tenant = match routing.tenant {
                 // This sidecar's own tenant, the usual one: a reference count, not a copy.
                 t if t == &*me.tenant => me.tenant.clone(),
                 t => Arc::<str>::from(t),
@@ -115,9 +124,8 @@ impl MeshEntry {
                         &[],
                     ));
                 }
-                let capability = h.capability.and_then(|v| v.to_str().ok()).unwrap_or_default();
-                let caller = h.caller_agent.and_then(|v| v.to_str().ok());
-                if let Err(e) = super::authz::foreign_granted(&me.table.load(), &tenant, caller, capability) {
+                let caller = routing.caller.map(|(agent, _)| agent);
+                if let Err(e) = super::authz::foreign_granted(&me.table.load(), &tenant, caller, routing.capability) {
                     crate::telemetry::Rejections::count(&me.rejections.not_authorized);
                     return grpc::status_response(e.into_status());
                 }
@@ -146,11 +154,10 @@ impl MeshEntry {
             // another tenant); on a plaintext mesh every caller is anonymous, whatever the
             // headers say.
             let caller = parts.extensions.get::<crate::mesh_tls::MeshPeer>().and_then(|_| {
-                let agent = h.caller_agent?.to_str().ok()?;
-                let instance = h.caller_instance?.to_str().ok()?;
+                let (agent, instance) = routing.caller?;
                 Some(Caller { agent: agent.into(), instance: instance.into() })
             });
-            let capability: Arc<str> = h.capability.and_then(|v| v.to_str().ok()).unwrap_or_default().into();
+            let capability: Arc<str> = routing.capability.into();
             // Prewarm: a session new to this sidecar (its calls moved here) is fetched before
             // the agent sees the call, so the agent's first read is a cache hit. Bounded, so a
             // slow control service delays the call by at most PREWARM_WAIT.
@@ -160,7 +167,8 @@ impl MeshEntry {
                 me.sessions.skipped_new();
             }
             let session = h.session.filter(|_| !new_session);
-            (local, tenant, timeout, priority, idempotency_key, payload_digest, trace, caller, capability, session)
+            let hop = h.hop.is_some();
+            (local, tenant, timeout, priority, idempotency_key, payload_digest, trace, caller, capability, session, hop)
         };
         let prewarmed = match session.and_then(|v| v.to_str().ok()) {
             Some(session) => {
@@ -199,6 +207,11 @@ impl MeshEntry {
                 if prewarmed {
                     parts.headers.insert(header::SESSION_PREWARMED, http::HeaderValue::from_static("1"));
                 }
+                if !hop {
+                    // Called with the separate headers: the caller's sidecar may send
+                    // `ar-hop` from now on (see `crate::hop`).
+                    parts.headers.insert(header::HOP_OK, http::HeaderValue::from_static("1"));
+                }
                 Response::from_parts(parts, body.tap(permit, None))
             }
             Attempt::NotDelivered(e) => grpc::not_delivered_response(e.into_status()),
@@ -223,6 +236,8 @@ struct MeshHeaders<'h> {
     idempotency_digest: Option<&'h HeaderValue>,
     session: Option<&'h HeaderValue>,
     session_new: bool,
+    /// The five routing fields in one header (see [`crate::hop`]).
+    hop: Option<&'h HeaderValue>,
 }
 
 impl<'h> MeshHeaders<'h> {
@@ -241,6 +256,7 @@ impl<'h> MeshHeaders<'h> {
                 h::IDEMPOTENCY_KEY => &mut out.idempotency_key,
                 h::IDEMPOTENCY_DIGEST => &mut out.idempotency_digest,
                 h::SESSION => &mut out.session,
+                h::HOP => &mut out.hop,
                 h::SESSION_NEW => {
                     out.session_new = true;
                     continue;
@@ -250,6 +266,31 @@ impl<'h> MeshHeaders<'h> {
             slot.get_or_insert(value);
         }
         out
+    }
+
+    /// The call's routing fields: from `ar-hop`, or from the separate headers (a request
+    /// with both forms is refused, as `mesh_tls::authorize` refuses it). The error names
+    /// what is wrong.
+    fn routing(&self) -> Result<Hop<'h>, FieldError> {
+        use agent_reach::headers as h;
+        let text = |v: Option<&'h HeaderValue>| v.and_then(|v| v.to_str().ok());
+        if let Some(hop) = self.hop {
+            let separate = [self.instance, self.tenant, self.capability, self.caller_agent, self.caller_instance];
+            if separate.iter().any(Option::is_some) {
+                return Err(FieldError::new(h::HOP, "sent with the separate headers it replaces"));
+            }
+            return Hop::parse(hop).map_err(|why| FieldError::new(h::HOP, why));
+        }
+        let Some(instance) = text(self.instance).filter(|i| !i.is_empty()) else {
+            return Err(FieldError::new(h::INSTANCE, "header naming the instance is required"));
+        };
+        let caller = text(self.caller_agent).zip(text(self.caller_instance));
+        Ok(Hop {
+            instance,
+            tenant: text(self.tenant).unwrap_or_default(),
+            capability: text(self.capability).unwrap_or_default(),
+            caller,
+        })
     }
 }
 
@@ -373,7 +414,7 @@ impl DeliverParts {
         let data = self.snapshots.attach(data, tenant);
         // No timer here: the caller's sidecar enforces the deadline (its cancellation
         // reaches the agent), and the agent sees the remaining time in grpc-timeout.
-        match send_h2(conn, path, headers, data).await {
+        match send_h2(conn, path, headers, data, To::Agent).await {
             Ok(mut resp) => {
                 // The `date` that hyper-based agent servers (tonic's) put on every answer is
                 // not gRPC metadata: not carried to the caller, encoded and decoded at each
@@ -437,6 +478,38 @@ mod header_tests {
         map.insert(header::SESSION_NEW, HeaderValue::from_static("1"));
         assert!(MeshHeaders::read(&map).session_new);
         assert!(MeshHeaders::read(&HeaderMap::new()).instance.is_none());
+    }
+
+    #[test]
+    fn the_routing_fields_come_from_ar_hop_or_the_separate_headers_never_both() {
+        let map = |pairs: &[(&'static str, &'static str)]| {
+            let mut map = HeaderMap::new();
+            for &(name, value) in pairs {
+                map.append(HeaderName::from_static(name), HeaderValue::from_static(value));
+            }
+            map
+        };
+        let expected = Hop { instance: "i-1", tenant: "t", capability: "c", caller: Some(("planner", "p-1")) };
+        let separate = map(&[
+            ("ar-instance", "i-1"),
+            ("ar-tenant", "t"),
+            ("ar-capability", "c"),
+            ("ar-caller-agent", "planner"),
+            ("ar-caller-instance", "p-1"),
+        ]);
+        assert_eq!(MeshHeaders::read(&separate).routing().unwrap(), expected);
+        let hop = map(&[("ar-hop", "i-1|t|c|planner|p-1"), ("ar-priority", "HIGH")]);
+        let h = MeshHeaders::read(&hop);
+        assert_eq!(h.routing().unwrap(), expected);
+        assert_eq!(h.priority.unwrap(), "HIGH", "the other headers are read as before");
+        let why = |pairs| MeshHeaders::read(&map(pairs)).routing().unwrap_err().to_string();
+        assert!(why(&[("ar-hop", "i-1|t|c||"), ("ar-instance", "i-2")]).contains("sent with the separate headers"));
+        assert!(why(&[("ar-hop", "i-1|t")]).contains("must have 5 fields"));
+        assert!(why(&[("ar-tenant", "t")]).contains("header naming the instance is required"));
+        assert!(why(&[("ar-instance", ""), ("ar-tenant", "t")]).contains("header naming the instance is required"));
+        // Without the caller's instance, the separate headers name no caller (as before).
+        let half = map(&[("ar-instance", "i-1"), ("ar-caller-agent", "planner")]);
+        assert_eq!(MeshHeaders::read(&half).routing().unwrap().caller, None);
     }
 }
 

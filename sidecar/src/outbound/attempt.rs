@@ -12,11 +12,12 @@ use http::{HeaderMap, HeaderValue};
 use tonic::{Code, Status};
 use tower::Service;
 
-use crate::call::{Attempt, BoxFuture, BoxedAttempt, InboundCall, InboundData, Shape, boxed};
+use crate::call::{Attempt, AttemptRequest, BoxFuture, BoxedAttempt, InboundCall, InboundData, Shape, boxed};
 use crate::error::{DeliveryError, SidecarError};
 use crate::grpc::{self, Body, PATH_DELIVER, PATH_DELIVER_STREAM, header};
+use crate::hop::Hop;
 use crate::inbound::InboundService;
-use crate::pool::{Pool, SendError, collect_chunks, send_h2};
+use crate::pool::{Pool, SendError, To, collect_chunks, send_h2};
 use crate::registry::Registry;
 use crate::telemetry::Rejections;
 
@@ -181,50 +182,7 @@ impl DispatchState {
             Shape::Unary => PATH_DELIVER,
             Shape::Stream => PATH_DELIVER_STREAM,
         };
-        let mut headers = HeaderMap::with_capacity(req.headers.len() + 8);
-        grpc::copy_forwardable(&req.headers, &mut headers);
-        grpc::set_timeout(&mut headers, req.remaining);
-        agent_reach_telemetry::trace::inject(&req.trace, &mut headers);
-        if let Ok(v) = HeaderValue::from_str(&rec.instance_id) {
-            headers.insert(header::INSTANCE, v);
-        }
-        if let Some(v) = &self.tenant_header {
-            headers.insert(header::TENANT, v.clone());
-        }
-        if req.priority != Priority::Normal {
-            headers.insert(header::PRIORITY, HeaderValue::from_static(req.priority.as_str()));
-        }
-        if let Some(k) = &req.idempotency_key
-            && let Ok(v) = HeaderValue::from_str(k)
-        {
-            headers.insert(header::IDEMPOTENCY_KEY, v);
-            if let Some(d) = &req.payload_digest
-                && let Ok(v) = HeaderValue::from_str(&crate::call::digest_hex(d))
-            {
-                headers.insert(header::IDEMPOTENCY_DIGEST, v);
-            }
-        }
-        if let Some(s) = &req.session_id
-            && let Ok(v) = HeaderValue::from_str(s)
-        {
-            headers.insert(header::SESSION, v);
-            if req.headers.contains_key(header::SESSION_NEW) {
-                headers.insert(header::SESSION_NEW, HeaderValue::from_static("1"));
-            }
-        }
-        // This sidecar vouches for the caller it verified; the target's sidecar trusts it
-        // only over mutual TLS from a sidecar of the tenant.
-        if let Some(c) = &req.caller
-            && let (Ok(agent), Ok(instance)) = (HeaderValue::from_str(&c.agent), HeaderValue::from_str(&c.instance))
-        {
-            headers.insert(header::CALLER_AGENT, agent);
-            headers.insert(header::CALLER_INSTANCE, instance);
-        }
-        if !req.capability.is_empty()
-            && let Ok(v) = HeaderValue::from_str(&req.capability)
-        {
-            headers.insert(header::CAPABILITY, v);
-        }
+        let (headers, hop) = mesh_headers(&req, &self.tenant, self.tenant_header.as_ref(), conn.speaks_hop());
         let data = match req.body {
             Body::Frames(f) => grpc::frames_data(f),
             other => match collect_chunks(other, self.limit).await {
@@ -232,7 +190,7 @@ impl DispatchState {
                 Err(e) => return Attempt::Failed(DeliveryError::Internal(e)),
             },
         };
-        match send_h2(conn, path, headers, data).await {
+        match send_h2(conn, path, headers, data, To::Sidecar { hop }).await {
             Ok(resp) if resp.headers().contains_key(header::NOT_DELIVERED) => {
                 Attempt::NotDelivered(match Status::from_header_map(resp.headers()) {
                     Some(status) => DeliveryError::Remote(status),
@@ -254,6 +212,86 @@ impl DispatchState {
     }
 }
 
+/// The headers of a call to the instance's sidecar: those that travel on, the deadline and
+/// trace, what the target's sidecar reads (priority, idempotency key, session) and the
+/// call's routing fields, in `ar-hop` when the connection's peer reads it (`hop`, see
+/// [`crate::hop`]), else in their separate headers (`tenant_header`: `tenant`'s, made once).
+/// Also returns whether `ar-hop` was used.
+fn mesh_headers(
+    req: &AttemptRequest,
+    tenant: &str,
+    tenant_header: Option<&HeaderValue>,
+    hop: bool,
+) -> (HeaderMap, bool) {
+    let rec = &req.member.instance.record;
+    let mut headers = HeaderMap::with_capacity(req.headers.len() + 8);
+    grpc::copy_forwardable(&req.headers, &mut headers);
+    grpc::set_timeout(&mut headers, req.remaining);
+    agent_reach_telemetry::trace::inject(&req.trace, &mut headers);
+    let routing = Hop {
+        instance: &rec.instance_id,
+        tenant,
+        capability: &req.capability,
+        caller: req.caller.as_ref().map(|c| (&*c.agent, &*c.instance)),
+    };
+    let hop = match hop.then(|| routing.value()).flatten() {
+        Some(v) => {
+            headers.insert(header::HOP, v);
+            true
+        }
+        None => {
+            separate_headers(&mut headers, &routing, tenant_header);
+            false
+        }
+    };
+    if req.priority != Priority::Normal {
+        headers.insert(header::PRIORITY, HeaderValue::from_static(req.priority.as_str()));
+    }
+    if let Some(k) = &req.idempotency_key
+        && let Ok(v) = HeaderValue::from_str(k)
+    {
+        headers.insert(header::IDEMPOTENCY_KEY, v);
+        if let Some(d) = &req.payload_digest
+            && let Ok(v) = HeaderValue::from_str(&crate::call::digest_hex(d))
+        {
+            headers.insert(header::IDEMPOTENCY_DIGEST, v);
+        }
+    }
+    if let Some(s) = &req.session_id
+        && let Ok(v) = HeaderValue::from_str(s)
+    {
+        headers.insert(header::SESSION, v);
+        if req.headers.contains_key(header::SESSION_NEW) {
+            headers.insert(header::SESSION_NEW, HeaderValue::from_static("1"));
+        }
+    }
+    (headers, hop)
+}
+
+/// The routing fields in their separate headers, for a sidecar that has not said it reads
+/// `ar-hop` (`tenant`: the tenant's header, made once).
+fn separate_headers(headers: &mut HeaderMap, routing: &Hop<'_>, tenant: Option<&HeaderValue>) {
+    if let Ok(v) = HeaderValue::from_str(routing.instance) {
+        headers.insert(header::INSTANCE, v);
+    }
+    if let Some(v) = tenant {
+        headers.insert(header::TENANT, v.clone());
+    }
+    // This sidecar vouches for the caller it verified; the target's sidecar trusts it
+    // only over mutual TLS from a sidecar of the tenant.
+    if let Some((agent, instance)) = routing.caller
+        && let (Ok(agent), Ok(instance)) = (HeaderValue::from_str(agent), HeaderValue::from_str(instance))
+    {
+        headers.insert(header::CALLER_AGENT, agent);
+        headers.insert(header::CALLER_INSTANCE, instance);
+    }
+    if !routing.capability.is_empty()
+        && let Ok(v) = HeaderValue::from_str(routing.capability)
+    {
+        headers.insert(header::CAPABILITY, v);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use agent_reach::reason::{self, Reason};
@@ -268,6 +306,63 @@ mod tests {
         assert!(breaker_failure(&Attempt::NotDelivered(DeliveryError::Remote(Status::unavailable("refused")))));
         assert!(breaker_failure(&Attempt::Failed(DeliveryError::Remote(Status::internal("boom")))));
         assert!(!breaker_failure(&Attempt::Failed(DeliveryError::Remote(Status::invalid_argument("bad")))));
+    }
+
+    fn attempt(capability: &str, caller: Option<crate::call::Caller>) -> AttemptRequest {
+        AttemptRequest {
+            trace: opentelemetry::Context::new(),
+            member: agent_reach_routing::Member {
+                instance: Arc::new(agent_reach::model::fixture::instance("i-1").build()),
+                stats: Arc::default(),
+            },
+            breaker: Default::default(),
+            body: Body::Empty,
+            remaining: std::time::Duration::from_secs(1),
+            headers: Arc::default(),
+            shape: Shape::Unary,
+            priority: Priority::Normal,
+            idempotency_key: None,
+            payload_digest: None,
+            session_id: None,
+            caller,
+            capability: capability.into(),
+        }
+    }
+
+    /// The `ar-` names among a request's headers, sorted.
+    fn mesh_names(headers: &HeaderMap) -> Vec<&str> {
+        let mut names: Vec<&str> = headers.keys().map(|n| n.as_str()).filter(|n| n.starts_with("ar-")).collect();
+        names.sort_unstable();
+        names
+    }
+
+    #[test]
+    fn the_routing_fields_go_in_ar_hop_only_to_a_sidecar_that_reads_it() {
+        let tenant = HeaderValue::from_static("acme");
+        let caller = crate::call::Caller { agent: "planner".into(), instance: "p-1".into() };
+        let req = attempt("text.echo", Some(caller));
+        let (separate, used) = mesh_headers(&req, "acme", Some(&tenant), false);
+        assert!(!used);
+        assert_eq!(
+            mesh_names(&separate),
+            ["ar-caller-agent", "ar-caller-instance", "ar-capability", "ar-instance", "ar-tenant"]
+        );
+        assert_eq!(
+            [&separate["ar-instance"], &separate["ar-tenant"], &separate["ar-capability"]],
+            ["i-1", "acme", "text.echo"]
+        );
+        let (hop, used) = mesh_headers(&req, "acme", Some(&tenant), true);
+        assert!(used);
+        assert_eq!(mesh_names(&hop), ["ar-hop"]);
+        assert_eq!(hop["ar-hop"], "i-1|acme|text.echo|planner|p-1");
+        // What a name cannot hold goes as before, in the separate headers.
+        let (odd, used) = mesh_headers(&attempt("a b", None), "acme", Some(&tenant), true);
+        assert!(!used, "the answer may still say the peer reads ar-hop");
+        assert_eq!(mesh_names(&odd), ["ar-capability", "ar-instance", "ar-tenant"]);
+        // The rest of the request is the same either way.
+        for headers in [&separate, &hop] {
+            assert_eq!(headers["grpc-timeout"], "1000m");
+        }
     }
 }
 

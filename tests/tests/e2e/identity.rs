@@ -564,6 +564,34 @@ async fn the_mesh_port_takes_the_tenant_from_the_certificate() {
     let reply = deliver(Some(&team_a), "team-a", "team-a").await.expect("a true tenant field");
     assert_eq!(String::from_utf8_lossy(&reply.get_ref().payload), format!("echo@{}:", target.instance_id()));
     assert_eq!(target.handled(), 2);
+    // Called with the separate headers, the sidecar says it reads `ar-hop`, which carries
+    // the same claims in one header; they are checked against the certificate the same way.
+    assert_eq!(reply.metadata().get("ar-hop-ok").map(|v| v.to_str().unwrap()), Some("1"));
+    let deliver_hop = |hop_tenant: &str, also_tenant: Option<&str>| {
+        let channel = TlsConnector::fixed(team_a.client()).channel(&format!("http://{}", b.mesh_addr())).unwrap();
+        let mut request = tonic::Request::new(proto::HandleRequest {
+            capability: "text.echo".into(),
+            instance_id: target.instance_id(),
+            ..Default::default()
+        });
+        let hop = format!("{}|{hop_tenant}|text.echo||", target.instance_id());
+        request.metadata_mut().insert("ar-hop", hop.parse().unwrap());
+        if let Some(t) = also_tenant {
+            request.metadata_mut().insert("ar-tenant", t.parse().unwrap());
+        }
+        async move { proto::mesh_client::MeshClient::new(channel).deliver(request).await }
+    };
+    let status = deliver_hop("team-b", None).await.expect_err("ar-hop claiming another tenant");
+    assert_eq!((status.code(), reason(&status).as_str()), (Code::PermissionDenied, "TENANT_MISMATCH"));
+    let info = agent_reach::reason::error_info(&status).unwrap();
+    assert_eq!((info.metadata["field"].as_str(), info.metadata["claimed"].as_str()), ("ar-hop", "team-b"));
+    let status = deliver_hop("team-a", Some("team-a")).await.expect_err("ar-hop and ar-tenant both");
+    assert_eq!((status.code(), reason(&status).as_str()), (Code::InvalidArgument, "INVALID_ARGUMENT"));
+    assert!(status.message().contains("ar-hop and ar-tenant both"), "{}", status.message());
+    let reply = deliver_hop("team-a", None).await.expect("a true ar-hop");
+    assert_eq!(String::from_utf8_lossy(&reply.get_ref().payload), format!("echo@{}:", target.instance_id()));
+    assert!(reply.metadata().get("ar-hop-ok").is_none(), "said once, to a call with the separate headers");
+    assert_eq!(target.handled(), 3);
     let other_ca = Ca::generate_named(TD, "someone else's CA").unwrap();
     let foreign = made_configs(&other_ca, &WorkloadId::new(TD, "team-a", "x").uri(), now, in_a_year, bundle);
     let expired = made_configs(
@@ -595,7 +623,7 @@ async fn the_mesh_port_takes_the_tenant_from_the_certificate() {
         matches!(status.code(), Code::Unavailable | Code::Unknown | Code::Internal | Code::Cancelled),
         "no client certificate: the connection must fail: {status:?}"
     );
-    assert_eq!(target.handled(), 2, "no refused call reached the agent");
+    assert_eq!(target.handled(), 3, "no refused call reached the agent");
     assert_eq!(store.writes_since(before).await, Vec::<String>::new(), "a refused Deliver wrote to the store");
 }
 

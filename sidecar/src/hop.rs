@@ -1,0 +1,166 @@
+//! The mesh hop's routing header, `ar-hop`: what the target's sidecar needs to find the
+//! call's instance and check the call (the instance, the caller's tenant, the capability
+//! routed by and the caller its sidecar verified) in one header instead of five. Each
+//! header of a call costs about a thousand instructions on each side (HPACK encoding,
+//! decoding, the header map); these change only with the instance and the caller, so one
+//! HPACK-indexed header carries them as cheaply as one of the five did.
+//!
+//! The value is the five fields in that order, joined by `|`; the capability and the caller
+//! (agent and instance, both or neither) may be empty. Names never hold `|` (see
+//! [`agent_reach::model::validate_name`]); a field with any byte a name cannot have makes
+//! the call go with the separate headers instead.
+//!
+//! Who sends it: a sidecar answers a `Mesh/Deliver` that came with the separate headers
+//! with [`agent_reach::headers::HOP_OK`], and the calling sidecar uses `ar-hop` on that
+//! connection from then on ([`crate::pool::Conn::speaks_hop`]). A sidecar that predates
+//! the header never says so, and keeps getting the separate headers; a new connection
+//! starts with them again. A request with both forms is refused.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http::{HeaderMap, HeaderValue};
+
+/// The routing fields of a mesh call, borrowed from wherever they are.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Hop<'a> {
+    pub instance: &'a str,
+    pub tenant: &'a str,
+    pub capability: &'a str,
+    /// The caller's agent and instance, as its sidecar verified them.
+    pub caller: Option<(&'a str, &'a str)>,
+}
+
+const SEPARATOR: u8 = b'|';
+
+/// A byte a name may hold: letters, digits, `.`, `_`, `-`, `:` (tenants are a subset).
+fn name_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':')
+}
+
+impl<'a> Hop<'a> {
+    fn fields(&self) -> [&'a str; 5] {
+        let (agent, instance) = self.caller.unwrap_or_default();
+        [self.instance, self.tenant, self.capability, agent, instance]
+    }
+
+    /// The `ar-hop` value; `None` when a field holds a byte no name has (the call then goes
+    /// with the separate headers).
+    pub(crate) fn value(&self) -> Option<HeaderValue> {
+        let fields = self.fields();
+        let len = fields.iter().map(|f| f.len() + 1).sum::<usize>();
+        let mut out = BytesMut::with_capacity(len);
+        for (i, field) in fields.iter().enumerate() {
+            if !field.bytes().all(name_byte) {
+                return None;
+            }
+            if i > 0 {
+                out.put_u8(SEPARATOR);
+            }
+            out.put_slice(field.as_bytes());
+        }
+        // Only name bytes and `|`: a valid value, handed over without a copy.
+        HeaderValue::from_maybe_shared(Bytes::from(out)).ok()
+    }
+
+    /// Reads an `ar-hop` value; the error says what is wrong with it.
+    pub(crate) fn parse(value: &'a HeaderValue) -> Result<Hop<'a>, &'static str> {
+        const WRONG_COUNT: &str =
+            "must have 5 fields separated by '|': instance, tenant, capability, caller agent, caller instance";
+        let text = value.to_str().map_err(|_| "is not visible ASCII")?;
+        // A byte loop: `str::split` costs several times as much on a value this short, and
+        // this runs once per call.
+        let mut fields = [""; 5];
+        let (mut n, mut start) = (0, 0);
+        for (i, &b) in text.as_bytes().iter().enumerate() {
+            if b == SEPARATOR {
+                if n == 4 {
+                    return Err(WRONG_COUNT);
+                }
+                fields[n] = &text[start..i];
+                (n, start) = (n + 1, i + 1);
+            }
+        }
+        if n != 4 {
+            return Err(WRONG_COUNT);
+        }
+        fields[4] = &text[start..];
+        let [instance, tenant, capability, agent, caller] = fields;
+        if instance.is_empty() {
+            return Err("names no instance");
+        }
+        let caller = match (agent.is_empty(), caller.is_empty()) {
+            (true, true) => None,
+            (false, false) => Some((agent, caller)),
+            _ => return Err("names the caller's agent or instance without the other"),
+        };
+        Ok(Hop { instance, tenant, capability, caller })
+    }
+}
+
+/// The tenant a mesh request claims and the header it is in: `ar-hop`, or `ar-tenant`
+/// (the separate headers). A request with both is refused, so what is checked against the
+/// peer's certificate is what the call is routed with.
+pub(crate) fn claimed_tenant(headers: &HeaderMap) -> Result<Option<(&'static str, &str)>, String> {
+    use agent_reach::headers as h;
+    match (headers.get(h::HOP), headers.get(h::TENANT)) {
+        (Some(_), Some(_)) => Err(format!("{} and {} both", h::HOP, h::TENANT)),
+        (Some(hop), None) => {
+            Hop::parse(hop).map(|hop| Some((h::HOP, hop.tenant))).map_err(|why| format!("{} {why}", h::HOP))
+        }
+        (None, tenant) => Ok(tenant.map(|t| (h::TENANT, t.to_str().unwrap_or_default()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hop_reads_back_as_written() {
+        let with_caller =
+            Hop { instance: "i-1", tenant: "acme", capability: "bench.echo", caller: Some(("planner", "p-1")) };
+        let anonymous = Hop { instance: "i-2", tenant: "acme", capability: "", caller: None };
+        for hop in [with_caller, anonymous] {
+            let value = hop.value().unwrap();
+            assert_eq!(Hop::parse(&value), Ok(hop));
+        }
+        assert_eq!(with_caller.value().unwrap(), "i-1|acme|bench.echo|planner|p-1");
+        assert_eq!(anonymous.value().unwrap(), "i-2|acme|||");
+    }
+
+    #[test]
+    fn a_field_no_name_could_hold_sends_the_separate_headers() {
+        for bad in ["a|b", "a b", "a,b", "é"] {
+            assert_eq!(Hop { instance: "i", tenant: "t", capability: bad, caller: None }.value(), None, "{bad:?}");
+            assert_eq!(Hop { instance: "i", tenant: "t", capability: "c", caller: Some(("a", bad)) }.value(), None);
+        }
+    }
+
+    #[test]
+    fn a_malformed_hop_is_refused_with_its_reason() {
+        let parse = |v: &'static str| Hop::parse(&HeaderValue::from_static(v)).map(|_| ());
+        assert_eq!(
+            parse("i|t|c|a"),
+            Err("must have 5 fields separated by '|': instance, tenant, capability, caller agent, caller instance")
+        );
+        assert!(parse("i|t|c|a|b|x").unwrap_err().starts_with("must have 5 fields"));
+        assert_eq!(parse("|t|c||"), Err("names no instance"));
+        assert_eq!(parse("i|t|c|a|"), Err("names the caller's agent or instance without the other"));
+        assert_eq!(parse("i|t|c||b"), Err("names the caller's agent or instance without the other"));
+        assert_eq!(parse("i|t|||"), Ok(()));
+    }
+
+    #[test]
+    fn the_claimed_tenant_comes_from_the_one_form_the_request_has() {
+        use agent_reach::headers as h;
+        let mut headers = HeaderMap::new();
+        assert_eq!(claimed_tenant(&headers), Ok(None));
+        headers.insert(h::TENANT, HeaderValue::from_static("acme"));
+        assert_eq!(claimed_tenant(&headers), Ok(Some(("ar-tenant", "acme"))));
+        headers.insert(h::HOP, HeaderValue::from_static("i|other|c||"));
+        assert_eq!(claimed_tenant(&headers), Err("ar-hop and ar-tenant both".to_string()));
+        headers.remove(h::TENANT);
+        assert_eq!(claimed_tenant(&headers), Ok(Some(("ar-hop", "other"))));
+        headers.insert(h::HOP, HeaderValue::from_static("i|other"));
+        assert!(claimed_tenant(&headers).unwrap_err().starts_with("ar-hop must have 5 fields"));
+    }
+}
