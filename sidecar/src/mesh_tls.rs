@@ -186,6 +186,34 @@ mod tests {
     use super::*;
     use crate::limits::PortLimits;
 
+    #[test]
+    fn the_tenant_a_request_claims_in_either_form_is_checked_against_the_certificate() {
+        use agent_reach::reason::error_info;
+        let peer = PeerId::Sidecar(agent_reach_identity::WorkloadId::new("mesh.test", "team-a", "x"));
+        let check = |pairs: &[(&'static str, &'static str)]| {
+            let mut headers = http::HeaderMap::new();
+            for &(name, value) in pairs {
+                headers.insert(name, http::HeaderValue::from_static(value));
+            }
+            check_peer("team-a", &peer, crate::grpc::PATH_DELIVER, &headers)
+        };
+        assert!(check(&[("ar-tenant", "team-a")]).is_ok());
+        assert!(check(&[("ar-hop", "i-1|team-a|c||")]).is_ok());
+        for (pairs, field) in
+            [(&[("ar-tenant", "team-b")][..], "ar-tenant"), (&[("ar-hop", "i-1|team-b|c||")][..], "ar-hop")]
+        {
+            let refused = check(pairs).unwrap_err();
+            let info = error_info(&refused).unwrap();
+            assert_eq!((info.reason.as_str(), info.metadata["field"].as_str()), ("TENANT_MISMATCH", field));
+            assert_eq!(info.metadata["claimed"], "team-b");
+        }
+        let both = check(&[("ar-hop", "i-1|team-a|c||"), ("ar-tenant", "team-a")]).unwrap_err();
+        assert_eq!(both.code(), tonic::Code::InvalidArgument);
+        assert!(both.message().contains("ar-hop and ar-tenant both"), "{}", both.message());
+        let malformed = check(&[("ar-hop", "i-1|team-a")]).unwrap_err();
+        assert_eq!(malformed.code(), tonic::Code::InvalidArgument);
+    }
+
     #[tokio::test]
     async fn a_mutual_tls_connection_has_its_peer_watched_by_the_kernel() {
         let ca = Ca::generate("mesh.test").unwrap();
