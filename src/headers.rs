@@ -21,7 +21,8 @@
 //! instance's load ratio. [`CALLER_AGENT`] and [`CALLER_INSTANCE`] name the caller its
 //! sidecar verified, trusted by the target's sidecar only from a mutual-TLS peer of the
 //! tenant; [`CAPABILITY`] names the capability the call was routed by. [`HOP`] carries
-//! those five in one header to a sidecar that said, with [`HOP_OK`], that it reads it.
+//! those five in one header to a sidecar that said, with [`HOP_OK`] (answering
+//! [`HOP_ASK`]), that it reads it.
 //!
 //! Target's sidecar → agent: [`CALLER_AGENT`], [`CALLER_INSTANCE`] and [`CALLER_TENANT`]
 //! name the verified caller (absent for anonymous calls); an HTTP/JSON agent receives them
@@ -84,9 +85,12 @@ pub const IDEMPOTENCY_DIGEST: &str = "ar-idempotency-digest";
 /// (the last three may be empty), sent in their place to a sidecar that answered
 /// [`HOP_OK`] on the connection.
 pub const HOP: &str = "ar-hop";
-/// `Mesh` response metadata: `1` on the answer to a call made with the separate headers:
-/// this sidecar reads [`HOP`] (older ones do not say so, and keep getting the separate
-/// headers).
+/// `Mesh` request metadata on a call made with the separate headers: a token of the
+/// connection, which a sidecar that reads [`HOP`] echoes in [`HOP_OK`].
+pub const HOP_ASK: &str = "ar-hop-ask";
+/// `Mesh` response metadata: the [`HOP_ASK`] token of the call, from a sidecar that reads
+/// [`HOP`] (older ones do not answer it, and keep getting the separate headers; an agent
+/// never sees the token, so it cannot answer for its sidecar).
 pub const HOP_OK: &str = "ar-hop-ok";
 /// Response metadata of a call with an idempotency key: the instance whose call of the key
 /// ran (the owner of the key's claim), so the caller's sidecar sends later duplicates there.

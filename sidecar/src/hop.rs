@@ -10,11 +10,14 @@
 //! [`agent_reach::model::validate_name`]); a field with any byte a name cannot have makes
 //! the call go with the separate headers instead.
 //!
-//! Who sends it: a sidecar answers a `Mesh/Deliver` that came with the separate headers
-//! with [`agent_reach::headers::HOP_OK`], and the calling sidecar uses `ar-hop` on that
-//! connection from then on ([`crate::pool::Conn::speaks_hop`]). A sidecar that predates
-//! the header never says so, and keeps getting the separate headers; a new connection
-//! starts with them again. A request with both forms is refused.
+//! Who sends it: a call with the separate headers carries a token of its connection in
+//! [`agent_reach::headers::HOP_ASK`]; a sidecar that reads `ar-hop` echoes it in
+//! [`agent_reach::headers::HOP_OK`] on its answer, and the calling sidecar uses `ar-hop` on
+//! that connection from then on ([`crate::pool::Conn::speaks_hop`]). A sidecar that
+//! predates the header never answers, and keeps getting the separate headers; a new
+//! connection starts with them again. The agent behind a sidecar never sees the token (no
+//! `ar-` header is passed to it), so an answer of its own cannot make the calling sidecar
+//! switch. A request with both forms is refused.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue};

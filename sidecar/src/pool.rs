@@ -46,12 +46,22 @@ pub(crate) struct Conn {
     parked: Arc<grpc::Parked>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct ConnState {
     /// Calls sent on the connection (see [`PRIME_EVERY`]).
     sent: AtomicU32,
-    /// The peer sidecar answered [`agent_reach::headers::HOP_OK`]: it reads `ar-hop`.
+    /// The peer sidecar echoed [`ConnState::token`] in `ar-hop-ok`: it reads `ar-hop`.
     hop: AtomicBool,
+    /// The connection's `ar-hop-ask` token, random (see [`crate::hop`]).
+    token: http::HeaderValue,
+}
+
+impl Default for ConnState {
+    fn default() -> ConnState {
+        let token = http::HeaderValue::from_str(&format!("{:016x}", rand::random::<u64>()))
+            .unwrap_or(http::HeaderValue::from_static("0"));
+        ConnState { sent: AtomicU32::new(0), hop: AtomicBool::new(false), token }
+    }
 }
 
 impl Conn {
@@ -59,6 +69,12 @@ impl Conn {
     /// [`crate::hop`]): calls on it then carry their routing fields in that one header.
     pub(crate) fn speaks_hop(&self) -> bool {
         self.state.hop.load(Ordering::Relaxed)
+    }
+
+    /// The token a call with the separate headers asks the peer sidecar to echo if it
+    /// reads `ar-hop`.
+    pub(crate) fn hop_token(&self) -> &http::HeaderValue {
+        &self.state.token
     }
 }
 
@@ -319,10 +335,10 @@ pub(crate) async fn send_h2(
         // A stream whose request was not all sent is not closed at its answer's end: it is
         // not kept.
         Ok(mut resp) => {
-            // A sidecar answers a call with the separate headers saying that it reads
-            // `ar-hop`; the answer goes on without it.
+            // A sidecar that reads `ar-hop` echoes the call's `ar-hop-ask` token; the answer
+            // goes on without it.
             if to == (To::Sidecar { hop: false })
-                && resp.headers_mut().remove(grpc::header::HOP_OK).is_some_and(|v| v == "1")
+                && resp.headers_mut().remove(grpc::header::HOP_OK).is_some_and(|v| v == conn.state.token)
             {
                 conn.state.hop.store(true, Ordering::Relaxed);
             }
@@ -643,13 +659,15 @@ mod tests {
 
     #[tokio::test]
     async fn a_sidecar_connection_learns_from_one_answer_that_its_peer_reads_ar_hop() {
-        // Answers every call with `ar-hop-ok: 1` in its headers, as a sidecar answers a call
-        // made with the separate headers.
+        // Answers every call with `ar-hop-ok: <the request's ar-hop-ask>`, as a sidecar
+        // answers a call made with the separate headers.
         let serve = |server_io| async move {
             let mut server = h2::server::handshake(server_io).await.unwrap();
-            while let Some(Ok((_request, mut respond))) = server.accept().await {
+            while let Some(Ok((request, mut respond))) = server.accept().await {
                 let mut head = http::Response::new(());
-                head.headers_mut().insert(grpc::header::HOP_OK, http::HeaderValue::from_static("1"));
+                if let Some(token) = request.headers().get(grpc::header::HOP_ASK) {
+                    head.headers_mut().insert(grpc::header::HOP_OK, token.clone());
+                }
                 let mut send = respond.send_response(head, false).unwrap();
                 let mut trailers = HeaderMap::new();
                 trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
@@ -668,13 +686,22 @@ mod tests {
                 parked: Arc::default(),
             };
             assert!(!conn.speaks_hop(), "a new connection starts with the separate headers");
-            let resp = send_h2(conn.clone(), "/a", HeaderMap::new(), vec![Bytes::from_static(b"x")], to).await.unwrap();
+            // An answer echoing another token (an agent's own, passed on by an older
+            // sidecar) teaches nothing.
+            let mut headers = HeaderMap::new();
+            headers.insert(grpc::header::HOP_ASK, http::HeaderValue::from_static("not-the-token"));
+            let resp = send_h2(conn.clone(), "/a", headers, vec![Bytes::from_static(b"x")], to).await.unwrap();
+            assert!(!conn.speaks_hop(), "{to:?}: another token");
+            assert_eq!(resp.headers().contains_key("ar-hop-ok"), to == To::Agent || to == (To::Sidecar { hop: true }));
+            let mut headers = HeaderMap::new();
+            headers.insert(grpc::header::HOP_ASK, conn.hop_token().clone());
+            let resp = send_h2(conn.clone(), "/a", headers, vec![Bytes::from_static(b"x")], to).await.unwrap();
             match to {
                 // An agent's answer is passed on as it came, and teaches nothing; nor does an
                 // answer to a call that was already in `ar-hop` (no sidecar says it then).
                 To::Agent | To::Sidecar { hop: true } => {
                     assert!(!conn.speaks_hop(), "{to:?}");
-                    assert_eq!(resp.headers()["ar-hop-ok"], "1");
+                    assert_eq!(resp.headers()["ar-hop-ok"], conn.hop_token());
                 }
                 To::Sidecar { hop: false } => {
                     assert!(conn.speaks_hop());

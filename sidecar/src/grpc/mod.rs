@@ -84,6 +84,7 @@ pub(crate) mod header {
     pub(crate) const CALLER_INSTANCE: HeaderName = HeaderName::from_static(h::CALLER_INSTANCE);
     pub(crate) const CAPABILITY: HeaderName = HeaderName::from_static(h::CAPABILITY);
     pub(crate) const HOP: HeaderName = HeaderName::from_static(h::HOP);
+    pub(crate) const HOP_ASK: HeaderName = HeaderName::from_static(h::HOP_ASK);
     pub(crate) const HOP_OK: HeaderName = HeaderName::from_static(h::HOP_OK);
 }
 

@@ -99,7 +99,7 @@ impl MeshEntry {
             caller,
             capability,
             session,
-            hop,
+            hop_ok,
         ) = {
             let h = MeshHeaders::read(&parts.headers);
             let routing = match h.routing() {
@@ -167,8 +167,22 @@ impl MeshEntry {
                 me.sessions.skipped_new();
             }
             let session = h.session.filter(|_| !new_session);
-            let hop = h.hop.is_some();
-            (local, tenant, timeout, priority, idempotency_key, payload_digest, trace, caller, capability, session, hop)
+            // A call with the separate headers asking whether this sidecar reads `ar-hop`
+            // gets its token back (see `crate::hop`).
+            let hop_ok = h.hop_ask.filter(|_| h.hop.is_none()).cloned();
+            (
+                local,
+                tenant,
+                timeout,
+                priority,
+                idempotency_key,
+                payload_digest,
+                trace,
+                caller,
+                capability,
+                session,
+                hop_ok,
+            )
         };
         let prewarmed = match session.and_then(|v| v.to_str().ok()) {
             Some(session) => {
@@ -207,10 +221,8 @@ impl MeshEntry {
                 if prewarmed {
                     parts.headers.insert(header::SESSION_PREWARMED, http::HeaderValue::from_static("1"));
                 }
-                if !hop {
-                    // Called with the separate headers: the caller's sidecar may send
-                    // `ar-hop` from now on (see `crate::hop`).
-                    parts.headers.insert(header::HOP_OK, http::HeaderValue::from_static("1"));
+                if let Some(token) = hop_ok {
+                    parts.headers.insert(header::HOP_OK, token);
                 }
                 Response::from_parts(parts, body.tap(permit, None))
             }
@@ -238,6 +250,8 @@ struct MeshHeaders<'h> {
     session_new: bool,
     /// The five routing fields in one header (see [`crate::hop`]).
     hop: Option<&'h HeaderValue>,
+    /// The token of a caller's sidecar asking whether this one reads `ar-hop`.
+    hop_ask: Option<&'h HeaderValue>,
 }
 
 impl<'h> MeshHeaders<'h> {
@@ -257,6 +271,7 @@ impl<'h> MeshHeaders<'h> {
                 h::IDEMPOTENCY_DIGEST => &mut out.idempotency_digest,
                 h::SESSION => &mut out.session,
                 h::HOP => &mut out.hop,
+                h::HOP_ASK => &mut out.hop_ask,
                 h::SESSION_NEW => {
                     out.session_new = true;
                     continue;
@@ -498,6 +513,11 @@ mod header_tests {
             ("ar-caller-instance", "p-1"),
         ]);
         assert_eq!(MeshHeaders::read(&separate).routing().unwrap(), expected);
+        assert!(MeshHeaders::read(&separate).hop_ask.is_none());
+        let mut asking = separate.clone();
+        asking.insert(header::HOP_ASK, HeaderValue::from_static("t0k3n"));
+        assert_eq!(MeshHeaders::read(&asking).hop_ask.unwrap(), "t0k3n");
+        assert_eq!(MeshHeaders::read(&asking).routing().unwrap(), expected);
         let hop = map(&[("ar-hop", "i-1|t|c|planner|p-1"), ("ar-priority", "HIGH")]);
         let h = MeshHeaders::read(&hop);
         assert_eq!(h.routing().unwrap(), expected);

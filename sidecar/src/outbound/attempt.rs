@@ -182,7 +182,8 @@ impl DispatchState {
             Shape::Unary => PATH_DELIVER,
             Shape::Stream => PATH_DELIVER_STREAM,
         };
-        let (headers, hop) = mesh_headers(&req, &self.tenant, self.tenant_header.as_ref(), conn.speaks_hop());
+        let (headers, hop) =
+            mesh_headers(&req, &self.tenant, self.tenant_header.as_ref(), (conn.speaks_hop(), conn.hop_token()));
         let data = match req.body {
             Body::Frames(f) => grpc::frames_data(f),
             other => match collect_chunks(other, self.limit).await {
@@ -214,14 +215,15 @@ impl DispatchState {
 
 /// The headers of a call to the instance's sidecar: those that travel on, the deadline and
 /// trace, what the target's sidecar reads (priority, idempotency key, session) and the
-/// call's routing fields, in `ar-hop` when the connection's peer reads it (`hop`, see
-/// [`crate::hop`]), else in their separate headers (`tenant_header`: `tenant`'s, made once).
-/// Also returns whether `ar-hop` was used.
+/// call's routing fields, in `ar-hop` when the connection's peer reads it (`hop.0`, see
+/// [`crate::hop`]), else in their separate headers with the connection's `ar-hop-ask`
+/// token (`hop.1`) (`tenant_header`: `tenant`'s, made once). Also returns whether `ar-hop`
+/// was used.
 fn mesh_headers(
     req: &AttemptRequest,
     tenant: &str,
     tenant_header: Option<&HeaderValue>,
-    hop: bool,
+    (hop, token): (bool, &HeaderValue),
 ) -> (HeaderMap, bool) {
     let rec = &req.member.instance.record;
     let mut headers = HeaderMap::with_capacity(req.headers.len() + 8);
@@ -241,6 +243,7 @@ fn mesh_headers(
         }
         None => {
             separate_headers(&mut headers, &routing, tenant_header);
+            headers.insert(header::HOP_ASK, token.clone());
             false
         }
     };
@@ -339,26 +342,28 @@ mod tests {
     #[test]
     fn the_routing_fields_go_in_ar_hop_only_to_a_sidecar_that_reads_it() {
         let tenant = HeaderValue::from_static("acme");
+        let token = HeaderValue::from_static("t0k3n");
         let caller = crate::call::Caller { agent: "planner".into(), instance: "p-1".into() };
         let req = attempt("text.echo", Some(caller));
-        let (separate, used) = mesh_headers(&req, "acme", Some(&tenant), false);
+        let (separate, used) = mesh_headers(&req, "acme", Some(&tenant), (false, &token));
         assert!(!used);
         assert_eq!(
             mesh_names(&separate),
-            ["ar-caller-agent", "ar-caller-instance", "ar-capability", "ar-instance", "ar-tenant"]
+            ["ar-caller-agent", "ar-caller-instance", "ar-capability", "ar-hop-ask", "ar-instance", "ar-tenant"]
         );
+        assert_eq!(separate["ar-hop-ask"], "t0k3n");
         assert_eq!(
             [&separate["ar-instance"], &separate["ar-tenant"], &separate["ar-capability"]],
             ["i-1", "acme", "text.echo"]
         );
-        let (hop, used) = mesh_headers(&req, "acme", Some(&tenant), true);
+        let (hop, used) = mesh_headers(&req, "acme", Some(&tenant), (true, &token));
         assert!(used);
         assert_eq!(mesh_names(&hop), ["ar-hop"]);
         assert_eq!(hop["ar-hop"], "i-1|acme|text.echo|planner|p-1");
         // What a name cannot hold goes as before, in the separate headers.
-        let (odd, used) = mesh_headers(&attempt("a b", None), "acme", Some(&tenant), true);
+        let (odd, used) = mesh_headers(&attempt("a b", None), "acme", Some(&tenant), (true, &token));
         assert!(!used, "the answer may still say the peer reads ar-hop");
-        assert_eq!(mesh_names(&odd), ["ar-capability", "ar-instance", "ar-tenant"]);
+        assert_eq!(mesh_names(&odd), ["ar-capability", "ar-hop-ask", "ar-instance", "ar-tenant"]);
         // The rest of the request is the same either way.
         for headers in [&separate, &hop] {
             assert_eq!(headers["grpc-timeout"], "1000m");

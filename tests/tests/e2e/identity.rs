@@ -544,6 +544,7 @@ async fn the_mesh_port_takes_the_tenant_from_the_certificate() {
         });
         request.metadata_mut().insert("ar-tenant", tenant_header.parse().unwrap());
         request.metadata_mut().insert("ar-instance", target.instance_id().parse().unwrap());
+        request.metadata_mut().insert("ar-hop-ask", "t0k3n".parse().unwrap());
         async move { proto::mesh_client::MeshClient::new(channel).deliver(request).await }
     };
     let team_b = made_configs(control.ca(), &WorkloadId::new(TD, "team-b", "evil").uri(), now, in_a_year, bundle);
@@ -564,9 +565,10 @@ async fn the_mesh_port_takes_the_tenant_from_the_certificate() {
     let reply = deliver(Some(&team_a), "team-a", "team-a").await.expect("a true tenant field");
     assert_eq!(String::from_utf8_lossy(&reply.get_ref().payload), format!("echo@{}:", target.instance_id()));
     assert_eq!(target.handled(), 2);
-    // Called with the separate headers, the sidecar says it reads `ar-hop`, which carries
-    // the same claims in one header; they are checked against the certificate the same way.
-    assert_eq!(reply.metadata().get("ar-hop-ok").map(|v| v.to_str().unwrap()), Some("1"));
+    // Asked with the separate headers, the sidecar says it reads `ar-hop` (echoing the
+    // token), which carries the same claims in one header; they are checked against the
+    // certificate the same way.
+    assert_eq!(reply.metadata().get("ar-hop-ok").map(|v| v.to_str().unwrap()), Some("t0k3n"));
     let deliver_hop = |hop_tenant: &str, also_tenant: Option<&str>| {
         let channel = TlsConnector::fixed(team_a.client()).channel(&format!("http://{}", b.mesh_addr())).unwrap();
         let mut request = tonic::Request::new(proto::HandleRequest {
@@ -590,7 +592,7 @@ async fn the_mesh_port_takes_the_tenant_from_the_certificate() {
     assert!(status.message().contains("ar-hop and ar-tenant both"), "{}", status.message());
     let reply = deliver_hop("team-a", None).await.expect("a true ar-hop");
     assert_eq!(String::from_utf8_lossy(&reply.get_ref().payload), format!("echo@{}:", target.instance_id()));
-    assert!(reply.metadata().get("ar-hop-ok").is_none(), "said once, to a call with the separate headers");
+    assert!(reply.metadata().get("ar-hop-ok").is_none(), "said only to a call that asked");
     assert_eq!(target.handled(), 3);
     let other_ca = Ca::generate_named(TD, "someone else's CA").unwrap();
     let foreign = made_configs(&other_ca, &WorkloadId::new(TD, "team-a", "x").uri(), now, in_a_year, bundle);
