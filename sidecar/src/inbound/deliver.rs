@@ -88,19 +88,7 @@ impl MeshEntry {
         let (parts, body) = req.into_parts();
         // The headers read in a block of their own: what it found, not the whole set of
         // them, is held across the awaits below.
-        let (
-            local,
-            tenant,
-            timeout,
-            priority,
-            idempotency_key,
-            payload_digest,
-            trace,
-            caller,
-            capability,
-            session,
-            hop_ok,
-        ) = {
+        let (local, tenant, timeout, priority, key, payload_digest, trace, caller, capability, session, echo) = {
             let h = MeshHeaders::read(&parts.headers);
             let routing = match h.routing() {
                 Ok(r) => r,
@@ -145,7 +133,7 @@ impl MeshEntry {
                 Some(b"LOW") => Priority::Low,
                 _ => Priority::Normal,
             };
-            let idempotency_key = h.idempotency_key.and_then(|v| v.to_str().ok()).map(str::to_string);
+            let key = h.idempotency_key.and_then(|v| v.to_str().ok()).map(str::to_string);
             let payload_digest =
                 h.idempotency_digest.and_then(|v| v.to_str().ok()).and_then(crate::call::digest_from_hex);
             let trace = agent_reach_telemetry::trace::extract(&parts.headers);
@@ -169,20 +157,8 @@ impl MeshEntry {
             let session = h.session.filter(|_| !new_session);
             // A call with the separate headers asking whether this sidecar reads `ar-hop`
             // gets its token back (see `crate::hop`).
-            let hop_ok = h.hop_ask.filter(|_| h.hop.is_none()).cloned();
-            (
-                local,
-                tenant,
-                timeout,
-                priority,
-                idempotency_key,
-                payload_digest,
-                trace,
-                caller,
-                capability,
-                session,
-                hop_ok,
-            )
+            let echo = h.hop_ask.filter(|_| h.hop.is_none()).cloned();
+            (local, tenant, timeout, priority, key, payload_digest, trace, caller, capability, session, echo)
         };
         let prewarmed = match session.and_then(|v| v.to_str().ok()) {
             Some(session) => {
@@ -206,7 +182,7 @@ impl MeshEntry {
             headers: Arc::new(parts.headers),
             shape,
             priority,
-            idempotency_key,
+            idempotency_key: key,
             payload_digest,
             tenant,
             trace,
@@ -221,7 +197,7 @@ impl MeshEntry {
                 if prewarmed {
                     parts.headers.insert(header::SESSION_PREWARMED, http::HeaderValue::from_static("1"));
                 }
-                if let Some(token) = hop_ok {
+                if let Some(token) = echo {
                     parts.headers.insert(header::HOP_OK, token);
                 }
                 Response::from_parts(parts, body.tap(permit, None))
