@@ -485,10 +485,27 @@ async fn rapid_resets_on_the_mtls_mesh_port_close_that_connection_only() {
 }
 
 /// A TLS connection to a mesh or control port, presenting the certificate of sidecar `id`.
+///
+/// The certificate of each `id` is issued once per test process: issuing one (a key pair
+/// and a CA signature, in a debug build) for every connection made the abusers of
+/// `abuse_rss`, which open a connection a round, spend a third of a core on it, taken
+/// from the two cores the process under abuse and the legitimate caller share.
 pub(crate) async fn tls(
     addr: SocketAddr,
     id: &str,
 ) -> impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static {
-    let config = agent_reach_e2e::secure::sidecar_tls("default", id).client();
-    agent_reach_identity::net::connect_tls(&addr.to_string(), config).await.unwrap()
+    type Issued = std::sync::Mutex<Vec<(String, Arc<agent_reach_identity::tls::TlsConfigs>)>>;
+    static ISSUED: Issued = std::sync::Mutex::new(Vec::new());
+    let configs = {
+        let mut issued = ISSUED.lock().unwrap();
+        match issued.iter().find(|(name, _)| name == id) {
+            Some((_, configs)) => configs.clone(),
+            None => {
+                let configs = Arc::new(agent_reach_e2e::secure::sidecar_tls("default", id));
+                issued.push((id.to_string(), configs.clone()));
+                configs
+            }
+        }
+    };
+    agent_reach_identity::net::connect_tls(&addr.to_string(), configs.client()).await.unwrap()
 }

@@ -120,6 +120,7 @@ async fn under_each_abuse_the_control_process_stays_within_20_mb_and_legitimate_
         stall_reset: false,
         slow_body_limit: "request-timeout",
         flood_p99_factor: 2,
+        reset_p99_factor: 2,
     };
     let mut report = Vec::new();
     for abuse in ALL {
