@@ -184,11 +184,18 @@ fn stamp(h: &mut HeaderMap, served: &Served<'_>) -> CallOutcome {
     let rec = &served.member.instance.record;
     // The body is rebuilt (or re-framed), so the upstream length does not hold.
     h.remove(http::header::CONTENT_LENGTH);
-    if let Ok(v) = HeaderValue::from_str(&rec.instance_id) {
+    let instance = HeaderValue::from_str(&rec.instance_id).ok();
+    // One attempt (the usual case): the instances tried are the one that served, whose
+    // value is shared, not copied again.
+    let tried = match (served.tried, &instance) {
+        ([only], Some(v)) if *only == rec.instance_id => Some(v.clone()),
+        (tried, _) => tried_value(tried),
+    };
+    if let Some(v) = instance {
         h.insert(header::INSTANCE, v);
     }
     h.insert(header::ATTEMPTS, attempts_value(served.attempts));
-    if let Some(v) = tried_value(served.tried) {
+    if let Some(v) = tried {
         h.insert(header::INSTANCES_TRIED, v);
     }
     if let Some(from) = served.fallback_from
@@ -215,14 +222,7 @@ fn stamp(h: &mut HeaderMap, served: &Served<'_>) -> CallOutcome {
     if let Ok(v) = HeaderValue::try_from(route) {
         h.insert(header::ROUTE, v);
     }
-    CallOutcome {
-        outcome: "OK".into(),
-        instance: rec.instance_id.clone(),
-        agent: rec.registration.agent.clone(),
-        agent_version: rec.registration.version.clone(),
-        attempts: served.attempts,
-        strategy,
-    }
+    CallOutcome { outcome: "OK".into(), served: served.member.instance.clone(), attempts: served.attempts, strategy }
 }
 
 /// DEADLINE_EXCEEDED for the caller, with the attempts made.

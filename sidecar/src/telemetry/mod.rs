@@ -243,15 +243,29 @@ impl Drop for CallCount<'_> {
 }
 
 /// What a call ended with, attached to its response by the router.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub(crate) struct CallOutcome {
     /// "OK", a reason such as "AGENT_NOT_FOUND", or "CODE_<grpc code>" for agents' errors.
     pub outcome: String,
-    pub instance: String,
-    pub agent: String,
-    pub agent_version: String,
+    /// The instance that served the call (its id, agent and version: a reference count,
+    /// not three copies; the labels copy what they keep).
+    pub served: Arc<agent_reach::model::Instance>,
     pub attempts: u32,
     pub strategy: &'static str,
+}
+
+impl CallOutcome {
+    pub(crate) fn instance(&self) -> &str {
+        self.served.id()
+    }
+
+    pub(crate) fn agent(&self) -> &str {
+        self.served.agent()
+    }
+
+    pub(crate) fn agent_version(&self) -> &str {
+        &self.served.record.registration.version
+    }
 }
 
 /// The outcome label of a status.

@@ -180,9 +180,12 @@ impl Opened {
         elapsed: std::time::Duration,
     ) {
         let ok = outcome == "OK";
-        let (instance, agent) = detail.map(|d| (d.instance, d.agent)).unwrap_or_default();
-        let instance = if instance.is_empty() { "(none)".to_string() } else { instance };
-        let served_by = if agent.is_empty() { "(none)".to_string() } else { agent };
+        let named = |name: Option<&str>| match name {
+            Some(name) if !name.is_empty() => name.to_string(),
+            _ => "(none)".to_string(),
+        };
+        let instance = named(detail.as_ref().map(CallOutcome::instance));
+        let served_by = named(detail.as_ref().map(CallOutcome::agent));
         let Opened { caller, target, known_target, report_known, .. } = self;
         // The label names a target the table knows; the report also one with a policy
         // (a fallback may serve it).
@@ -215,17 +218,17 @@ impl Opened {
         }
         if let Some(d) = detail {
             if recording {
-                for kv in semconv::invoke_agent(&d.agent, &d.instance) {
+                for kv in semconv::invoke_agent(d.agent(), d.instance()) {
                     span.set_attribute(kv);
                 }
-                span.set_attribute(KeyValue::new("agent_reach.instance", d.instance.clone()));
-                span.set_attribute(KeyValue::new("agent_reach.agent", d.agent.clone()));
-                span.set_attribute(KeyValue::new("agent_reach.agent_version", d.agent_version.clone()));
+                span.set_attribute(KeyValue::new("agent_reach.instance", d.instance().to_string()));
+                span.set_attribute(KeyValue::new("agent_reach.agent", d.agent().to_string()));
+                span.set_attribute(KeyValue::new("agent_reach.agent_version", d.agent_version().to_string()));
                 span.set_attribute(KeyValue::new("agent_reach.attempts", i64::from(d.attempts)));
             }
             tracing::debug!(
                 target: "agent_reach::route",
-                call_target = %self.target, agent = %d.agent, version = %d.agent_version, instance = %d.instance,
+                call_target = %self.target, agent = %d.agent(), version = %d.agent_version(), instance = %d.instance(),
                 attempts = d.attempts, strategy = d.strategy, outcome = %outcome, elapsed_us = elapsed.as_micros() as u64,
                 "routed"
             );
