@@ -19,7 +19,7 @@ use agent_reach_routing::table::FastMap;
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
 use h2::client::SendRequest;
-use http::uri::Authority;
+use http::uri::{Authority, PathAndQuery};
 use http::{HeaderMap, Request, Response, Uri};
 use tokio::net::TcpStream;
 
@@ -290,7 +290,7 @@ pub(crate) enum To {
 /// task together, so they leave in one write. The answer streams back as [`Body::H2`].
 pub(crate) async fn send_h2(
     conn: Conn,
-    path: &'static str,
+    path: PathAndQuery,
     mut headers: HeaderMap,
     data: Vec<Bytes>,
     to: To,
@@ -299,7 +299,7 @@ pub(crate) async fn send_h2(
     let mut parts = http::uri::Parts::default();
     parts.scheme = Some(http::uri::Scheme::HTTP);
     parts.authority = Some(conn.authority);
-    parts.path_and_query = Some(http::uri::PathAndQuery::from_static(path));
+    parts.path_and_query = Some(path);
     let uri = Uri::from_parts(parts).map_err(|e| SendError::NotSent(e.to_string()))?;
     if conn.state.sent.fetch_add(1, Ordering::Relaxed).is_multiple_of(PRIME_EVERY) {
         for name in [grpc::HEADER_GRPC_TIMEOUT, agent_reach_telemetry::trace::TRACEPARENT] {
@@ -506,11 +506,14 @@ mod tests {
         let body = || vec![Bytes::from(vec![7u8; 1024])];
         let conn = pool.get(&addr).await.unwrap();
         settled.await.unwrap();
-        let resp = send_h2(conn.clone(), "/a", HeaderMap::new(), body(), To::Agent).await.expect("the answer is used");
+        let resp = send_h2(conn.clone(), PathAndQuery::from_static("/a"), HeaderMap::new(), body(), To::Agent)
+            .await
+            .expect("the answer is used");
         assert_eq!(resp.headers().get("grpc-status").map(|v| v.as_bytes()), Some(&b"8"[..]));
-        let refused = send_h2(conn.clone(), "/b", HeaderMap::new(), body(), To::Agent).await.err();
+        let refused =
+            send_h2(conn.clone(), PathAndQuery::from_static("/b"), HeaderMap::new(), body(), To::Agent).await.err();
         assert!(matches!(refused, Some(SendError::NotSent(_))), "{refused:?}");
-        let reset = send_h2(conn, "/c", HeaderMap::new(), body(), To::Agent).await.err();
+        let reset = send_h2(conn, PathAndQuery::from_static("/c"), HeaderMap::new(), body(), To::Agent).await.err();
         assert!(matches!(reset, Some(SendError::Failed(_))), "{reset:?}");
         assert_eq!(data_frames.load(std::sync::atomic::Ordering::Relaxed), 0, "no request body was sent");
     }
@@ -609,7 +612,15 @@ mod tests {
             trace.set_sensitive(true);
             headers.insert(agent_reach_telemetry::trace::TRACEPARENT, trace);
             headers.insert("ar-instance", http::HeaderValue::from_static("i-1"));
-            let resp = send_h2(conn.clone(), "/a", headers, vec![Bytes::from_static(b"x")], To::Agent).await.unwrap();
+            let resp = send_h2(
+                conn.clone(),
+                PathAndQuery::from_static("/a"),
+                headers,
+                vec![Bytes::from_static(b"x")],
+                To::Agent,
+            )
+            .await
+            .unwrap();
             assert_eq!(resp.headers()["grpc-status"], "0");
             counts.push(literal_names(&blocks.recv().await.unwrap()));
         }
@@ -640,7 +651,10 @@ mod tests {
             let mut headers = HeaderMap::new();
             grpc::set_timeout(&mut headers, Duration::from_millis(1_000));
             headers.insert("ar-instance", http::HeaderValue::from_static("i-1"));
-            let resp = send_h2(conn.clone(), "/a", headers, vec![Bytes::from_static(b"x")], to).await.unwrap();
+            let resp =
+                send_h2(conn.clone(), PathAndQuery::from_static("/a"), headers, vec![Bytes::from_static(b"x")], to)
+                    .await
+                    .unwrap();
             assert_eq!(resp.status(), http::StatusCode::OK);
             let got = seen.recv().await.unwrap();
             let mut names: Vec<&str> = got.keys().map(http::HeaderName::as_str).collect();
@@ -690,12 +704,18 @@ mod tests {
             // sidecar) teaches nothing.
             let mut headers = HeaderMap::new();
             headers.insert(grpc::header::HOP_ASK, http::HeaderValue::from_static("not-the-token"));
-            let resp = send_h2(conn.clone(), "/a", headers, vec![Bytes::from_static(b"x")], to).await.unwrap();
+            let resp =
+                send_h2(conn.clone(), PathAndQuery::from_static("/a"), headers, vec![Bytes::from_static(b"x")], to)
+                    .await
+                    .unwrap();
             assert!(!conn.speaks_hop(), "{to:?}: another token");
             assert_eq!(resp.headers().contains_key("ar-hop-ok"), to == To::Agent || to == (To::Sidecar { hop: true }));
             let mut headers = HeaderMap::new();
             headers.insert(grpc::header::HOP_ASK, conn.hop_token().clone());
-            let resp = send_h2(conn.clone(), "/a", headers, vec![Bytes::from_static(b"x")], to).await.unwrap();
+            let resp =
+                send_h2(conn.clone(), PathAndQuery::from_static("/a"), headers, vec![Bytes::from_static(b"x")], to)
+                    .await
+                    .unwrap();
             match to {
                 // An agent's answer is passed on as it came, and teaches nothing; nor does an
                 // answer to a call that was already in `ar-hop` (no sidecar says it then).
@@ -764,8 +784,15 @@ mod tests {
         let (conn, polls) = counted_connection().await;
         let polled = || polls.load(std::sync::atomic::Ordering::Relaxed);
         for call in 0..3 {
-            let resp =
-                send_h2(conn.clone(), "/a", HeaderMap::new(), vec![Bytes::from_static(b"x")], To::Agent).await.unwrap();
+            let resp = send_h2(
+                conn.clone(),
+                PathAndQuery::from_static("/a"),
+                HeaderMap::new(),
+                vec![Bytes::from_static(b"x")],
+                To::Agent,
+            )
+            .await
+            .unwrap();
             assert!(!conn.parked.is_kept(), "call {call}: sending it dropped the previous call's stream");
             let mut body = resp.into_body();
             let (data, trailers) = read_all(&mut body).await;

@@ -133,7 +133,15 @@ pub(crate) async fn deliver(
     framed.put_u32(message.len() as u32);
     framed.put_slice(&message);
     headers.insert(http::header::CONTENT_TYPE, grpc::CONTENT_TYPE_GRPC);
-    let resp = match send_h2(conn, PATH_SEND_MESSAGE, headers, vec![framed.freeze()], To::Agent).await {
+    let resp = match send_h2(
+        conn,
+        http::uri::PathAndQuery::from_static(PATH_SEND_MESSAGE),
+        headers,
+        vec![framed.freeze()],
+        To::Agent,
+    )
+    .await
+    {
         Ok(r) => r,
         Err(SendError::NotSent(e)) => {
             return Attempt::NotDelivered(DeliveryError::Unavailable(format!("instance {instance_id}: {e}")));

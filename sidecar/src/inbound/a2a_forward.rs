@@ -56,7 +56,7 @@ pub(crate) async fn forward(
         Err(why) => return Attempt::Failed(DeliveryError::InvalidArgument(why)),
     };
     let data = grpc::frames_data(Frames::message(call.payload, &[]));
-    let resp = match send_h2(conn, path, headers, data, To::Agent).await {
+    let resp = match send_h2(conn, http::uri::PathAndQuery::from_static(path), headers, data, To::Agent).await {
         Ok(r) => r,
         Err(SendError::NotSent(e)) => {
             return Attempt::NotDelivered(DeliveryError::Unavailable(format!("instance {instance_id}: {e}")));

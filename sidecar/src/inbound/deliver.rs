@@ -20,7 +20,7 @@ use super::InboundService;
 use super::session_attach::Scanned;
 use crate::call::{Attempt, BoxFuture, Caller, InboundCall, InboundData, Shape, boxed};
 use crate::error::{DeliveryError, SidecarError};
-use crate::grpc::{self, Body, Frames, PATH_HANDLE, PATH_HANDLE_STREAM, header};
+use crate::grpc::{self, Body, Frames, header};
 use crate::hop::Hop;
 use crate::limits::BodyRead;
 use crate::pool::{Pool, SendError, To, collect_chunks, send_h2};
@@ -365,8 +365,8 @@ impl DeliverParts {
             Err(e) => return Attempt::NotDelivered(DeliveryError::Unavailable(format!("instance {instance_id}: {e}"))),
         };
         let path = match shape {
-            Shape::Unary => PATH_HANDLE,
-            Shape::Stream => PATH_HANDLE_STREAM,
+            Shape::Unary => grpc::HANDLE.get(),
+            Shape::Stream => grpc::HANDLE_STREAM.get(),
         };
         let mut headers = HeaderMap::with_capacity(call_headers.len() + 4);
         grpc::copy_forwardable(call_headers, &mut headers);

@@ -14,7 +14,7 @@ use tower::Service;
 
 use crate::call::{Attempt, AttemptRequest, BoxFuture, BoxedAttempt, InboundCall, InboundData, Shape, boxed};
 use crate::error::{DeliveryError, SidecarError};
-use crate::grpc::{self, Body, PATH_DELIVER, PATH_DELIVER_STREAM, header};
+use crate::grpc::{self, Body, header};
 use crate::hop::Hop;
 use crate::inbound::InboundService;
 use crate::pool::{Pool, SendError, To, collect_chunks, send_h2};
@@ -179,8 +179,8 @@ impl DispatchState {
             Err(e) => return Attempt::NotDelivered(DeliveryError::Unavailable(e.to_string())),
         };
         let path = match req.shape {
-            Shape::Unary => PATH_DELIVER,
-            Shape::Stream => PATH_DELIVER_STREAM,
+            Shape::Unary => grpc::DELIVER.get(),
+            Shape::Stream => grpc::DELIVER_STREAM.get(),
         };
         let (headers, hop) =
             mesh_headers(&req, &self.tenant, self.tenant_header.as_ref(), (conn.speaks_hop(), conn.hop_token()));
