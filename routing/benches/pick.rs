@@ -1,6 +1,7 @@
 //! The pick on the call path, with 10,000 instances in the table: criterion timings per
 //! strategy, then a p50/p99/p99.9 report of single picks (each timed on its own) against the
-//! 1 µs p99 budget. Run: `cargo bench -p agent-reach-routing --bench pick`.
+//! 1 µs p99 budget, and the tenant's sidecar count (first ask, later asks).
+//! Run: `cargo bench -p agent-reach-routing --bench pick`.
 
 use std::collections::HashMap;
 use std::hint::black_box;
@@ -104,6 +105,24 @@ fn main() {
         percentiles(s, &tagged, "same, tag zh (half match)");
         percentiles(s, &small, "100-instance group");
     }
+
+    // A tenant-wide rate limit is shared among the tenant's sidecars: counted once per table
+    // (every call of such a tenant asks; counting on each call was O(instances)).
+    let t = table(Strategy::RoundRobin);
+    let start = Instant::now();
+    let sidecars = black_box(&t).sidecar_count();
+    let first = start.elapsed();
+    const ASKS: u32 = 1_000_000;
+    let start = Instant::now();
+    for _ in 0..ASKS {
+        black_box(black_box(&t).sidecar_count());
+    }
+    let later = start.elapsed() / ASKS;
+    println!(
+        "sidecar count ({sidecars} sidecars): first ask {:.1} µs (counted), later asks {} ns each",
+        first.as_secs_f64() * 1e6,
+        later.as_nanos()
+    );
 
     let mut c = Criterion::default().configure_from_args();
     let mut group = c.benchmark_group("pick_10k");

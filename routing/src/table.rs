@@ -8,7 +8,7 @@
 //! new table inherits from the previous one. This module does not pick instances; see
 //! [`crate::route`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, AtomicUsize};
 use std::sync::{Arc, OnceLock};
 
@@ -210,6 +210,8 @@ pub struct RoutingTable {
     pub by_agent: FastMap<String, Group>,
     /// Policies by kind and name.
     pub policies: Policies,
+    /// How many sidecars the instances are on, counted the first time it is asked.
+    sidecars: OnceLock<usize>,
 }
 
 /// Changes at one revision, as a watch delta carries them.
@@ -283,7 +285,7 @@ impl RoutingTable {
         };
         let by_capability = finish(caps, PolicyKind::Capability);
         let by_agent = finish(agents, PolicyKind::Agent);
-        RoutingTable { revision, instances: members, by_capability, by_agent, policies }
+        RoutingTable { revision, instances: members, by_capability, by_agent, policies, sidecars: OnceLock::new() }
     }
 
     /// A new table with `change` applied.
@@ -314,6 +316,14 @@ impl RoutingTable {
     /// The tenant-wide policy, if any.
     pub fn tenant_policy(&self) -> Option<&Arc<Policy>> {
         self.policy(PolicyKind::Tenant, "default")
+    }
+
+    /// How many distinct sidecars the table's instances are on (a tenant-wide rate limit is
+    /// shared among them). Counted once per table, not on every call that asks.
+    pub fn sidecar_count(&self) -> usize {
+        *self.sidecars.get_or_init(|| {
+            self.instances.values().map(|m| m.instance.record.sidecar_id.as_str()).collect::<HashSet<_>>().len()
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -364,6 +374,20 @@ mod tests {
             spec: PolicySpec::default(),
             description: format!("{kind:?} {name}"),
         })
+    }
+
+    #[test]
+    fn the_sidecars_of_a_table_are_counted_once_per_table() {
+        let on = |id: &str, sidecar: &str| {
+            let i = agent_reach::model::fixture::instance(id).sidecar(sidecar, "127.0.0.1:1").build();
+            (id.to_string(), Arc::new(i))
+        };
+        let instances = HashMap::from([on("a", "s1"), on("b", "s1"), on("c", "s2")]);
+        let table = RoutingTable::build(1, instances, Policies::default(), None);
+        assert_eq!((table.sidecar_count(), table.sidecar_count()), (2, 2));
+        let change = Change { revision: 2, removed: vec!["c".into()], ..Default::default() };
+        assert_eq!(table.apply(change).sidecar_count(), 1, "a new table counts again");
+        assert_eq!(RoutingTable::default().sidecar_count(), 0);
     }
 
     #[test]

@@ -181,17 +181,11 @@ where
     }
 
     fn call(&mut self, call: OutboundCall) -> Self::Future {
-        let tenant = call.table.tenant_policy().and_then(|p| p.spec.rate_limit).map(|limit| {
-            let sidecars = call
-                .table
-                .instances
-                .values()
-                .map(|m| m.instance.record.sidecar_id.as_str())
-                .collect::<std::collections::HashSet<_>>()
-                .len()
-                .max(1);
-            (limit, sidecars as u32)
-        });
+        let tenant = call
+            .table
+            .tenant_policy()
+            .and_then(|p| p.spec.rate_limit)
+            .map(|limit| (limit, u32::try_from(call.table.sidecar_count().max(1)).unwrap_or(u32::MAX)));
         // The target's bucket and policy are named only when it has a limit (most have none).
         let named = call
             .spec()
