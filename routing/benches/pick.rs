@@ -1,6 +1,7 @@
 //! The pick on the call path, with 10,000 instances in the table: criterion timings per
 //! strategy, then a p50/p99/p99.9 report of single picks (each timed on its own) against the
-//! 1 µs p99 budget, and the tenant's sidecar count (first ask, later asks).
+//! 1 µs p99 budget, the tenant's sidecar count (first ask, later asks) and a pinned
+//! instance's lookup.
 //! Run: `cargo bench -p agent-reach-routing --bench pick`.
 
 use std::collections::HashMap;
@@ -123,6 +124,21 @@ fn main() {
         first.as_secs_f64() * 1e6,
         later.as_nanos()
     );
+
+    // A call pinned to one instance (an idempotency key's owner, a task's) finds it in the
+    // group by id: by halving, against the walk it replaced, over every id of the group.
+    let group = &t.by_capability["big"];
+    let ids: Vec<&str> = group.members.iter().map(|m| m.id()).collect();
+    let time = |find: &dyn Fn(&str) -> bool| {
+        let start = Instant::now();
+        for id in &ids {
+            assert!(find(black_box(id)));
+        }
+        start.elapsed().as_nanos() / ids.len() as u128
+    };
+    let halving = time(&|id| group.member(id).is_some());
+    let walk = time(&|id| group.members.iter().any(|m| m.id() == id));
+    println!("pinned instance in the {}-instance group: {halving} ns by id (halving), {walk} ns by a walk", ids.len());
 
     let mut c = Criterion::default().configure_from_args();
     let mut group = c.benchmark_group("pick_10k");

@@ -149,6 +149,12 @@ impl Group {
         }
     }
 
+    /// The member with instance id `id`, found by halving (members are sorted by id), not
+    /// by a walk over a group that may hold thousands.
+    pub fn member(&self, id: &str) -> Option<&Member> {
+        self.members.binary_search_by(|m| m.id().cmp(id)).ok().map(|at| &self.members[at])
+    }
+
     /// The members carrying `tag` (indices ascending), or None when no member does.
     pub fn tagged(&self, tag: &str) -> Option<&Vec<u32>> {
         let at = self.by_tag.binary_search_by(|(t, _)| t.as_str().cmp(tag)).ok()?;
@@ -374,6 +380,25 @@ mod tests {
             spec: PolicySpec::default(),
             description: format!("{kind:?} {name}"),
         })
+    }
+
+    #[test]
+    fn a_member_is_found_by_its_id_in_its_groups() {
+        let of = |id: &str, agent: &str| {
+            let i = agent_reach::model::fixture::instance(id).agent(agent).capability("c", &[]).build();
+            (id.to_string(), Arc::new(i))
+        };
+        let ids = ["m-07", "m-01", "m-10", "m-03", "n-02"];
+        let instances = HashMap::from(ids.map(|id| of(id, if id.starts_with('m') { "m" } else { "n" })));
+        let table = RoutingTable::build(1, instances, Policies::default(), None);
+        let (caps, agent_m) = (&table.by_capability["c"], &table.by_agent["m"]);
+        for id in ids {
+            assert_eq!(caps.member(id).map(Member::id), Some(id));
+            assert_eq!(agent_m.member(id).map(Member::id), id.starts_with('m').then_some(id));
+        }
+        for absent in ["", "m-00", "m-05", "m-99", "z"] {
+            assert!(caps.member(absent).is_none(), "{absent}");
+        }
     }
 
     #[test]

@@ -18,7 +18,7 @@ pub(crate) fn pick_instance(
     let group = resolve(table, target)?;
     let refused =
         |why: String| RouteError::NoHealthyInstance { target: target.to_string(), why, tried: exclude.to_vec() };
-    let Some(m) = group.members.iter().find(|m| m.id() == instance_id) else {
+    let Some(m) = group.member(instance_id) else {
         return Err(refused(format!("instance {instance_id}, which the call must reach, is not registered")));
     };
     if exclude.iter().any(|e| e == instance_id) {
