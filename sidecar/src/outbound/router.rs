@@ -367,7 +367,7 @@ impl Router {
         // Listed before the attempt is sent (nothing reads the list meanwhile).
         tries.tried.push(member.id().to_string());
         let id = member.id();
-        let (outcome, sent_at) = self.send(call, plan, &member, attempt, remaining).await;
+        let (outcome, sent_at, now) = self.send(call, plan, &member, attempt, remaining).await;
         if attempt > 1 {
             Rejections::count(&self.rejections.retries);
         }
@@ -404,7 +404,6 @@ impl Router {
             }
             Some(Attempt::Answered(resp, hold)) => (resp, hold),
         };
-        let now = clock();
         let served = Served {
             call,
             member: &member,
@@ -450,7 +449,7 @@ impl Router {
 
     /// Sends one attempt to `member` through the attempt stack and records its span and
     /// hop time. Returns what it ended with (None: cut a reserve before the caller's
-    /// deadline) and when it was sent.
+    /// deadline), when it was sent and when it ended ([`clock`] times).
     async fn send(
         &self,
         call: &OutboundCall,
@@ -458,7 +457,7 @@ impl Router {
         member: &Member,
         attempt: u32,
         remaining: Duration,
-    ) -> (Option<Attempt>, u64) {
+    ) -> (Option<Attempt>, u64, u64) {
         let trace = self.attempt_span(call, plan.target, member, attempt);
         let request = self.request(call, plan, member, attempt, remaining, trace.clone());
         let sent_at = clock();
@@ -466,7 +465,8 @@ impl Router {
         // DEADLINE_EXCEEDED) still reaches it in time.
         let answer_by = call.deadline.checked_sub(self.deadline_reserve).unwrap_or(call.deadline);
         let outcome = tokio::time::timeout_at(answer_by, self.attempt(request)).await;
-        let hop = Duration::from_nanos(clock().saturating_sub(sent_at));
+        let ended = clock();
+        let hop = Duration::from_nanos(ended.saturating_sub(sent_at));
         self.hop_outbound.observe(hop.as_secs_f64());
         let outcome = match outcome {
             Ok(Ok(attempt)) => Some(attempt),
@@ -474,7 +474,7 @@ impl Router {
             Err(_) => None,
         };
         end_attempt_span(&trace, outcome.as_ref());
-        (outcome, sent_at)
+        (outcome, sent_at, ended)
     }
 
     /// The attempt as the attempt stack takes it: the caller's message with the fields
@@ -579,9 +579,9 @@ impl Router {
 fn end_attempt_span(cx: &opentelemetry::Context, attempt: Option<&Attempt>) {
     let span = cx.span();
     // A span that is not recorded (most, at the default sampling ratio) ignores its status
-    // and attributes: none are built for it.
+    // and attributes: none are built for it. Nor is it ended: that would only lock it and
+    // read the wall clock (the SDK takes the end time before it looks at the span).
     if !span.is_recording() {
-        span.end();
         return;
     }
     let (outcome, error) = match attempt {

@@ -96,8 +96,10 @@ where
                 if outcome != "OK" {
                     span.set_status(SpanStatus::error(outcome));
                 }
+                // A span that records nothing is not ended: that would only lock it and
+                // read the wall clock.
+                span.end();
             }
-            span.end();
             Ok(attempt)
         })
     }

@@ -235,9 +235,12 @@ impl Opened {
         } else {
             tracing::debug!(target: "agent_reach::route", call_target = %self.target, outcome = %outcome, "not routed");
         }
-        if recording && outcome != "OK" {
-            span.set_status(SpanStatus::error(outcome.to_string()));
+        // A span that records nothing is not ended (see `end_attempt_span`).
+        if recording {
+            if outcome != "OK" {
+                span.set_status(SpanStatus::error(outcome.to_string()));
+            }
+            span.end();
         }
-        span.end();
     }
 }
