@@ -186,10 +186,16 @@ pub async fn echo_agent(sidecar: SocketAddr, agent: &str, capabilities: &[(&str,
 
 /// Waits until `sidecar`'s table has exactly the instance ids `ids` (in any order).
 pub async fn wait_for_instances(sidecar: &Sidecar, ids: &[String]) {
+    wait_for_instances_within(sidecar, ids, Duration::from_secs(15)).await
+}
+
+/// [`wait_for_instances`], for up to `within` (an instance left to its lease goes only when
+/// the lease ends).
+pub async fn wait_for_instances_within(sidecar: &Sidecar, ids: &[String], within: Duration) {
     let mut want: Vec<String> = ids.to_vec();
     want.sort();
     sidecar
-        .wait_for_table(Duration::from_secs(15), |t| {
+        .wait_for_table(within, |t| {
             let mut have: Vec<&String> = t.instances.keys().collect();
             have.sort();
             have == want.iter().collect::<Vec<_>>()

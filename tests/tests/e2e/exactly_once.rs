@@ -356,7 +356,11 @@ async fn exactly_once_through_a_restarted_owner_and_a_reused_key_refused() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let back = owning_agent.instance_id();
-    wait_for_instances(&restarted, &[back.clone(), other_agent.instance_id()]).await;
+    // The killed sidecar's instance goes when its lease ends, 15 s after its last renewal:
+    // waited for with room for etcd's expiry and the watch on a busy machine (the full
+    // suite once took more than the 15 s since the restart).
+    let ids = [back.clone(), other_agent.instance_id()];
+    agent_reach_e2e::wait_for_instances_within(&restarted, &ids, Duration::from_secs(40)).await;
     wait_for_instances(&other, &[back.clone(), other_agent.instance_id()]).await;
     let restarted_client = Client::connect(&restarted.local_addr().to_string()).await.unwrap();
     let after = send_all(&restarted_client, key, "10 EUR", 5, 4).await;
