@@ -125,7 +125,7 @@ fn main() {
         later.as_nanos()
     );
 
-    // A call pinned to one instance (an idempotency key's owner, a task's) finds it in the
+    // A call pinned to one instance (an A2A call for a task that instance owns) finds it in the
     // group by id: by halving, against the walk it replaced, over every id of the group.
     let group = &t.by_capability["big"];
     let ids: Vec<&str> = group.members.iter().map(|m| m.id()).collect();
