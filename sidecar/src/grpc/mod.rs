@@ -319,10 +319,15 @@ mod tests {
         for (path, text) in [(&DELIVER, PATH_DELIVER), (&DELIVER_STREAM, PATH_DELIVER_STREAM), (&HANDLE, PATH_HANDLE)] {
             let (first, again) = (path.get(), path.get());
             assert_eq!((first.as_str(), first.path(), first.query()), (text, text, None));
-            // The second is a clone of the first: the same bytes, not a second parse.
+            // Both share the static text (no copy).
             assert_eq!(first.as_str().as_ptr(), again.as_str().as_ptr());
         }
         assert_eq!(HANDLE_STREAM.get().as_str(), PATH_HANDLE_STREAM);
+        // Parsed at the first use, kept for every later one.
+        let path = MethodPath::new("/a.B/C");
+        assert!(path.parsed.get().is_none());
+        assert_eq!(path.get().as_str(), "/a.B/C");
+        assert_eq!(path.parsed.get().map(http::uri::PathAndQuery::as_str), Some("/a.B/C"));
     }
 
     fn frame(msg: &[u8]) -> Vec<u8> {

@@ -361,7 +361,7 @@ async fn exactly_once_through_a_restarted_owner_and_a_reused_key_refused() {
     // suite once took more than the 15 s since the restart).
     let ids = [back.clone(), other_agent.instance_id()];
     agent_reach_e2e::wait_for_instances_within(&restarted, &ids, Duration::from_secs(40)).await;
-    wait_for_instances(&other, &[back.clone(), other_agent.instance_id()]).await;
+    wait_for_instances(&other, &ids).await;
     let restarted_client = Client::connect(&restarted.local_addr().to_string()).await.unwrap();
     let after = send_all(&restarted_client, key, "10 EUR", 5, 4).await;
     let again = send_all(&other_client, key, "10 EUR", 5, 4).await;
