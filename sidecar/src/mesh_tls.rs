@@ -35,9 +35,10 @@ use crate::coalesce;
 use crate::limits::{Activity, Port};
 use crate::serve::HandlerFuture;
 
-/// The verified identity of a mesh request's peer.
+/// The verified identity of a mesh request's peer, shared by the requests of its
+/// connection (a clone per request is a reference count, not three `String` copies).
 #[derive(Clone, Debug)]
-pub struct MeshPeer(pub PeerId);
+pub struct MeshPeer(pub Arc<PeerId>);
 
 /// Accepts TLS connections on `listener` until shutdown and serves HTTP/2 on them with
 /// `handler` within `port`'s limits, each request carrying its [`MeshPeer`]; with
@@ -104,6 +105,7 @@ pub async fn serve<F>(
             continue;
         };
         let Some(peer_slot) = port.admit_peer(&peer.to_string()) else { continue };
+        let peer = Arc::new(peer);
         let handler = handler.clone();
         let activity = Activity::new();
         let service = port.clone().service(activity.clone(), move |mut req: Request<Incoming>| {

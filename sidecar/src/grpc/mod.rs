@@ -79,7 +79,8 @@ impl MethodPath {
     }
 }
 
-/// The mesh's headers ([`agent_reach::headers`]) as header names.
+/// The mesh's headers ([`agent_reach::headers`]) as header names: a map looks a
+/// `HeaderName` up by its hash, but parses a `&str` name again on every lookup.
 pub(crate) mod header {
     use agent_reach::headers as h;
     use http::HeaderName;
@@ -111,6 +112,10 @@ pub(crate) mod header {
     pub(crate) const HOP: HeaderName = HeaderName::from_static(h::HOP);
     pub(crate) const HOP_ASK: HeaderName = HeaderName::from_static(h::HOP_ASK);
     pub(crate) const HOP_OK: HeaderName = HeaderName::from_static(h::HOP_OK);
+    pub(crate) const HTTP_AGENT_DEADLINE_MS: HeaderName = HeaderName::from_static(h::HTTP_AGENT_DEADLINE_MS);
+    pub(crate) const HTTP_AGENT_CALLER_AGENT: HeaderName = HeaderName::from_static(h::HTTP_AGENT_CALLER_AGENT);
+    pub(crate) const HTTP_AGENT_CALLER_INSTANCE: HeaderName = HeaderName::from_static(h::HTTP_AGENT_CALLER_INSTANCE);
+    pub(crate) const HTTP_AGENT_CALLER_TENANT: HeaderName = HeaderName::from_static(h::HTTP_AGENT_CALLER_TENANT);
 }
 
 /// A hook on an answer's trailers, held until the answer ends: the target's sidecar writes

@@ -36,6 +36,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use agent_reach::proto;
+use agent_reach_telemetry::trace::TRACEPARENT;
 use base64::Engine as _;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
@@ -46,7 +47,7 @@ use tonic::{Code, Status};
 
 use crate::call::{Attempt, Caller, Shape};
 use crate::error::DeliveryError;
-use crate::grpc::{self, Body, ChannelBody, Frames};
+use crate::grpc::{self, Body, ChannelBody, Frames, header};
 use crate::http_client::client;
 use crate::registry::LocalInstance;
 
@@ -236,18 +237,18 @@ pub(crate) async fn deliver(
     if let Some(r) = remaining
         && let Ok(v) = HeaderValue::from_str(&r.as_millis().to_string())
     {
-        h.insert(agent_reach::headers::HTTP_AGENT_DEADLINE_MS, v);
+        h.insert(header::HTTP_AGENT_DEADLINE_MS, v);
     }
-    if let Some(tp) = headers.get("traceparent") {
-        h.insert("traceparent", tp.clone());
+    if let Some(tp) = headers.get(TRACEPARENT) {
+        h.insert(TRACEPARENT, tp.clone());
     }
     if let Some((c, tenant)) = verified
         && let (Ok(agent), Ok(instance), Ok(tenant)) =
             (HeaderValue::from_str(&c.agent), HeaderValue::from_str(&c.instance), HeaderValue::from_str(tenant))
     {
-        h.insert(agent_reach::headers::HTTP_AGENT_CALLER_AGENT, agent);
-        h.insert(agent_reach::headers::HTTP_AGENT_CALLER_INSTANCE, instance);
-        h.insert(agent_reach::headers::HTTP_AGENT_CALLER_TENANT, tenant);
+        h.insert(header::HTTP_AGENT_CALLER_AGENT, agent);
+        h.insert(header::HTTP_AGENT_CALLER_INSTANCE, instance);
+        h.insert(header::HTTP_AGENT_CALLER_TENANT, tenant);
     }
     let sent = client().request(req);
     let resp = match remaining {
