@@ -18,13 +18,13 @@ use tokio::time::Instant;
 
 use std::task::{Context, Poll};
 
-use http::{HeaderValue, Response};
+use http::HeaderValue;
 use tower::Service;
 
 use crate::call::{BoxFuture, OutboundCall, Shape, boxed};
 use crate::error::SidecarError;
-use crate::grpc::{Body, StoredResponse, header};
-use crate::telemetry::Rejections;
+use crate::grpc::{StoredResponse, header};
+use crate::telemetry::{Rejections, Routed};
 
 /// What identifies a cacheable call, kept and compared whole.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -159,16 +159,11 @@ fn cache_key(call: &OutboundCall) -> CacheKey {
 
 impl<S> Service<OutboundCall> for Cached<S>
 where
-    S: Service<
-            OutboundCall,
-            Response = Response<Body>,
-            Error = SidecarError,
-            Future = BoxFuture<Result<Response<Body>, SidecarError>>,
-        >,
+    S: Service<OutboundCall, Response = Routed, Error = SidecarError, Future = BoxFuture<Result<Routed, SidecarError>>>,
 {
-    type Response = Response<Body>;
+    type Response = Routed;
     type Error = SidecarError;
-    type Future = BoxFuture<Result<Response<Body>, SidecarError>>;
+    type Future = BoxFuture<Result<Routed, SidecarError>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), SidecarError>> {
         self.inner.poll_ready(cx)
@@ -187,16 +182,17 @@ where
         if let Some(hit) = self.cache.get(&key, Instant::now()) {
             let mut resp = hit.to_response();
             resp.headers_mut().insert(header::CACHE, HeaderValue::from_static("hit"));
-            return Rejections::refuse(&self.rejections.cache_hits, Ok(resp));
+            return Rejections::refuse(&self.rejections.cache_hits, Ok(Routed::unrouted(resp)));
         }
         let (cache, limit, answer) = (self.cache.clone(), self.limit, self.inner.call(call));
         boxed!(async move {
-            let resp = answer.await?;
+            let Routed { resp, outcome } = answer.await?;
             let stored = StoredResponse::collect(resp, limit).await.map_err(SidecarError::Internal)?;
             if stored.status_code() == Some(tonic::Code::Ok) {
                 cache.put(key, stored.clone(), ttl, Instant::now());
             }
-            Ok(stored.to_response())
+            // How the router routed it goes on with the rebuilt answer.
+            Ok(Routed { resp: stored.to_response(), outcome })
         })
     }
 }
@@ -292,5 +288,64 @@ mod tests {
             agent_reach::model::Target { tags, ..agent_reach::model::Target::capability("c") }
         };
         assert_ne!(CacheKey::new(&tags("x"), "", b""), CacheKey::new(&tags("y"), "", b""));
+    }
+
+    /// A miss carries how the router routed it through the rebuilt answer (the call's
+    /// metrics name the serving instance); a hit was routed nowhere.
+    #[tokio::test(start_paused = true)]
+    async fn a_miss_keeps_the_routers_outcome_and_a_hit_has_none() {
+        use std::sync::atomic::{AtomicU32, Ordering};
+
+        use agent_reach::policy::{Policy, PolicyKind, PolicySpec};
+        use agent_reach_routing::RoutingTable;
+
+        use crate::telemetry::CallOutcome;
+
+        let served = Arc::new(agent_reach::model::fixture::instance("i-1").build());
+        let routed = Arc::new(AtomicU32::new(0));
+        let inner = {
+            let (served, routed) = (served.clone(), routed.clone());
+            tower::service_fn(move |_call: OutboundCall| {
+                routed.fetch_add(1, Ordering::SeqCst);
+                let outcome =
+                    CallOutcome { outcome: "OK".into(), served: served.clone(), attempts: 1, strategy: "random" };
+                let resp = crate::grpc::status_response(tonic::Status::ok(""));
+                let answer: BoxFuture<Result<Routed, SidecarError>> =
+                    Box::pin(std::future::ready(Ok(Routed { resp, outcome: Some(outcome) })));
+                answer
+            })
+        };
+        let rejections = Arc::new(Rejections::default());
+        let mut cached = Cached { cache: Arc::new(ResultCache::new(10, 1 << 20)), rejections, limit: 1 << 20, inner };
+        let policy = Policy {
+            tenant: "acme".into(),
+            kind: PolicyKind::Capability,
+            name: "c".into(),
+            spec: PolicySpec { read_only: true, cache_ttl_ms: 60_000, ..Default::default() },
+            description: String::new(),
+        };
+        let table = Arc::new(RoutingTable::build(
+            1,
+            Default::default(),
+            agent_reach_routing::table::Policies::from_iter([(
+                (PolicyKind::Capability, "c".to_string()),
+                Arc::new(policy),
+            )]),
+            None,
+        ));
+        let call = || {
+            let mut call = crate::call::test_call();
+            call.table = table.clone();
+            call
+        };
+        let miss = cached.call(call()).await.unwrap_or_else(|e| panic!("{e}"));
+        let outcome = miss.outcome.expect("the miss keeps the router's outcome");
+        assert_eq!((outcome.instance(), outcome.attempts), ("i-1", 1));
+        assert!(!miss.resp.headers().contains_key(header::CACHE));
+        let hit = cached.call(call()).await.unwrap_or_else(|e| panic!("{e}"));
+        assert!(hit.outcome.is_none(), "a hit was routed nowhere");
+        assert_eq!(hit.resp.headers()[header::CACHE], "hit");
+        assert_eq!(routed.load(Ordering::SeqCst), 1, "the hit never reached the router");
+        assert_eq!(cached.rejections.cache_hits.load(Ordering::Relaxed), 1);
     }
 }

@@ -18,15 +18,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use agent_reach::policy::RateLimit;
-use http::Response;
 use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 
 use crate::call::BoxFuture;
 use crate::call::{OutboundCall, policy_name, target_text};
 use crate::error::SidecarError;
-use crate::grpc::Body;
-use crate::telemetry::Rejections;
+use crate::telemetry::{Rejections, Routed};
 
 /// A token bucket: `burst` tokens, refilled at `per_second`.
 #[derive(Debug, Clone)]
@@ -169,12 +167,12 @@ pub(crate) fn layer<S>(
 
 impl<S> Service<OutboundCall> for RateLimited<S>
 where
-    S: Service<OutboundCall, Response = Response<Body>, Error = SidecarError> + Clone + Send + 'static,
+    S: Service<OutboundCall, Response = Routed, Error = SidecarError> + Clone + Send + 'static,
     S::Future: Send,
 {
-    type Response = Response<Body>;
+    type Response = Routed;
     type Error = SidecarError;
-    type Future = BoxFuture<Result<Response<Body>, SidecarError>>;
+    type Future = BoxFuture<Result<Routed, SidecarError>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), SidecarError>> {
         self.inner.poll_ready(cx)

@@ -16,7 +16,7 @@ use crate::call::{OutboundCall, Shape, push_target, target_text};
 use crate::error::SidecarError;
 use crate::grpc::{self, Body, Field, Frames, Hook, TrailersHook, header};
 use crate::inbound::admission::parse_load;
-use crate::telemetry::{CallOutcome, outcome_of};
+use crate::telemetry::{CallOutcome, Routed, outcome_of};
 
 /// The instance that answered an attempt, and how the call got there.
 pub(crate) struct Served<'a> {
@@ -31,13 +31,14 @@ pub(crate) struct Served<'a> {
     pub strategy: &'static str,
 }
 
-/// The caller's answer, or the failure it carries.
+/// The caller's answer, or the failure it carries, each with how the call ended when an
+/// agent answered (`None`: the answer could not be read).
 pub(crate) enum Finished {
-    Done(Response<Body>),
+    Done(Routed),
     /// The agent (or the target's sidecar) answered with an error status.
     Failed {
         status: Status,
-        resp: Response<Body>,
+        answer: Routed,
     },
 }
 
@@ -81,14 +82,14 @@ pub(crate) async fn finish(
         {
             // Trailers-only: an error from the agent or the target's sidecar.
             outcome.outcome = outcome_of(&status);
-            parts.extensions.insert(outcome);
-            return Finished::Failed { status, resp: Response::from_parts(parts, Body::Empty) };
+            let resp = Response::from_parts(parts, Body::Empty);
+            return Finished::Failed { status, answer: Routed { resp, outcome: Some(outcome) } };
         }
     }
     if served.call.shape == Shape::Stream {
-        parts.extensions.insert(outcome);
         let observed: Hook = Box::new(Observed { _guard: guard, stats: member.stats.clone() });
-        return Finished::Done(Response::from_parts(parts, body.tap(hold, Some(observed))));
+        let resp = Response::from_parts(parts, body.tap(hold, Some(observed)));
+        return Finished::Done(Routed { resp, outcome: Some(outcome) });
     }
     let rec = &member.instance.record;
     let (data, trailers) = match read_whole(body, limit).await {
@@ -99,7 +100,7 @@ pub(crate) async fn finish(
                 cause: format!("reading its reply failed: {e}"),
             }
             .into_status();
-            return Finished::Failed { resp: grpc::status_response(status.clone()), status };
+            return Finished::Failed { answer: Routed::unrouted(grpc::status_response(status.clone())), status };
         }
     };
     drop((guard, hold));
@@ -108,9 +109,8 @@ pub(crate) async fn finish(
     }
     if let Some(status) = trailers.as_ref().and_then(grpc::failed_status) {
         outcome.outcome = outcome_of(&status);
-        parts.extensions.insert(outcome);
         let resp = Response::from_parts(parts, Body::Frames(Frames::raw(data).with_trailers(trailers)));
-        return Finished::Failed { status, resp };
+        return Finished::Failed { status, answer: Routed { resp, outcome: Some(outcome) } };
     }
     let Some(message) = grpc::single_message(&data) else {
         let status = reason::status(
@@ -118,7 +118,7 @@ pub(crate) async fn finish(
             format!("the reply of {} is not a single uncompressed message", rec.instance_id),
             &[],
         );
-        return Finished::Failed { resp: grpc::status_response(status.clone()), status };
+        return Finished::Failed { answer: Routed::unrouted(grpc::status_response(status.clone())), status };
     };
     let reg = &rec.registration;
     let fallback_from = served.fallback_from.map(target_text).unwrap_or_default();
@@ -130,11 +130,9 @@ pub(crate) async fn finish(
         (19, Field::U32(served.attempts)),
         (20, Field::Str(&fallback_from)),
     ];
-    parts.extensions.insert(outcome);
-    Finished::Done(Response::from_parts(
-        parts,
-        Body::Frames(Frames::message_fields(message, &fields).with_trailers(trailers)),
-    ))
+    let resp =
+        Response::from_parts(parts, Body::Frames(Frames::message_fields(message, &fields).with_trailers(trailers)));
+    Finished::Done(Routed { resp, outcome: Some(outcome) })
 }
 
 /// A unary answer's body read whole, at most `limit` bytes: its data (joined only when it

@@ -15,7 +15,6 @@ use agent_reach::model::{Target, TargetKind};
 use agent_reach::policy::{CircuitBreaker, Fallback, RetryPolicy, Strategy};
 use agent_reach_routing::{self as route, CallGuard, GroupState, Member, PickRequest, RouteError, clock};
 use agent_reach_telemetry::{Tracing, semconv};
-use http::Response;
 use opentelemetry::KeyValue;
 use opentelemetry::trace::{SpanKind, TraceContextExt};
 use prometheus_client::metrics::histogram::Histogram;
@@ -34,7 +33,7 @@ use crate::call::{
 use crate::call::{BoxFuture, boxed};
 use crate::error::SidecarError;
 use crate::grpc::{self, Body, Field, Frames, header};
-use crate::telemetry::{HopLabels, Rejections, SidecarMetrics, delivery_outcome, outcome_of};
+use crate::telemetry::{HopLabels, Rejections, Routed, SidecarMetrics, delivery_outcome, outcome_of};
 
 const HOP_OUTBOUND: HopLabels = HopLabels { hop: "outbound" };
 
@@ -95,9 +94,9 @@ impl std::ops::Deref for Router {
 }
 
 impl Service<OutboundCall> for Router {
-    type Response = Response<Body>;
+    type Response = Routed;
     type Error = SidecarError;
-    type Future = BoxFuture<Result<Response<Body>, SidecarError>>;
+    type Future = BoxFuture<Result<Routed, SidecarError>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), SidecarError>> {
         Poll::Ready(Ok(()))
@@ -171,7 +170,7 @@ struct Tries {
     tried: Vec<String>,
     last_failure: String,
     /// A failed answer that stands if no other instance does better.
-    last_answer: Option<Response<Body>>,
+    last_answer: Option<Routed>,
     /// Why the last instance refused the call.
     last_refusal: Option<Status>,
 }
@@ -180,7 +179,7 @@ struct Tries {
 // Moved once per attempt; boxing the answer would allocate per call.
 #[allow(clippy::large_enum_variant)]
 enum Step {
-    Answer(Response<Body>),
+    Answer(Routed),
     Retry,
     Stop,
 }
@@ -244,12 +243,12 @@ impl<'c> Plan<'c> {
 impl Tries {
     /// No instance is left to try: the last answer stands, or the last overload (with when
     /// to come back), or no instance could take the call (so a fallback may).
-    fn give_up(mut self, target: &Target, attempts: u32, why: String) -> Result<Response<Body>, Exhausted> {
-        if let Some(resp) = self.last_answer.take() {
-            return Ok(resp);
+    fn give_up(mut self, target: &Target, attempts: u32, why: String) -> Result<Routed, Exhausted> {
+        if let Some(answer) = self.last_answer.take() {
+            return Ok(answer);
         }
         if let Some(status) = self.last_refusal.take().filter(|s| s.code() == Code::ResourceExhausted) {
-            return Ok(with_attempts(grpc::status_response(status), attempts, &self.tried));
+            return Ok(Routed::unrouted(with_attempts(grpc::status_response(status), attempts, &self.tried)));
         }
         Err(Exhausted {
             error: SidecarError::NoHealthyInstance { target: target.to_string(), why, tried: self.tried.clone() },
@@ -260,7 +259,7 @@ impl Tries {
 }
 
 impl Router {
-    async fn route(&self, call: OutboundCall) -> Result<Response<Body>, SidecarError> {
+    async fn route(&self, call: OutboundCall) -> Result<Routed, SidecarError> {
         let primary = call.target.clone();
         let (error, attempts, tried) = match self.route_and_send(&call, &primary, None).await {
             Ok(resp) => return Ok(resp),
@@ -302,7 +301,7 @@ impl Router {
         call: &OutboundCall,
         target: &Target,
         fallback_from: Option<&Target>,
-    ) -> Result<Response<Body>, Exhausted> {
+    ) -> Result<Routed, Exhausted> {
         let metadata = metadata_for(call, target);
         let plan = Plan::new(call, target, fallback_from, &metadata)?;
         // A duplicate goes to the instance whose call of the key ran, while it can take it.
@@ -339,10 +338,10 @@ impl Router {
             let remaining =
                 call.deadline.saturating_duration_since(Instant::now()).saturating_sub(self.deadline_reserve);
             if remaining.is_zero() {
-                return Ok(deadline_exceeded(call, tries.attempt - 1, tries.tried));
+                return Ok(Routed::unrouted(deadline_exceeded(call, tries.attempt - 1, tries.tried)));
             }
             match self.try_once(call, &plan, member, &group, remaining, &mut tries).await {
-                Step::Answer(resp) => return Ok(resp),
+                Step::Answer(answer) => return Ok(answer),
                 Step::Retry => continue,
                 Step::Stop => break,
             }
@@ -378,7 +377,11 @@ impl Router {
                 // failure there too, or an instance behind a blackholed or half-open link
                 // (which answers nothing, not even an error) would never be taken out.
                 member.stats.breaker.record(clock(), true, &plan.breaker);
-                return Step::Answer(deadline_exceeded(call, attempt, std::mem::take(&mut tries.tried)));
+                return Step::Answer(Routed::unrouted(deadline_exceeded(
+                    call,
+                    attempt,
+                    std::mem::take(&mut tries.tried),
+                )));
             }
             Some(Attempt::NotDelivered(e)) => {
                 tracing::debug!(instance = %id, attempt, "not delivered: {e}");
@@ -397,10 +400,14 @@ impl Router {
                 let status = e.into_status();
                 let again = retry::again(Ended::Failed(&status), attempt, &plan.rules, budget);
                 if again {
-                    tries.last_answer = Some(grpc::status_response(status));
+                    tries.last_answer = Some(Routed::unrouted(grpc::status_response(status)));
                     return Step::Retry;
                 }
-                return Step::Answer(with_attempts(grpc::status_response(status), attempt, &tries.tried));
+                return Step::Answer(Routed::unrouted(with_attempts(
+                    grpc::status_response(status),
+                    attempt,
+                    &tries.tried,
+                )));
             }
             Some(Attempt::Answered(resp, hold)) => (resp, hold),
         };
@@ -414,23 +421,24 @@ impl Router {
             strategy: plan.strategy,
         };
         match finish(resp, hold, guard, &served, self.limit).await {
-            Finished::Done(resp) => {
+            Finished::Done(answer) => {
                 member.stats.observe(Duration::from_nanos(now.saturating_sub(sent_at)), now);
                 if !plan.key.is_empty()
-                    && let Some(owner) = resp.headers().get(header::IDEMPOTENCY_OWNER).and_then(|v| v.to_str().ok())
+                    && let Some(owner) =
+                        answer.resp.headers().get(header::IDEMPOTENCY_OWNER).and_then(|v| v.to_str().ok())
                 {
                     self.owners.learn(&plan.target.to_string(), plan.key, owner);
                 }
-                Step::Answer(resp)
+                Step::Answer(answer)
             }
             Finished::Failed { status, .. }
                 if status.code() == Code::Cancelled && Instant::now() + self.deadline_reserve * 2 >= call.deadline =>
             {
                 // The agent's server gave up at the deadline it was handed (tonic says
                 // CANCELLED "Timeout expired"): to the caller that is its deadline.
-                Step::Answer(deadline_exceeded(call, attempt, std::mem::take(&mut tries.tried)))
+                Step::Answer(Routed::unrouted(deadline_exceeded(call, attempt, std::mem::take(&mut tries.tried))))
             }
-            Finished::Failed { status, resp } => {
+            Finished::Failed { status, answer } => {
                 member.stats.observe(Duration::from_nanos(clock().saturating_sub(sent_at)), clock());
                 if status.code() == Code::ResourceExhausted {
                     // An overloaded instance is avoided for a while instead of being
@@ -439,10 +447,10 @@ impl Router {
                 }
                 tries.last_failure = format!("{id}: {:?} {}", status.code(), status.message());
                 if retry::again(Ended::Failed(&status), attempt, &plan.rules, budget) {
-                    tries.last_answer = Some(resp);
+                    tries.last_answer = Some(answer);
                     return Step::Retry;
                 }
-                Step::Answer(resp)
+                Step::Answer(answer)
             }
         }
     }

@@ -15,7 +15,7 @@ use opentelemetry::{Context, KeyValue};
 use tokio::time::Instant;
 use tower::Service;
 
-use super::{BoxFuture, CallLabels, CallOutcome, SidecarMetrics, TargetOutcome, outcome_of};
+use super::{BoxFuture, CallLabels, CallOutcome, Routed, SidecarMetrics, TargetOutcome, outcome_of};
 use crate::call::{OutboundCall, boxed};
 use crate::error::SidecarError;
 use crate::grpc::{self, Body, header};
@@ -46,7 +46,7 @@ pub(crate) fn outbound_layer<S>(
 
 impl<S> Service<OutboundCall> for OutboundTelemetry<S>
 where
-    S: Service<OutboundCall, Response = Response<Body>, Error = SidecarError>,
+    S: Service<OutboundCall, Response = Routed, Error = SidecarError>,
     S::Future: Send + 'static,
 {
     type Response = Response<Body>;
@@ -135,12 +135,14 @@ impl Opened {
     fn close(
         self,
         metrics: &SidecarMetrics,
-        mut result: Result<Response<Body>, SidecarError>,
+        routed: Result<Routed, SidecarError>,
     ) -> Result<Response<Body>, SidecarError> {
         let elapsed = self.started.elapsed();
-        // What the router attached to the answer, taken (nothing outside this layer reads
-        // it): its strings become the labels without copies.
-        let mut detail = result.as_mut().ok().and_then(|r| r.extensions_mut().remove::<CallOutcome>());
+        // How the router says the call ended, taken (nothing outside this layer reads it).
+        let (mut result, mut detail) = match routed {
+            Ok(Routed { resp, outcome }) => (Ok(resp), outcome),
+            Err(e) => (Err(e), None),
+        };
         let outcome = match (&result, detail.as_mut()) {
             (Ok(_), Some(d)) => std::mem::take(&mut d.outcome),
             // Answered before routing (cache) or with a status-only response.
