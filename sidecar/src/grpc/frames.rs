@@ -16,6 +16,8 @@ use super::{Body, COALESCE_LIMIT, PREFIX_LEN};
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Field<'a> {
     Str(&'a str),
+    /// A string field whose bytes are known to be text (no UTF-8 check on the way).
+    Bytes(&'a [u8]),
     U32(u32),
 }
 
@@ -25,8 +27,9 @@ impl Field<'_> {
     fn encoded_len(self, tag: u32) -> usize {
         use prost::encoding::{encoded_len_varint, key_len};
         match self {
-            Field::Str("") | Field::U32(0) => 0,
+            Field::Str("") | Field::Bytes([]) | Field::U32(0) => 0,
             Field::Str(s) => key_len(tag) + encoded_len_varint(s.len() as u64) + s.len(),
+            Field::Bytes(b) => key_len(tag) + encoded_len_varint(b.len() as u64) + b.len(),
             Field::U32(v) => key_len(tag) + encoded_len_varint(u64::from(v)),
         }
     }
@@ -36,8 +39,9 @@ impl Field<'_> {
         // one go (prost's encoders put them byte by byte).
         let mut head = [0u8; 15];
         let (wire, value, bytes) = match self {
-            Field::Str("") | Field::U32(0) => return,
+            Field::Str("") | Field::Bytes([]) | Field::U32(0) => return,
             Field::Str(s) => (2, s.len() as u64, s.as_bytes()),
+            Field::Bytes(b) => (2, b.len() as u64, b),
             Field::U32(v) => (0, u64::from(v), &[][..]),
         };
         let at = put_varint(&mut head, 0, (u64::from(tag) << 3) | wire);
