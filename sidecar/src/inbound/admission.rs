@@ -276,6 +276,10 @@ fn load_value(busy: u32, max: u32) -> HeaderValue {
         0 => 0,
         m => (u64::from(busy) * 2000 + u64::from(m)) / (2 * u64::from(m)),
     };
+    if thousandths == 0 {
+        // No other call in flight, the usual answer: no digits to write, no copy to make.
+        return HeaderValue::from_static("0.000");
+    }
     let mut digits = [0; 10];
     let whole = crate::grpc::decimal(u32::try_from(thousandths / 1000).unwrap_or(u32::MAX), &mut digits).as_bytes();
     let frac = thousandths % 1000;
