@@ -18,8 +18,8 @@ pub mod table;
 pub use breaker::{Breaker, BreakerState};
 pub use budget::RetryBudget;
 pub use route::{
-    Candidate, Explanation, PickRequest, RouteError, Skip, Tier, breaker_settings, explain, pick, resolve, suggestions,
-    tier_of,
+    Candidate, Explanation, PickRequest, RouteError, Skip, Tier, breaker_settings, explain, pick, pick_from, resolve,
+    suggestions, tier_of,
 };
 pub use split::choose_version;
 pub use stats::{InFlight, InstanceStats, clock};

@@ -162,7 +162,16 @@ pub fn pick(
     table: &RoutingTable,
     req: &PickRequest<'_>,
 ) -> Result<(Member, std::sync::Arc<crate::table::GroupState>), RouteError> {
-    let group = resolve(table, req.target)?;
+    pick_from(table, resolve(table, req.target)?, req)
+}
+
+/// [`pick`] in `group`, the group of `table` that [`resolve`] gave for `req.target` (a
+/// caller that resolved it already does not look it up again).
+pub fn pick_from(
+    table: &RoutingTable,
+    group: &Group,
+    req: &PickRequest<'_>,
+) -> Result<(Member, std::sync::Arc<crate::table::GroupState>), RouteError> {
     if let Some(i) = preferred(group, req) {
         return Ok((group.members[i as usize].clone(), group.state.clone()));
     }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use agent_reach::model::{Target, TargetKind};
 use agent_reach::policy::{CircuitBreaker, Fallback, RetryPolicy, Strategy};
-use agent_reach_routing::{self as route, CallGuard, GroupState, Member, PickRequest, RouteError, clock};
+use agent_reach_routing::{self as route, CallGuard, Group, GroupState, Member, PickRequest, RouteError, clock};
 use agent_reach_telemetry::{Tracing, semconv};
 use opentelemetry::KeyValue;
 use opentelemetry::trace::{SpanKind, TraceContextExt};
@@ -124,6 +124,8 @@ impl From<SidecarError> for Exhausted {
 /// Routing a call to one target, worked out once before the first attempt.
 struct Plan<'c> {
     target: &'c Target,
+    /// The target's group in the call's table, looked up once for every attempt.
+    group: &'c Group,
     fallback_from: Option<&'c Target>,
     retry: RetryPolicy,
     rules: Rules,
@@ -226,6 +228,7 @@ impl<'c> Plan<'c> {
         };
         Ok(Plan {
             target,
+            group,
             fallback_from,
             rules: Rules::new(&retry, key, call.head.payload.len()),
             retry,
@@ -321,7 +324,7 @@ impl Router {
             };
             let picked = match call.pin.as_deref() {
                 Some(pin) => super::pin::pick_instance(&call.table, target, pin, &tries.tried, request.now),
-                None => route::pick(&call.table, &request),
+                None => route::pick_from(&call.table, plan.group, &request),
             };
             let (member, group) = match picked {
                 Ok(p) => p,
