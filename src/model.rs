@@ -372,7 +372,10 @@ pub fn validate_name(field: &str, name: &str) -> Result<(), FieldError> {
     if name.len() > MAX_NAME_LEN {
         return Err(FieldError::new(field, format!("longer than {MAX_NAME_LEN} bytes")));
     }
-    if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':'))) {
+    // A byte loop (a name is checked on every call): a byte outside the set, ASCII or the
+    // first of a multi-byte character, starts the character named in the error.
+    let bad = name.bytes().position(|b| !(b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':')));
+    if let Some(c) = bad.and_then(|at| name[at..].chars().next()) {
         return Err(FieldError::new(
             field,
             format!("character {c:?} not allowed (use letters, digits, '.', '_', '-', ':')"),
@@ -621,6 +624,17 @@ mod tests {
         };
         assert_eq!(target(MAX_TAGS).validate(), Ok(()));
         assert_eq!(target(MAX_TAGS + 1).validate().unwrap_err().field, "target.tags");
+    }
+
+    #[test]
+    fn a_name_error_names_the_first_character_not_allowed() {
+        assert!(validate_name("f", "bench.echo_v2-a:b").is_ok());
+        let why = |name: &str| validate_name("f", name).unwrap_err().to_string();
+        assert!(why("a b").contains("character ' ' not allowed"), "{}", why("a b"));
+        assert!(why("ok/é").contains("character '/' not allowed"), "{}", why("ok/é"));
+        assert!(why("naïve").contains("character 'ï' not allowed"), "{}", why("naïve"));
+        assert!(why("日本").contains("character '日' not allowed"), "{}", why("日本"));
+        assert!(why("").contains("must not be empty"));
     }
 
     #[test]
