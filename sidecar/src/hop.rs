@@ -33,6 +33,19 @@ pub(crate) struct Hop<'a> {
 }
 
 const SEPARATOR: u8 = b'|';
+const WRONG_COUNT: &str =
+    "must have 5 fields separated by '|': instance, tenant, capability, caller agent, caller instance";
+
+/// The tenant field of an `ar-hop` value (its second), without reading the rest: what the
+/// mesh port checks against the peer's certificate before the call is delivered, where
+/// [`Hop::parse`] reads the whole value and refuses a malformed one. For a well-formed
+/// value it is `parse`'s tenant.
+fn tenant_field(value: &HeaderValue) -> Result<&str, &'static str> {
+    let bytes = value.as_bytes();
+    let mut separators = bytes.iter().enumerate().filter(|(_, b)| **b == SEPARATOR).map(|(i, _)| i);
+    let (Some(first), Some(second)) = (separators.next(), separators.next()) else { return Err(WRONG_COUNT) };
+    std::str::from_utf8(&bytes[first + 1..second]).map_err(|_| "is not visible ASCII")
+}
 
 /// A byte a name may hold: letters, digits, `.`, `_`, `-`, `:` (tenants are a subset).
 fn name_byte(b: u8) -> bool {
@@ -66,8 +79,6 @@ impl<'a> Hop<'a> {
 
     /// Reads an `ar-hop` value; the error says what is wrong with it.
     pub(crate) fn parse(value: &'a HeaderValue) -> Result<Hop<'a>, &'static str> {
-        const WRONG_COUNT: &str =
-            "must have 5 fields separated by '|': instance, tenant, capability, caller agent, caller instance";
         let text = value.to_str().map_err(|_| "is not visible ASCII")?;
         // A byte loop: `str::split` costs several times as much on a value this short, and
         // this runs once per call.
@@ -109,7 +120,7 @@ pub(crate) fn claimed_tenant(headers: &HeaderMap) -> Result<Option<(&'static str
     match (headers.get(crate::grpc::header::HOP), headers.get(crate::grpc::header::TENANT)) {
         (Some(_), Some(_)) => Err(format!("{} and {} both", h::HOP, h::TENANT)),
         (Some(hop), None) => {
-            Hop::parse(hop).map(|hop| Some((h::HOP, hop.tenant))).map_err(|why| format!("{} {why}", h::HOP))
+            tenant_field(hop).map(|tenant| Some((h::HOP, tenant))).map_err(|why| format!("{} {why}", h::HOP))
         }
         (None, tenant) => Ok(tenant.map(|t| (h::TENANT, t.to_str().unwrap_or_default()))),
     }
@@ -167,5 +178,20 @@ mod tests {
         assert_eq!(claimed_tenant(&headers), Ok(Some(("ar-hop", "other"))));
         headers.insert(h::HOP, HeaderValue::from_static("i|other"));
         assert!(claimed_tenant(&headers).unwrap_err().starts_with("ar-hop must have 5 fields"));
+    }
+
+    #[test]
+    fn the_claimed_tenant_is_the_tenant_parse_reads() {
+        for value in ["i-1|acme|bench.echo|planner|p-1", "i-2|acme|||", "i|t|c|a|b", "i||c||"] {
+            let value = HeaderValue::from_static(value);
+            assert_eq!(tenant_field(&value), Ok(Hop::parse(&value).unwrap().tenant), "{value:?}");
+        }
+        // Malformed beyond the tenant: the claim is read, and delivery refuses the value.
+        let long = HeaderValue::from_static("i|acme|c|a|b|x");
+        assert_eq!(tenant_field(&long), Ok("acme"));
+        assert!(Hop::parse(&long).is_err());
+        for short in ["", "i", "i|acme"] {
+            assert_eq!(tenant_field(&HeaderValue::from_static(short)), Err(WRONG_COUNT), "{short:?}");
+        }
     }
 }
