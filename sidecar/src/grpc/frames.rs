@@ -15,21 +15,24 @@ use super::{Body, COALESCE_LIMIT, PREFIX_LEN};
 /// borrowed from where its value lives.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Field<'a> {
-    Str(&'a str),
-    /// A string field whose bytes are known to be text (no UTF-8 check on the way).
-    Bytes(&'a [u8]),
+    /// A string field, as its bytes (text the caller vouches for, e.g. [`Field::text`]).
+    Str(&'a [u8]),
     U32(u32),
 }
 
-impl Field<'_> {
+impl<'a> Field<'a> {
+    /// A string field from text.
+    pub(crate) const fn text(s: &'a str) -> Field<'a> {
+        Field::Str(s.as_bytes())
+    }
+
     /// Its length on the wire under `tag`: 0 for an empty string or zero, which prost
     /// leaves out too.
     fn encoded_len(self, tag: u32) -> usize {
         use prost::encoding::{encoded_len_varint, key_len};
         match self {
-            Field::Str("") | Field::Bytes([]) | Field::U32(0) => 0,
+            Field::Str([]) | Field::U32(0) => 0,
             Field::Str(s) => key_len(tag) + encoded_len_varint(s.len() as u64) + s.len(),
-            Field::Bytes(b) => key_len(tag) + encoded_len_varint(b.len() as u64) + b.len(),
             Field::U32(v) => key_len(tag) + encoded_len_varint(u64::from(v)),
         }
     }
@@ -39,9 +42,8 @@ impl Field<'_> {
         // one go (prost's encoders put them byte by byte).
         let mut head = [0u8; 15];
         let (wire, value, bytes) = match self {
-            Field::Str("") | Field::Bytes([]) | Field::U32(0) => return,
-            Field::Str(s) => (2, s.len() as u64, s.as_bytes()),
-            Field::Bytes(b) => (2, b.len() as u64, b),
+            Field::Str([]) | Field::U32(0) => return,
+            Field::Str(s) => (2, s.len() as u64, s),
             Field::U32(v) => (0, u64::from(v), &[][..]),
         };
         let at = put_varint(&mut head, 0, (u64::from(tag) << 3) | wire);

@@ -459,11 +459,11 @@ mod tests {
                     ..Default::default()
                 };
                 let fields = [
-                    (8, Field::Str(&id)),
-                    (16, Field::Str(&name)),
+                    (8, Field::text(&id)),
+                    (16, Field::text(&name)),
                     (17, Field::U32(attempt)),
-                    (18, Field::Str(&id)),
-                    (19, Field::Str(&name)),
+                    (18, Field::text(&id)),
+                    (19, Field::text(&name)),
                 ];
                 prop_assert_eq!(
                     joined(Frames::message_fields(message.clone(), &fields)),
@@ -477,11 +477,11 @@ mod tests {
                     ..Default::default()
                 };
                 let fields = [
-                    (16, Field::Str(&name)),
-                    (17, Field::Str(&id)),
-                    (18, Field::Str("")),
+                    (16, Field::text(&name)),
+                    (17, Field::text(&id)),
+                    (18, Field::text("")),
                     (19, Field::U32(attempt)),
-                    (20, Field::Str(&name)),
+                    (20, Field::text(&name)),
                 ];
                 prop_assert_eq!(
                     joined(Frames::message_fields(message.clone(), &fields)),

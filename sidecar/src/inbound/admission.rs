@@ -249,12 +249,13 @@ pub(crate) fn parse_load(headers: &HeaderMap) -> Option<f64> {
     // The form [`load_value`] writes, `<digits>.<three digits>`, read by hand (`f64`'s
     // parser cost 130 instructions per answer); anything else by the parser.
     if let [whole @ .., b'.', a, b, c] = value
-        && !whole.is_empty()
-        && whole.len() <= 9
-        && whole.iter().chain([a, b, c]).all(u8::is_ascii_digit)
+        && (1..=9).contains(&whole.len())
+        && let Some(thousandths) = whole
+            .iter()
+            .chain([a, b, c])
+            .try_fold(0u64, |n, d| d.is_ascii_digit().then(|| n * 10 + u64::from(d - b'0')))
     {
         // Exact as an integer; one rounding, as the parser's, in the division.
-        let thousandths = whole.iter().chain([a, b, c]).fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
         return Some(thousandths as f64 / 1000.0);
     }
     std::str::from_utf8(value).ok()?.parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0)

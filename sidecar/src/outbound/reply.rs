@@ -124,11 +124,11 @@ pub(crate) async fn finish(
     let fallback_from = served.fallback_from.map(target_text).unwrap_or_default();
     // The `InvokeReply` fields the mesh adds, after the agent's.
     let fields = [
-        (16, Field::Str(&rec.instance_id)),
-        (17, Field::Str(&reg.agent)),
-        (18, Field::Str(&reg.version)),
+        (16, Field::text(&rec.instance_id)),
+        (17, Field::text(&reg.agent)),
+        (18, Field::text(&reg.version)),
         (19, Field::U32(served.attempts)),
-        (20, Field::Str(&fallback_from)),
+        (20, Field::text(&fallback_from)),
     ];
     let resp =
         Response::from_parts(parts, Body::Frames(Frames::message_fields(message, &fields).with_trailers(trailers)));

@@ -443,7 +443,7 @@ impl Router {
                 Step::Answer(Routed::unrouted(deadline_exceeded(call, attempt, std::mem::take(&mut tries.tried))))
             }
             Finished::Failed { status, answer } => {
-                member.stats.observe(Duration::from_nanos(clock().saturating_sub(sent_at)), clock());
+                member.stats.observe(Duration::from_nanos(now.saturating_sub(sent_at)), now);
                 if status.code() == Code::ResourceExhausted {
                     // An overloaded instance is avoided for a while instead of being
                     // treated as broken.
@@ -502,11 +502,11 @@ impl Router {
     ) -> BoxedAttempt {
         // The `HandleRequest` fields the mesh adds, after the caller's.
         let fields = [
-            (8, Field::Bytes(plan.message_id.as_ref().map_or(&[][..], MessageId::as_bytes))),
-            (16, Field::Str(member.id())),
+            (8, Field::Str(plan.message_id.as_ref().map_or(&[][..], MessageId::as_bytes))),
+            (16, Field::text(member.id())),
             (17, Field::U32(attempt)),
-            (18, Field::Str(plan.capability)),
-            (19, Field::Str(&self.tenant)),
+            (18, Field::text(plan.capability)),
+            (19, Field::text(&self.tenant)),
         ];
         Box::new(AttemptRequest {
             trace,
