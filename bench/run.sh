@@ -10,9 +10,23 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# `--pgo` (first argument) measures a sidecar built with profile-guided optimization
+# (scripts/build-pgo.sh; the report's "Source:" line names the build).
+pgo=""
+if [ "${1:-}" = "--pgo" ]; then
+  pgo=1
+  shift
+fi
+
 scripts/install-bench-tools.sh
-echo "==> cargo build --release (sidecar, control, bench)"
-cargo build --release --quiet -p agent-reach-sidecar -p agent-reach-control -p agent-reach-bench
 target_dir="$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')"
+if [ -n "$pgo" ]; then
+  scripts/build-pgo.sh
+  bin="${target_dir:-target}/pgo/bin"
+else
+  echo "==> cargo build --release (sidecar, control, bench)"
+  cargo build --release --quiet -p agent-reach-sidecar -p agent-reach-control -p agent-reach-bench
+  bin="${target_dir:-target}/release"
+fi
 echo "==> load average now: $(cut -d' ' -f1-3 /proc/loadavg) (the run records it; other work on the machine skews results)"
-exec "${target_dir:-target}/release/agent-reach-bench" run --out bench/results "$@"
+exec "$bin/agent-reach-bench" run --out bench/results "$@"

@@ -28,5 +28,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .ignore_unknown_fields()
         .build(&[".lf.a2a.v1"])?;
     println!("cargo:rerun-if-changed=../proto/lf");
+    // How the sidecar is optimized, for `--version` (and so the benchmark's report): a
+    // build from a PGO profile (scripts/build-pgo.sh) says so.
+    let flags = std::env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
+    println!("cargo:rustc-env=AGENT_REACH_SIDECAR_BUILD={}", build_kind(&flags));
+    println!("cargo:rerun-if-env-changed=CARGO_ENCODED_RUSTFLAGS");
     Ok(())
 }
+
+// `build_kind`, shared with the sidecar's tests.
+include!("build_kind.rs");

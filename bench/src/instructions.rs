@@ -50,6 +50,10 @@ pub struct Instructions {
     /// A and B), as `run --tls`.
     #[serde(default)]
     pub tls: bool,
+    /// Which sidecar and control binaries ran, with the sidecar's `--version` (a standard
+    /// or a profile-guided build).
+    #[serde(default)]
+    pub binaries: String,
     /// Instructions executed by sidecar A (the caller's) and B (the agent's) while the
     /// calls ran.
     pub sidecar_a: u64,
@@ -280,6 +284,7 @@ pub async fn measure(spec: &Spec, dir: &Path) -> Result<Instructions, String> {
         concurrency: spec.concurrency,
         payload: spec.payload,
         tls: spec.tls,
+        binaries: binaries.describe(),
         sidecar_a: mesh.a,
         sidecar_b: mesh.b,
         sidecar_a_per_call: Window::per_call(mesh.a, n),
@@ -396,6 +401,9 @@ pub fn side_by_side(r: &Instructions) -> String {
         r.concurrency,
         if r.tls { ", TLS between the hops" } else { "" }
     );
+    if !r.binaries.is_empty() {
+        o += &format!("# {}\n", r.binaries);
+    }
     o += &format!("# {:<6} {:>12} {:>12} {:>14}\n", "hop", "sidecar", "nginx", "sidecar/nginx");
     for (hop, sidecar, nginx, q) in [
         ("A", r.sidecar_a_per_call_net, r.nginx_a_per_call_net, r.ratio_a_net),
@@ -438,6 +446,7 @@ mod tests {
             concurrency: 1,
             payload: 12,
             tls: false,
+            binaries: "agent-reach-sidecar 0.1.0 (profile-guided build)".into(),
             sidecar_a: 0,
             sidecar_b: 0,
             sidecar_a_per_call: 0.0,
@@ -463,5 +472,6 @@ mod tests {
         let t = side_by_side(&r);
         assert!(t.contains("# A           120,000       40,000           3.00\n"), "{t}");
         assert!(t.contains("# A+B         210,000       70,000           3.00\n"), "{t}");
+        assert!(t.contains("# agent-reach-sidecar 0.1.0 (profile-guided build)\n"), "{t}");
     }
 }

@@ -198,7 +198,19 @@ impl Binaries {
     pub fn describe(&self) -> String {
         let build = if cfg!(debug_assertions) { "debug" } else { "release" };
         match self {
-            Binaries::Release { .. } => format!("agent-reach-sidecar and agent-reach-control binaries ({build} build)"),
+            Binaries::Release { sidecar, .. } => {
+                // The sidecar names how it was optimized (a standard or a profile-guided
+                // build, see scripts/build-pgo.sh).
+                let version = std::process::Command::new(sidecar)
+                    .arg("--version")
+                    .output()
+                    .ok()
+                    .and_then(|o| String::from_utf8(o.stdout).ok())
+                    .map(|v| v.trim().to_string())
+                    .filter(|v| !v.is_empty())
+                    .unwrap_or_else(|| "agent-reach-sidecar (its --version failed)".into());
+                format!("agent-reach-sidecar and agent-reach-control binaries ({build} build; {version})")
+            }
             Binaries::Embedded { .. } => {
                 format!("sidecar and control embedded in agent-reach-bench ({build} build)")
             }

@@ -8,10 +8,14 @@ use std::time::Duration;
 
 use clap::Parser;
 
+/// The version and how the binary was optimized: "standard build", or "profile-guided
+/// build" from `scripts/build-pgo.sh` (see the sidecar's build script).
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("AGENT_REACH_SIDECAR_BUILD"), ")");
+
 /// agent-reach-sidecar: routes agents' calls by capability and carries them to the sidecar
 /// next to the chosen instance.
 #[derive(Clone, Debug, Parser)]
-#[command(name = "agent-reach-sidecar", version, about)]
+#[command(name = "agent-reach-sidecar", version = VERSION, about)]
 pub struct SidecarArgs {
     /// Address of the local API (agents call Register, Invoke... here).
     #[arg(long, env = "AGENT_REACH_LISTEN", default_value = "127.0.0.1:7700")]

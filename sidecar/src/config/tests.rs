@@ -79,3 +79,32 @@ fn the_a2a_json_rpc_port_defaults_to_loopback_and_can_be_turned_off() {
     let zero = SidecarArgs::parse_from(["sidecar", "--insecure-plaintext-control", "--a2a-max-tasks", "0"]);
     assert!(SidecarConfig::try_from(&zero).unwrap_err().contains("--a2a-max-tasks"));
 }
+
+mod build_kind {
+    include!("../../build_kind.rs");
+
+    #[test]
+    fn the_build_kind_reads_every_spelling_of_the_profile_options() {
+        let kinds = [
+            ("", "standard build"),
+            ("-Copt-level=3", "standard build"),
+            ("-Cprofile-use=/p/s.profdata", "profile-guided build"),
+            ("-C\x1fprofile-use=/p/s.profdata", "profile-guided build"),
+            ("--codegen=profile-use=/p", "profile-guided build"),
+            ("--codegen\x1fprofile-use=/p", "profile-guided build"),
+            ("-Ctarget-cpu=native\x1f-Cprofile-generate=/raw", "instrumented for PGO"),
+            // Not codegen options: a path that merely names a profile, a lint flag.
+            ("-L\x1f/profile-use=x\x1f-Wunused", "standard build"),
+            ("-C\x1fopt-level=3\x1fprofile-use=/p", "standard build"),
+        ];
+        for (flags, kind) in kinds {
+            assert_eq!(build_kind(flags), kind, "{flags:?}");
+        }
+    }
+
+    #[test]
+    fn the_version_names_how_this_binary_was_built() {
+        // The tests are built without profile options.
+        assert_eq!(super::super::VERSION, concat!(env!("CARGO_PKG_VERSION"), " (standard build)"));
+    }
+}
