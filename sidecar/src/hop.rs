@@ -41,10 +41,11 @@ const WRONG_COUNT: &str =
 /// [`Hop::parse`] reads the whole value and refuses a malformed one. For a well-formed
 /// value it is `parse`'s tenant.
 fn tenant_field(value: &HeaderValue) -> Result<&str, &'static str> {
-    let bytes = value.as_bytes();
-    let mut separators = bytes.iter().enumerate().filter(|(_, b)| **b == SEPARATOR).map(|(i, _)| i);
-    let (Some(first), Some(second)) = (separators.next(), separators.next()) else { return Err(WRONG_COUNT) };
-    std::str::from_utf8(&bytes[first + 1..second]).map_err(|_| "is not visible ASCII")
+    let mut fields = value.as_bytes().splitn(3, |b| *b == SEPARATOR);
+    let (Some(_), Some(tenant), Some(_)) = (fields.next(), fields.next(), fields.next()) else {
+        return Err(WRONG_COUNT);
+    };
+    std::str::from_utf8(tenant).map_err(|_| "is not visible ASCII")
 }
 
 /// A byte a name may hold: letters, digits, `.`, `_`, `-`, `:` (tenants are a subset).
