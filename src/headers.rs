@@ -83,14 +83,18 @@ pub const IDEMPOTENCY_DIGEST: &str = "ar-idempotency-digest";
 /// `Mesh` request metadata: [`INSTANCE`], [`TENANT`], [`CAPABILITY`], [`CALLER_AGENT`]
 /// and [`CALLER_INSTANCE`] in one header, `instance|tenant|capability|agent|instance`
 /// (the last three may be empty), sent in their place to a sidecar that answered
-/// [`HOP_OK`] on the connection.
+/// [`HOP_OK`] on the connection; a sixth field `w` asks for a unary answer whole (status
+/// and load in its headers, no trailers), from a sidecar whose [`HOP_OK`] said it writes
+/// one.
 pub const HOP: &str = "ar-hop";
 /// `Mesh` request metadata on a call made with the separate headers: a token of the
-/// connection, which a sidecar that reads [`HOP`] echoes in [`HOP_OK`].
+/// connection, which a sidecar that reads [`HOP`] echoes in [`HOP_OK`] (ending in `+`:
+/// the asking sidecar reads whole answers).
 pub const HOP_ASK: &str = "ar-hop-ask";
 /// `Mesh` response metadata: the [`HOP_ASK`] token of the call, from a sidecar that reads
 /// [`HOP`] (older ones do not answer it, and keep getting the separate headers; an agent
-/// never sees the token, so it cannot answer for its sidecar).
+/// never sees the token, so it cannot answer for its sidecar). One more `+` after a token
+/// ending in `+`: the sidecar also writes whole answers.
 pub const HOP_OK: &str = "ar-hop-ok";
 /// Response metadata of a call with an idempotency key: the instance whose call of the key
 /// ran (the owner of the key's claim), so the caller's sidecar sends later duplicates there.

@@ -52,15 +52,35 @@ struct ConnState {
     sent: AtomicU32,
     /// The peer sidecar echoed [`ConnState::token`] in `ar-hop-ok`: it reads `ar-hop`.
     hop: AtomicBool,
-    /// The connection's `ar-hop-ask` token, random (see [`crate::hop`]).
+    /// Its echo had one more [`crate::hop::WHOLE_MARK`]: it answers unary calls whole when
+    /// `ar-hop` asks it to.
+    whole: AtomicBool,
+    /// The connection's `ar-hop-ask` token: random, ending with `WHOLE_MARK` (this sidecar
+    /// reads whole answers; see [`crate::hop`]).
     token: http::HeaderValue,
 }
 
 impl Default for ConnState {
     fn default() -> ConnState {
-        let token = http::HeaderValue::from_str(&format!("{:016x}", rand::random::<u64>()))
-            .unwrap_or(http::HeaderValue::from_static("0"));
-        ConnState { sent: AtomicU32::new(0), hop: AtomicBool::new(false), token }
+        let token = http::HeaderValue::from_str(&format!("{:016x}+", rand::random::<u64>()))
+            .unwrap_or(http::HeaderValue::from_static("0+"));
+        ConnState { sent: AtomicU32::new(0), hop: AtomicBool::new(false), whole: AtomicBool::new(false), token }
+    }
+}
+
+impl ConnState {
+    /// Reads the peer's answer to `ar-hop-ask`: the token as sent (it reads `ar-hop`), or
+    /// with one more `WHOLE_MARK` (it also writes whole answers); anything else changes
+    /// nothing.
+    fn learn(&self, echo: &http::HeaderValue) {
+        let (echo, token) = (echo.as_bytes(), self.token.as_bytes());
+        let whole = match echo.strip_prefix(token) {
+            Some(b"") => false,
+            Some([crate::hop::WHOLE_MARK]) => true,
+            _ => return,
+        };
+        self.whole.store(whole, Ordering::Relaxed);
+        self.hop.store(true, Ordering::Relaxed);
     }
 }
 
@@ -69,6 +89,12 @@ impl Conn {
     /// [`crate::hop`]): calls on it then carry their routing fields in that one header.
     pub(crate) fn speaks_hop(&self) -> bool {
         self.state.hop.load(Ordering::Relaxed)
+    }
+
+    /// Whether the peer sidecar said it answers a unary call whole when its `ar-hop` asks
+    /// (see [`crate::hop`]).
+    pub(crate) fn answers_whole(&self) -> bool {
+        self.state.whole.load(Ordering::Relaxed)
     }
 
     /// The token a call with the separate headers asks the peer sidecar to echo if it
@@ -338,9 +364,9 @@ pub(crate) async fn send_h2(
             // A sidecar that reads `ar-hop` echoes the call's `ar-hop-ask` token; the answer
             // goes on without it.
             if to == (To::Sidecar { hop: false })
-                && resp.headers_mut().remove(grpc::header::HOP_OK).is_some_and(|v| v == conn.state.token)
+                && let Some(echo) = resp.headers_mut().remove(grpc::header::HOP_OK)
             {
-                conn.state.hop.store(true, Ordering::Relaxed);
+                conn.state.learn(&echo);
             }
             let parked = unsent.is_none().then_some(conn.parked);
             Ok(resp.map(|recv| Body::H2(grpc::H2Body::new(recv, parked))))
@@ -725,9 +751,32 @@ mod tests {
                 }
                 To::Sidecar { hop: false } => {
                     assert!(conn.speaks_hop());
+                    // The token came back as sent: a sidecar that reads `ar-hop` but answers
+                    // as gRPC does.
+                    assert!(!conn.answers_whole());
                     assert!(!resp.headers().contains_key("ar-hop-ok"), "not passed on to the caller");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn the_echo_of_the_token_says_whether_the_peer_answers_whole() {
+        let token = ConnState::default().token.to_str().unwrap().to_string();
+        assert!(token.ends_with('+') && token.len() == 17, "{token}");
+        let echo = |v: &str| {
+            let state = ConnState::default();
+            let token = state.token.to_str().unwrap().to_string();
+            let v = v.replace("TOKEN", &token).replace("BARE", &token[..16]);
+            state.learn(&http::HeaderValue::from_str(&v).unwrap());
+            (state.hop.load(Ordering::Relaxed), state.whole.load(Ordering::Relaxed))
+        };
+        // A sidecar of the previous version echoes the token as it came.
+        assert_eq!(echo("TOKEN"), (true, false));
+        assert_eq!(echo("TOKEN+"), (true, true));
+        // Nor is the token without its mark.
+        for other in ["TOKEN++", "TOKENx", "x", "", "TOKEN +", "BARE", "BARE+x"] {
+            assert_eq!(echo(other), (false, false), "{other:?}");
         }
     }
 

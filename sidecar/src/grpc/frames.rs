@@ -78,6 +78,9 @@ pub(crate) struct Frames {
     parts: [Option<Bytes>; 3],
     next: usize,
     trailers: Option<HeaderMap>,
+    /// Its size is not given as exact though no trailers follow (see
+    /// [`Frames::with_open_length`]).
+    open_length: bool,
 }
 
 impl Frames {
@@ -97,7 +100,7 @@ impl Frames {
         } else {
             [Some(Bytes::copy_from_slice(&prefix)), Some(message), Some(Bytes::copy_from_slice(extra))]
         };
-        Frames { parts, next: 0, trailers: None }
+        Frames { parts, next: 0, trailers: None, open_length: false }
     }
 
     /// [`Frames::message`] with `fields` appended, encoded straight into the message's
@@ -120,12 +123,12 @@ impl Frames {
             encode_fields(fields, &mut buf);
             [Some(prefix.freeze()), Some(message), Some(buf.freeze())]
         };
-        Frames { parts, next: 0, trailers: None }
+        Frames { parts, next: 0, trailers: None, open_length: false }
     }
 
     /// Bytes passed on as they are.
     pub(crate) fn raw(data: Bytes) -> Frames {
-        Frames { parts: [Some(data), None, None], next: 0, trailers: None }
+        Frames { parts: [Some(data), None, None], next: 0, trailers: None, open_length: false }
     }
 
     /// A request body read whole, passed on as it came: up to three chunks as they are,
@@ -143,7 +146,7 @@ impl Frames {
                 *part = Some(chunk);
             }
         }
-        Frames { parts, next: 0, trailers: None }
+        Frames { parts, next: 0, trailers: None, open_length: false }
     }
 
     pub(crate) fn with_trailers(mut self, trailers: Option<HeaderMap>) -> Frames {
@@ -175,10 +178,60 @@ impl Frames {
         self.parts.iter().flatten().map(Bytes::len).sum()
     }
 
-    /// Whether trailers follow the data.
-    pub(super) fn has_trailers(&self) -> bool {
-        self.trailers.is_some()
+    /// A body whose size hint has only a lower bound: an answer whose status is in its
+    /// headers (a whole answer, see [`crate::hop`]) goes without `content-length`, which
+    /// hyper writes from an exact hint and each hop would encode, parse and drop.
+    pub(crate) fn with_open_length(mut self) -> Frames {
+        self.open_length = true;
+        self
     }
+
+    /// Whether the size hint is a lower bound only: trailers follow the data, or
+    /// [`Frames::with_open_length`].
+    pub(super) fn open_length(&self) -> bool {
+        self.trailers.is_some() || self.open_length
+    }
+}
+
+/// A unary answer's body read whole, at most `limit` bytes: its data (joined only when it
+/// came in more than one frame) and its trailers, taken, not copied.
+pub(crate) async fn read_whole(body: Body, limit: usize) -> Result<(Bytes, Option<HeaderMap>), super::BoxError> {
+    enum Data {
+        None,
+        One(Bytes),
+        Joined(BytesMut),
+    }
+    let mut body = http_body_util::Limited::new(body, limit);
+    let mut data = Data::None;
+    let mut trailers: Option<HeaderMap> = None;
+    while let Some(frame) = body.frame().await {
+        match frame?.into_data() {
+            Ok(chunk) => match &mut data {
+                Data::None => data = Data::One(chunk),
+                Data::One(first) => {
+                    let mut all = BytesMut::with_capacity(first.len() + chunk.len());
+                    all.extend_from_slice(first);
+                    all.extend_from_slice(&chunk);
+                    data = Data::Joined(all);
+                }
+                Data::Joined(all) => all.extend_from_slice(&chunk),
+            },
+            Err(frame) => {
+                if let Ok(more) = frame.into_trailers() {
+                    match &mut trailers {
+                        Some(all) => all.extend(more),
+                        None => trailers = Some(more),
+                    }
+                }
+            }
+        }
+    }
+    let data = match data {
+        Data::None => Bytes::new(),
+        Data::One(only) => only,
+        Data::Joined(all) => all.freeze(),
+    };
+    Ok((data, trailers))
 }
 
 /// A complete unary answer kept in memory (idempotency replays, the result cache).

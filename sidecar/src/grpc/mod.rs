@@ -27,7 +27,9 @@ use tonic::Status;
 
 use bodies::Source;
 pub(crate) use bodies::{ChannelBody, H2Body, Parked, Tapped};
-pub(crate) use frames::{Field, Frames, ReadError, StoredResponse, frames_data, read_message, single_message};
+pub(crate) use frames::{
+    Field, Frames, ReadError, StoredResponse, frames_data, read_message, read_whole, single_message,
+};
 pub(crate) use messages::{MessageReader, Read};
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -205,7 +207,7 @@ impl HttpBody for Body {
             // Exact only without trailers: from an exact hint hyper writes `content-length`
             // into the answer's headers, which a gRPC answer (its status in the trailers)
             // does not use and each hop would encode, parse and drop on every call.
-            Body::Frames(f) if f.has_trailers() => {
+            Body::Frames(f) if f.open_length() => {
                 let mut hint = SizeHint::new();
                 hint.set_lower(f.len() as u64);
                 hint
@@ -318,6 +320,23 @@ pub(crate) fn failed_status(headers: &HeaderMap) -> Option<Status> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_unary_answer_is_read_whole_with_its_trailers() {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("0"));
+        let body = |chunks: &[&'static [u8]]| {
+            let chunks = chunks.iter().map(|c| Bytes::from_static(c)).collect();
+            Body::Frames(Frames::chunks(chunks).with_trailers(Some(trailers.clone())))
+        };
+        let (data, read) = read_whole(body(&[b"abc"]), 10).await.unwrap();
+        assert_eq!((&data[..], read.as_ref()), (&b"abc"[..], Some(&trailers)));
+        let (data, _) = read_whole(body(&[b"ab", b"cd", b"e"]), 10).await.unwrap();
+        assert_eq!(&data[..], b"abcde");
+        assert!(read_whole(body(&[b"abcdef", b"ghijk"]), 10).await.is_err(), "over the limit");
+        let (data, read) = read_whole(Body::Empty, 10).await.unwrap();
+        assert_eq!((data.len(), read), (0, None));
+    }
 
     #[test]
     fn a_method_path_is_parsed_once_and_shared() {

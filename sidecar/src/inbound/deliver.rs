@@ -88,7 +88,7 @@ impl MeshEntry {
         let (parts, body) = req.into_parts();
         // The headers read in a block of their own: what it found, not the whole set of
         // them, is held across the awaits below.
-        let (local, tenant, timeout, priority, key, payload_digest, trace, caller, capability, session, echo) = {
+        let (local, tenant, timeout, priority, key, payload_digest, trace, caller, capability, session, echo, whole) = {
             let h = MeshHeaders::read(&parts.headers);
             let routing = match h.routing() {
                 Ok(r) => r,
@@ -157,8 +157,12 @@ impl MeshEntry {
             let session = h.session.filter(|_| !new_session);
             // A call with the separate headers asking whether this sidecar reads `ar-hop`
             // gets its token back (see `crate::hop`).
-            let echo = h.hop_ask.filter(|_| h.hop.is_none()).cloned();
-            (local, tenant, timeout, priority, key, payload_digest, trace, caller, capability, session, echo)
+            // This sidecar also writes whole answers: the echo says so to a sidecar whose
+            // token says it reads them.
+            let echo = h.hop_ask.filter(|_| h.hop.is_none()).map(crate::hop::echo);
+            // Only a unary answer is read whole; a stream's goes on as it comes.
+            let whole = routing.whole && shape == Shape::Unary;
+            (local, tenant, timeout, priority, key, payload_digest, trace, caller, capability, session, echo, whole)
         };
         let prewarmed = match session.and_then(|v| v.to_str().ok()) {
             Some(session) => {
@@ -175,6 +179,8 @@ impl MeshEntry {
             Ok(Err(e)) => return grpc::status_response(DeliveryError::Internal(e).into_status()),
             Err(e) => return grpc::status_response(e.into_status()),
         };
+        // Named in the error of a whole answer that could not be read.
+        let answering = whole.then(|| local.clone());
         let call = InboundCall::new(InboundData {
             local,
             body,
@@ -194,18 +200,74 @@ impl MeshEntry {
             Attempt::Answered(resp, permit) => {
                 let (mut parts, body) = resp.into_parts();
                 parts.headers.remove(http::header::CONTENT_LENGTH);
+                let body = match answering {
+                    Some(local) => match whole_answer(&mut parts.headers, body, permit, me.limit).await {
+                        Ok(body) => body,
+                        // What the caller's sidecar says when it cannot read an answer.
+                        Err(e) => {
+                            let cause = format!("reading its reply failed: {e}");
+                            let status =
+                                SidecarError::InstanceUnreachable { instance: local.instance_id.clone(), cause };
+                            return grpc::status_response(status.into_status());
+                        }
+                    },
+                    None => body.tap(permit, None),
+                };
                 if prewarmed {
                     parts.headers.insert(header::SESSION_PREWARMED, http::HeaderValue::from_static("1"));
                 }
                 if let Some(token) = echo {
                     parts.headers.insert(header::HOP_OK, token);
                 }
-                Response::from_parts(parts, body.tap(permit, None))
+                Response::from_parts(parts, body)
             }
             Attempt::NotDelivered(e) => grpc::not_delivered_response(e.into_status()),
             Attempt::Failed(e) => grpc::status_response(e.into_status()),
         }
     }
+}
+
+/// A unary answer read whole (at most `limit` bytes) for a calling sidecar that reads it
+/// so (see [`crate::hop`]): when its trailers are an OK `grpc-status` and the load `permit`
+/// writes, they go in `headers` and the body is the message alone, so the hop sends one
+/// HEADERS block and DATA ending the stream instead of three frames. Any other trailers (a
+/// failure's message, the agent's own metadata) stay trailers, as gRPC has them.
+async fn whole_answer(
+    headers: &mut HeaderMap,
+    body: Body,
+    permit: Option<grpc::Hook>,
+    limit: usize,
+) -> Result<Body, grpc::BoxError> {
+    let (data, trailers) = grpc::read_whole(body, limit).await?;
+    let Some(mut trailers) = trailers else {
+        // No trailers: a trailers-only answer (its status in `headers`) or a broken one,
+        // passed on as it came.
+        return Ok(Body::Frames(Frames::raw(data)).tap(permit, None));
+    };
+    if let Some(permit) = &permit {
+        permit.on_trailers(&mut trailers);
+    }
+    // One pass over the entries, nothing hashed: an OK status and at most the load.
+    let mut ok = false;
+    for (name, value) in &trailers {
+        let status = *name == grpc::HEADER_GRPC_STATUS;
+        if (status && value != "0") || (!status && *name != header::LOAD) {
+            ok = false;
+            break;
+        }
+        ok |= status;
+    }
+    // A name given twice (or no message) goes as gRPC has it.
+    if !ok || data.is_empty() || trailers.len() != trailers.keys_len() {
+        return Ok(Body::Frames(Frames::raw(data).with_trailers(Some(trailers))));
+    }
+    // One value per name: every entry comes with its name.
+    for (name, value) in trailers {
+        if let Some(name) = name {
+            headers.append(name, value);
+        }
+    }
+    Ok(Body::Frames(Frames::raw(data).with_open_length()))
 }
 
 /// The headers of a delivery the entry reads, found in one pass over the map: a `get`
@@ -281,6 +343,7 @@ impl<'h> MeshHeaders<'h> {
             tenant: text(self.tenant).unwrap_or_default(),
             capability: text(self.capability).unwrap_or_default(),
             caller,
+            whole: false,
         })
     }
 }
@@ -480,7 +543,8 @@ mod header_tests {
             }
             map
         };
-        let expected = Hop { instance: "i-1", tenant: "t", capability: "c", caller: Some(("planner", "p-1")) };
+        let expected =
+            Hop { instance: "i-1", tenant: "t", capability: "c", caller: Some(("planner", "p-1")), whole: false };
         let separate = map(&[
             ("ar-instance", "i-1"),
             ("ar-tenant", "t"),
@@ -510,6 +574,91 @@ mod header_tests {
 }
 
 #[cfg(test)]
+mod whole_tests {
+    use bytes::Bytes;
+    use http_body::Body as _;
+    use http_body_util::BodyExt;
+
+    use super::*;
+
+    /// Writes a load into the trailers, as an admission permit does.
+    struct Load;
+
+    impl grpc::TrailersHook for Load {
+        fn on_trailers(&self, trailers: &mut HeaderMap) {
+            trailers.insert(header::LOAD, HeaderValue::from_static("0.500"));
+        }
+    }
+
+    fn answer(data: &'static [u8], trailers: &[(&'static str, &'static str)]) -> Body {
+        let mut map = HeaderMap::new();
+        for &(name, value) in trailers {
+            map.append(http::HeaderName::from_static(name), HeaderValue::from_static(value));
+        }
+        Body::Frames(Frames::raw(Bytes::from_static(data)).with_trailers((!trailers.is_empty()).then_some(map)))
+    }
+
+    /// The answer's headers and its body's data and trailers, as the caller's sidecar reads them.
+    async fn sent(body: Body, hook: bool) -> (Vec<String>, Bytes, Option<HeaderMap>, bool) {
+        let mut headers = HeaderMap::new();
+        headers.insert("content-type", HeaderValue::from_static("application/grpc"));
+        let hook = hook.then(|| Box::new(Load) as grpc::Hook);
+        let body = whole_answer(&mut headers, body, hook, 64).await.unwrap();
+        let exact = body.size_hint().exact().is_some();
+        let collected = body.collect().await.unwrap();
+        let trailers = collected.trailers().cloned();
+        let names = headers.iter().map(|(n, v)| format!("{n}: {}", v.to_str().unwrap())).collect();
+        (names, collected.to_bytes(), trailers, exact)
+    }
+
+    #[tokio::test]
+    async fn an_ok_answer_sends_its_status_and_load_in_its_headers() {
+        let (headers, data, trailers, exact) = sent(answer(b"message", &[("grpc-status", "0")]), true).await;
+        assert_eq!(headers, ["content-type: application/grpc", "grpc-status: 0", "ar-load: 0.500"]);
+        assert_eq!((&data[..], trailers), (&b"message"[..], None));
+        // No exact length: hyper would write `content-length` from it.
+        assert!(!exact);
+        let (headers, _, trailers, _) = sent(answer(b"message", &[("grpc-status", "0")]), false).await;
+        assert_eq!((headers.len(), trailers), (2, None));
+    }
+
+    #[tokio::test]
+    async fn other_trailers_stay_trailers() {
+        for trailers in [
+            &[("grpc-status", "0"), ("x-agent-metadata", "kept")][..],
+            &[("grpc-status", "0"), ("grpc-message", "fine")],
+            &[("grpc-status", "13"), ("grpc-message", "boom")],
+            &[("grpc-status", "00")],
+            &[("grpc-status", "0"), ("grpc-status", "13")],
+            &[("grpc-status", "0"), ("grpc-status", "0")],
+            &[("ar-load", "0.100")],
+        ] {
+            let (headers, data, read, _) = sent(answer(b"message", trailers), true).await;
+            assert_eq!(headers, ["content-type: application/grpc"], "{trailers:?}");
+            assert_eq!(&data[..], b"message");
+            let read = read.unwrap();
+            for &(name, value) in trailers.iter().filter(|(name, _)| *name != "ar-load") {
+                assert!(read.get_all(name).iter().any(|v| v == value), "{trailers:?}");
+            }
+            // The permit still wrote the load (its own), into the trailers.
+            assert_eq!(read["ar-load"], "0.500");
+        }
+        // An answer without a message keeps its status where it was.
+        let (headers, data, read, _) = sent(answer(b"", &[("grpc-status", "0")]), false).await;
+        assert_eq!((headers.len(), data.len(), read.unwrap()["grpc-status"].to_str().unwrap()), (1, 0, "0"));
+    }
+
+    #[tokio::test]
+    async fn an_answer_without_trailers_goes_as_it_came_and_a_long_one_is_refused() {
+        let (headers, data, read, _) = sent(answer(b"part", &[]), true).await;
+        assert_eq!((headers.len(), &data[..], read), (1, &b"part"[..], None));
+        let mut headers = HeaderMap::new();
+        let long = Body::Frames(Frames::raw(Bytes::from(vec![0u8; 65])));
+        assert!(whole_answer(&mut headers, long, None, 64).await.is_err());
+    }
+}
+
+#[cfg(test)]
 mod size_tests {
     use super::*;
     use crate::outbound::size_of_output;
@@ -521,7 +670,8 @@ mod size_tests {
         let entry =
             size_of_output(|(m, r): (MeshEntry, Request<Incoming>)| async move { m.deliver(r, Shape::Unary).await });
         let deliver = size_of_output(|(d, c): (Arc<DeliverParts>, InboundCall)| async move { d.deliver(c).await });
-        assert!(entry <= 3_456, "MeshEntry::deliver's future: {entry} bytes");
+        // 3,456 before a unary answer could be read whole here (`whole_answer`).
+        assert!(entry <= 3_840, "MeshEntry::deliver's future: {entry} bytes");
         assert!(deliver <= 4_608, "Deliver's future: {deliver} bytes");
     }
 }

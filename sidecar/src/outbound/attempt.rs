@@ -182,8 +182,8 @@ impl DispatchState {
             Shape::Unary => grpc::DELIVER.get(),
             Shape::Stream => grpc::DELIVER_STREAM.get(),
         };
-        let (headers, hop) =
-            mesh_headers(&req, &self.tenant, self.tenant_header.as_ref(), (conn.speaks_hop(), conn.hop_token()));
+        let speaks = Speaks { hop: conn.speaks_hop(), whole: conn.answers_whole(), token: conn.hop_token() };
+        let (headers, hop) = mesh_headers(&req, &self.tenant, self.tenant_header.as_ref(), speaks);
         let data = match req.body {
             Body::Frames(f) => grpc::frames_data(f),
             other => match collect_chunks(other, self.limit).await {
@@ -219,11 +219,21 @@ impl DispatchState {
 /// [`crate::hop`]), else in their separate headers with the connection's `ar-hop-ask`
 /// token (`hop.1`) (`tenant_header`: `tenant`'s, made once). Also returns whether `ar-hop`
 /// was used.
+/// What the connection to the target's sidecar knows of it (see [`crate::hop`]).
+struct Speaks<'a> {
+    /// It reads `ar-hop`.
+    hop: bool,
+    /// It answers a unary call whole when `ar-hop` asks.
+    whole: bool,
+    /// The connection's `ar-hop-ask` token.
+    token: &'a HeaderValue,
+}
+
 fn mesh_headers(
     req: &AttemptRequest,
     tenant: &str,
     tenant_header: Option<&HeaderValue>,
-    (hop, token): (bool, &HeaderValue),
+    speaks: Speaks<'_>,
 ) -> (HeaderMap, bool) {
     let rec = &req.member.instance.record;
     let mut headers = HeaderMap::with_capacity(req.headers.len() + 8);
@@ -235,15 +245,17 @@ fn mesh_headers(
         tenant,
         capability: &req.capability,
         caller: req.caller.as_ref().map(|c| (&*c.agent, &*c.instance)),
+        // A stream's answer goes on as it comes.
+        whole: speaks.whole && req.shape == Shape::Unary,
     };
-    let hop = match hop.then(|| routing.value()).flatten() {
+    let hop = match speaks.hop.then(|| routing.value()).flatten() {
         Some(v) => {
             headers.insert(header::HOP, v);
             true
         }
         None => {
             separate_headers(&mut headers, &routing, tenant_header);
-            headers.insert(header::HOP_ASK, token.clone());
+            headers.insert(header::HOP_ASK, speaks.token.clone());
             false
         }
     };
@@ -345,7 +357,8 @@ mod tests {
         let token = HeaderValue::from_static("t0k3n");
         let caller = crate::call::Caller { agent: "planner".into(), instance: "p-1".into() };
         let req = attempt("text.echo", Some(caller));
-        let (separate, used) = mesh_headers(&req, "acme", Some(&tenant), (false, &token));
+        let speaks = |hop, whole| Speaks { hop, whole, token: &token };
+        let (separate, used) = mesh_headers(&req, "acme", Some(&tenant), speaks(false, false));
         assert!(!used);
         assert_eq!(
             mesh_names(&separate),
@@ -356,16 +369,22 @@ mod tests {
             [&separate["ar-instance"], &separate["ar-tenant"], &separate["ar-capability"]],
             ["i-1", "acme", "text.echo"]
         );
-        let (hop, used) = mesh_headers(&req, "acme", Some(&tenant), (true, &token));
+        let (hop, used) = mesh_headers(&req, "acme", Some(&tenant), speaks(true, false));
         assert!(used);
         assert_eq!(mesh_names(&hop), ["ar-hop"]);
         assert_eq!(hop["ar-hop"], "i-1|acme|text.echo|planner|p-1");
+        // A sidecar that answers whole is asked to, for a unary call only.
+        let (whole, _) = mesh_headers(&req, "acme", Some(&tenant), speaks(true, true));
+        assert_eq!(whole["ar-hop"], "i-1|acme|text.echo|planner|p-1|w");
+        let stream = AttemptRequest { shape: Shape::Stream, ..attempt("text.echo", None) };
+        let (streamed, _) = mesh_headers(&stream, "acme", Some(&tenant), speaks(true, true));
+        assert_eq!(streamed["ar-hop"], "i-1|acme|text.echo||");
         // What a name cannot hold goes as before, in the separate headers.
-        let (odd, used) = mesh_headers(&attempt("a b", None), "acme", Some(&tenant), (true, &token));
+        let (odd, used) = mesh_headers(&attempt("a b", None), "acme", Some(&tenant), speaks(true, true));
         assert!(!used, "the answer may still say the peer reads ar-hop");
         assert_eq!(mesh_names(&odd), ["ar-capability", "ar-hop-ask", "ar-instance", "ar-tenant"]);
         // The rest of the request is the same either way.
-        for headers in [&separate, &hop] {
+        for headers in [&separate, &hop, &whole] {
             assert_eq!(headers["grpc-timeout"], "1000m");
         }
     }

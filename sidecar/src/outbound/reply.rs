@@ -8,7 +8,6 @@ use std::sync::Arc;
 use agent_reach::model::Target;
 use agent_reach::reason::{self, Reason};
 use agent_reach_routing::{CallGuard, InstanceStats, Member, clock};
-use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Response};
 use tonic::Status;
 
@@ -69,22 +68,28 @@ pub(crate) async fn finish(
     limit: usize,
 ) -> Finished {
     let (mut parts, body) = answer.into_parts();
-    let mut outcome = stamp(&mut parts.headers, served);
     let member = served.member;
     // The target's sidecar reports the load in the trailers, which are the headers of a
-    // trailers-only answer (one with a status in its headers).
-    if let Some(code) = grpc::status_code(&parts.headers) {
-        if let Some(load) = parse_load(&parts.headers) {
-            member.stats.report_load(load, clock());
-        }
-        if code != tonic::Code::Ok
-            && let Some(status) = Status::from_header_map(&parts.headers)
-        {
-            // Trailers-only: an error from the agent or the target's sidecar.
-            outcome.outcome = outcome_of(&status);
-            let resp = Response::from_parts(parts, Body::Empty);
-            return Finished::Failed { status, answer: Routed { resp, outcome: Some(outcome) } };
-        }
+    // trailers-only answer or a whole one (both have their status in their headers).
+    let code = grpc::status_code(&parts.headers);
+    if code.is_some()
+        && let Some(load) = parse_load(&parts.headers)
+    {
+        member.stats.report_load(load, clock());
+    }
+    // A whole answer (see `crate::hop`): its status and load are the caller's trailers
+    // again, as gRPC has them; taken out before the route is stamped in their place.
+    let whole = (code == Some(tonic::Code::Ok) && served.call.shape == Shape::Unary)
+        .then(|| status_to_trailers(&mut parts.headers));
+    let mut outcome = stamp(&mut parts.headers, served);
+    if let Some(code) = code
+        && code != tonic::Code::Ok
+        && let Some(status) = Status::from_header_map(&parts.headers)
+    {
+        // Trailers-only: an error from the agent or the target's sidecar.
+        outcome.outcome = outcome_of(&status);
+        let resp = Response::from_parts(parts, Body::Empty);
+        return Finished::Failed { status, answer: Routed { resp, outcome: Some(outcome) } };
     }
     if served.call.shape == Shape::Stream {
         let observed: Hook = Box::new(Observed { _guard: guard, stats: member.stats.clone() });
@@ -92,7 +97,7 @@ pub(crate) async fn finish(
         return Finished::Done(Routed { resp, outcome: Some(outcome) });
     }
     let rec = &member.instance.record;
-    let (data, trailers) = match read_whole(body, limit).await {
+    let (data, trailers) = match grpc::read_whole(body, limit).await {
         Ok(read) => read,
         Err(e) => {
             let status = SidecarError::InstanceUnreachable {
@@ -104,9 +109,21 @@ pub(crate) async fn finish(
         }
     };
     drop((guard, hold));
-    if let Some(load) = trailers.as_ref().and_then(parse_load) {
-        member.stats.report_load(load, clock());
-    }
+    let trailers = match whole {
+        // Its load was read with its status.
+        Some(mut moved) => {
+            if let Some(more) = trailers {
+                moved.extend(more);
+            }
+            Some(moved)
+        }
+        None => {
+            if let Some(load) = trailers.as_ref().and_then(parse_load) {
+                member.stats.report_load(load, clock());
+            }
+            trailers
+        }
+    };
     if let Some(status) = trailers.as_ref().and_then(grpc::failed_status) {
         outcome.outcome = outcome_of(&status);
         let resp = Response::from_parts(parts, Body::Frames(Frames::raw(data).with_trailers(trailers)));
@@ -135,46 +152,16 @@ pub(crate) async fn finish(
     Finished::Done(Routed { resp, outcome: Some(outcome) })
 }
 
-/// A unary answer's body read whole, at most `limit` bytes: its data (joined only when it
-/// came in more than one frame) and its trailers, taken, not copied.
-async fn read_whole(body: Body, limit: usize) -> Result<(Bytes, Option<HeaderMap>), grpc::BoxError> {
-    use http_body_util::BodyExt;
-    enum Data {
-        None,
-        One(Bytes),
-        Joined(BytesMut),
-    }
-    let mut body = http_body_util::Limited::new(body, limit);
-    let mut data = Data::None;
-    let mut trailers: Option<HeaderMap> = None;
-    while let Some(frame) = body.frame().await {
-        match frame?.into_data() {
-            Ok(chunk) => match &mut data {
-                Data::None => data = Data::One(chunk),
-                Data::One(first) => {
-                    let mut all = BytesMut::with_capacity(first.len() + chunk.len());
-                    all.extend_from_slice(first);
-                    all.extend_from_slice(&chunk);
-                    data = Data::Joined(all);
-                }
-                Data::Joined(all) => all.extend_from_slice(&chunk),
-            },
-            Err(frame) => {
-                if let Ok(more) = frame.into_trailers() {
-                    match &mut trailers {
-                        Some(all) => all.extend(more),
-                        None => trailers = Some(more),
-                    }
-                }
-            }
+/// Moves an answer's `grpc-status` and `ar-load` from its headers to trailers of their own.
+fn status_to_trailers(headers: &mut HeaderMap) -> HeaderMap {
+    // Room for both without growing (a map of capacity 2 grows at its second entry).
+    let mut trailers = HeaderMap::with_capacity(3);
+    for name in [grpc::HEADER_GRPC_STATUS, header::LOAD] {
+        if let Some(value) = headers.remove(&name) {
+            trailers.insert(name, value);
         }
     }
-    let data = match data {
-        Data::None => Bytes::new(),
-        Data::One(only) => only,
-        Data::Joined(all) => all.freeze(),
-    };
-    Ok((data, trailers))
+    trailers
 }
 
 /// Writes the route into the answer's headers; returns the call's outcome for telemetry.
@@ -281,20 +268,22 @@ mod tests {
         assert_eq!(tried(&[]), Some(HeaderValue::from_static("")));
     }
 
-    #[tokio::test]
-    async fn a_unary_answer_is_read_whole_with_its_trailers() {
-        let mut trailers = HeaderMap::new();
-        trailers.insert("grpc-status", HeaderValue::from_static("0"));
-        let body = |chunks: &[&'static [u8]]| {
-            let chunks = chunks.iter().map(|c| Bytes::from_static(c)).collect();
-            Body::Frames(Frames::chunks(chunks).with_trailers(Some(trailers.clone())))
-        };
-        let (data, read) = read_whole(body(&[b"abc"]), 10).await.unwrap();
-        assert_eq!((&data[..], read.as_ref()), (&b"abc"[..], Some(&trailers)));
-        let (data, _) = read_whole(body(&[b"ab", b"cd", b"e"]), 10).await.unwrap();
-        assert_eq!(&data[..], b"abcde");
-        assert!(read_whole(body(&[b"abcdef", b"ghijk"]), 10).await.is_err(), "over the limit");
-        let (data, read) = read_whole(Body::Empty, 10).await.unwrap();
-        assert_eq!((data.len(), read), (0, None));
+    #[test]
+    fn a_whole_answers_status_and_load_go_back_to_trailers() {
+        let mut headers = HeaderMap::new();
+        headers.insert("content-type", HeaderValue::from_static("application/grpc"));
+        headers.insert("grpc-status", HeaderValue::from_static("0"));
+        headers.insert("ar-load", HeaderValue::from_static("0.250"));
+        headers.insert("ar-instance", HeaderValue::from_static("i-1"));
+        let trailers = status_to_trailers(&mut headers);
+        let names = |m: &HeaderMap| m.keys().map(|n| n.as_str().to_string()).collect::<Vec<_>>();
+        assert_eq!(names(&headers), ["content-type", "ar-instance"]);
+        assert_eq!(names(&trailers), ["grpc-status", "ar-load"]);
+        assert_eq!([&trailers["grpc-status"], &trailers["ar-load"]], ["0", "0.250"]);
+        // Without a load, the status alone.
+        let mut headers = HeaderMap::new();
+        headers.insert("grpc-status", HeaderValue::from_static("0"));
+        assert_eq!(names(&status_to_trailers(&mut headers)), ["grpc-status"]);
+        assert!(headers.is_empty());
     }
 }

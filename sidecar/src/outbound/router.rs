@@ -628,6 +628,7 @@ mod tests {
         // Made once per call and boxed, which copies it whole (a debug build's size here;
         // 4,368 bytes when the attempt stack's `Oneshot` and the attempt sat in it).
         let route = size_of_output(|(r, c): (Router, OutboundCall)| async move { r.route(c).await });
-        assert!(route <= 3328, "Router::route's future is {route} bytes");
+        // 3,328 before a whole answer's trailers were kept across the read of its body.
+        assert!(route <= 3392, "Router::route's future is {route} bytes");
     }
 }
