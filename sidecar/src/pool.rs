@@ -62,7 +62,8 @@ struct ConnState {
 
 impl Default for ConnState {
     fn default() -> ConnState {
-        let token = http::HeaderValue::from_str(&format!("{:016x}+", rand::random::<u64>()))
+        let mark = char::from(crate::hop::WHOLE_MARK);
+        let token = http::HeaderValue::from_str(&format!("{:016x}{mark}", rand::random::<u64>()))
             .unwrap_or(http::HeaderValue::from_static("0+"));
         ConnState { sent: AtomicU32::new(0), hop: AtomicBool::new(false), whole: AtomicBool::new(false), token }
     }

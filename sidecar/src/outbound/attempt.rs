@@ -213,12 +213,6 @@ impl DispatchState {
     }
 }
 
-/// The headers of a call to the instance's sidecar: those that travel on, the deadline and
-/// trace, what the target's sidecar reads (priority, idempotency key, session) and the
-/// call's routing fields, in `ar-hop` when the connection's peer reads it (`hop.0`, see
-/// [`crate::hop`]), else in their separate headers with the connection's `ar-hop-ask`
-/// token (`hop.1`) (`tenant_header`: `tenant`'s, made once). Also returns whether `ar-hop`
-/// was used.
 /// What the connection to the target's sidecar knows of it (see [`crate::hop`]).
 struct Speaks<'a> {
     /// It reads `ar-hop`.
@@ -229,6 +223,12 @@ struct Speaks<'a> {
     token: &'a HeaderValue,
 }
 
+/// The headers of a call to the instance's sidecar: those that travel on, the deadline and
+/// trace, what the target's sidecar reads (priority, idempotency key, session) and the
+/// call's routing fields, in `ar-hop` when the connection's peer reads it (`speaks.hop`,
+/// with the sixth field when it answers whole and the call is unary; see [`crate::hop`]),
+/// else in their separate headers with the connection's `ar-hop-ask` token
+/// (`tenant_header`: `tenant`'s, made once). Also returns whether `ar-hop` was used.
 fn mesh_headers(
     req: &AttemptRequest,
     tenant: &str,
