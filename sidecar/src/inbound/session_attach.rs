@@ -38,10 +38,50 @@ impl Snapshots {
     }
 }
 
+/// A message's bytes read by position: one buffer (the usual case: a small message crosses
+/// the mesh in one DATA frame) or a message spread over a few ([`Parts`]). The scan is
+/// written once for both; on one buffer each byte is a bounds check, not a walk over the
+/// buffers.
+trait Bytewise {
+    fn len(&self) -> usize;
+
+    fn byte(&self, at: usize) -> Option<u8>;
+
+    /// Bytes `range` copied into one buffer.
+    fn copy(&self, range: std::ops::Range<usize>) -> Vec<u8>;
+
+    fn varint(&self, at: &mut usize) -> Option<u64> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.byte(*at)?;
+            *at += 1;
+            value |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Some(value);
+            }
+        }
+        None
+    }
+}
+
+impl Bytewise for [u8] {
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
+    }
+
+    fn byte(&self, at: usize) -> Option<u8> {
+        self.get(at).copied()
+    }
+
+    fn copy(&self, range: std::ops::Range<usize>) -> Vec<u8> {
+        self.get(range).map(<[u8]>::to_vec).unwrap_or_default()
+    }
+}
+
 /// The message's bytes spread over a few buffers, read by position.
 struct Parts<'a>(&'a [Bytes]);
 
-impl Parts<'_> {
+impl Bytewise for Parts<'_> {
     fn len(&self) -> usize {
         self.0.iter().map(Bytes::len).sum()
     }
@@ -56,20 +96,6 @@ impl Parts<'_> {
         None
     }
 
-    fn varint(&self, at: &mut usize) -> Option<u64> {
-        let mut value = 0u64;
-        for shift in (0..64).step_by(7) {
-            let b = self.byte(*at)?;
-            *at += 1;
-            value |= u64::from(b & 0x7f) << shift;
-            if b & 0x80 == 0 {
-                return Some(value);
-            }
-        }
-        None
-    }
-
-    /// Bytes `range` copied into one buffer.
     fn copy(&self, range: std::ops::Range<usize>) -> Vec<u8> {
         let mut out = Vec::with_capacity(range.len());
         let mut start = 0;
@@ -82,7 +108,9 @@ impl Parts<'_> {
         }
         out
     }
+}
 
+impl Parts<'_> {
     /// Whether the bytes of `range` are `expected` (no copy).
     fn equals(&self, range: std::ops::Range<usize>, expected: &[u8]) -> bool {
         range.len() == expected.len() && range.zip(expected).all(|(at, b)| self.byte(at) == Some(*b))
@@ -116,7 +144,7 @@ struct Scan {
 
 /// `None` when the data is not one uncompressed, well-formed message (passed on unchanged:
 /// the agent refuses what does not decode).
-fn scan(parts: &Parts<'_>) -> Option<Scan> {
+fn scan<B: Bytewise + ?Sized>(parts: &B) -> Option<Scan> {
     let total = parts.len();
     if total < PREFIX_LEN || parts.byte(0)? != 0 {
         return None;
@@ -168,7 +196,10 @@ pub(crate) struct Scanned {
 
 impl Scanned {
     pub(crate) fn new(data: Vec<Bytes>) -> Scanned {
-        let scan = scan(&Parts(&data));
+        let scan = match data.as_slice() {
+            [one] => scan(&one[..]),
+            several => scan(&Parts(several)),
+        };
         Scanned { data, scan }
     }
 
@@ -272,18 +303,24 @@ mod tests {
             &proto::HandleRequest { session_id: "s-1".into(), ..Default::default() }.encode_to_vec(),
         );
         let data = framed(&message);
+        let whole = scan(&data[..]).unwrap();
+        assert_eq!(whole.session_id, "s-1");
+        assert_eq!(whole.forged, vec![forged_at..forged_at + forged.len()]);
         for cuts in [vec![], vec![3], vec![5, 200], vec![1, 2]] {
             let parts = split(&data, &cuts);
-            let found = scan(&Parts(&parts)).unwrap();
-            assert_eq!(found.session_id, "s-1");
-            assert_eq!(found.forged, vec![forged_at..forged_at + forged.len()]);
+            assert_eq!(scan(&Parts(&parts)).as_ref(), Some(&whole), "cut at {cuts:?}");
         }
-        // Not one uncompressed message: left alone.
+        // Not one uncompressed message: left alone, from one buffer or several.
         let mut compressed = data.to_vec();
         compressed[0] = 1;
-        assert_eq!(scan(&Parts(&[Bytes::from(compressed)])), None);
-        assert_eq!(scan(&Parts(&[data.slice(..data.len() - 1)])), None);
-        assert_eq!(scan(&Parts(&[framed(&[0x0f, 1])])), None, "wire type 7 does not exist");
+        let short = data.slice(..data.len() - 1);
+        let wire_type_7 = framed(&[0x0f, 1]);
+        for bad in [&Bytes::from(compressed), &short, &wire_type_7] {
+            assert_eq!(scan(&bad[..]), None);
+            assert_eq!(scan(&Parts(&split(bad, &[2]))), None);
+        }
+        // A varint that runs past the message's end.
+        assert_eq!(scan(&framed(&[0x08, 0x80])[..]), None);
     }
 
     #[tokio::test]
