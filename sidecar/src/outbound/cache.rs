@@ -307,8 +307,13 @@ mod tests {
             let (served, routed) = (served.clone(), routed.clone());
             tower::service_fn(move |_call: OutboundCall| {
                 routed.fetch_add(1, Ordering::SeqCst);
-                let outcome =
-                    CallOutcome { outcome: "OK".into(), served: served.clone(), attempts: 1, strategy: "random" };
+                let outcome = CallOutcome {
+                    outcome: "OK".into(),
+                    served: served.clone(),
+                    attempts: 1,
+                    strategy: "random",
+                    fallback: false,
+                };
                 let resp = crate::grpc::status_response(tonic::Status::ok(""));
                 let answer: BoxFuture<Result<Routed, SidecarError>> =
                     Box::pin(std::future::ready(Ok(Routed { resp, outcome: Some(outcome) })));

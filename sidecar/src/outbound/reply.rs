@@ -59,13 +59,14 @@ impl TrailersHook for Observed {
 /// Turns the target side's answer into the caller's answer: status-only answers and
 /// streams pass through; a unary reply (read whole, up to `limit` bytes) gets the serving
 /// instance appended. `hold` (a local admission slot) and `guard` last until the answer
-/// ends.
+/// ends. `answered_at` is when the answer's head arrived ([`clock`]).
 pub(crate) async fn finish(
     answer: Response<Body>,
     hold: Option<Hook>,
     guard: CallGuard,
     served: &Served<'_>,
     limit: usize,
+    answered_at: u64,
 ) -> Finished {
     let (mut parts, body) = answer.into_parts();
     let member = served.member;
@@ -75,7 +76,7 @@ pub(crate) async fn finish(
     if code.is_some()
         && let Some(load) = parse_load(&parts.headers)
     {
-        member.stats.report_load(load, clock());
+        member.stats.report_load(load, answered_at);
     }
     // A whole answer (see `crate::hop`): its status and load are the caller's trailers
     // again, as gRPC has them; taken out before the route is stamped in their place.
@@ -207,7 +208,13 @@ fn stamp(h: &mut HeaderMap, served: &Served<'_>) -> CallOutcome {
     if let Ok(v) = HeaderValue::try_from(route) {
         h.insert(header::ROUTE, v);
     }
-    CallOutcome { outcome: "OK".into(), served: served.member.instance.clone(), attempts: served.attempts, strategy }
+    CallOutcome {
+        outcome: "OK".into(),
+        served: served.member.instance.clone(),
+        attempts: served.attempts,
+        strategy,
+        fallback: served.fallback_from.is_some(),
+    }
 }
 
 /// DEADLINE_EXCEEDED for the caller, with the attempts made.

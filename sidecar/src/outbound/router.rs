@@ -142,6 +142,9 @@ struct Plan<'c> {
     strategy: &'static str,
     /// Filled in when the caller left the message id empty.
     message_id: Option<MessageId>,
+    /// When the call was planned ([`clock`]): counted in the retry budget then, and the
+    /// time its first instance is picked at.
+    planned_at: u64,
 }
 
 /// A random message id: 32 lowercase hex digits (as `format!("{:032x}")` of a random
@@ -221,7 +224,8 @@ impl<'c> Plan<'c> {
                 (!split.match_key.is_empty()).then(|| metadata.get(&split.match_key).map(String::as_str)).flatten();
             route::choose_version(split, session, matched)
         });
-        group.state.retry_budget.record_call(clock());
+        let planned_at = clock();
+        group.state.retry_budget.record_call(planned_at);
         let capability = match &target.kind {
             TargetKind::Capability(c) => c.as_str(),
             TargetKind::Agent(_) => "",
@@ -240,6 +244,7 @@ impl<'c> Plan<'c> {
             capability,
             strategy: group.strategy().as_str(),
             message_id: call.head.message_id.is_empty().then(MessageId::random),
+            planned_at,
         })
     }
 }
@@ -319,7 +324,8 @@ impl Router {
                 hash_key: plan.hash_key,
                 exclude: &tries.tried,
                 version: plan.version,
-                now: clock(),
+                // The first pick follows the plan at once: its clock reading serves.
+                now: if tries.attempt == 1 { plan.planned_at } else { clock() },
                 prefer: owner.as_deref(),
             };
             let picked = match call.pin.as_deref() {
@@ -424,7 +430,7 @@ impl Router {
             fallback_from: plan.fallback_from,
             strategy: plan.strategy,
         };
-        match finish(resp, hold, guard, &served, self.limit).await {
+        match finish(resp, hold, guard, &served, self.limit, now).await {
             Finished::Done(answer) => {
                 member.stats.observe(Duration::from_nanos(now.saturating_sub(sent_at)), now);
                 if !plan.key.is_empty()

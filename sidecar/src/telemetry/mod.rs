@@ -270,6 +270,8 @@ pub(crate) struct CallOutcome {
     pub served: Arc<agent_reach::model::Instance>,
     pub attempts: u32,
     pub strategy: &'static str,
+    /// A fallback target served the call (the answer names it in `ar-fallback-from`).
+    pub fallback: bool,
 }
 
 impl CallOutcome {

@@ -151,8 +151,16 @@ impl Opened {
             }
             (Err(e), _) => e.reason().to_string(),
         };
-        let fallback = result.as_ref().is_ok_and(|r| r.headers().contains_key(header::FALLBACK_FROM));
+        // A routed answer says whether a fallback served it; a cached one is looked at.
+        let fallback = match (&result, &detail) {
+            (Ok(_), Some(d)) => d.fallback,
+            (Ok(resp), None) => resp.headers().contains_key(header::FALLBACK_FROM),
+            (Err(_), _) => false,
+        };
         let code = match &result {
+            // Routed and OK: a status in the answer's headers (a trailers-only answer) would
+            // have made the outcome that status's.
+            Ok(_) if detail.is_some() && outcome == "OK" => tonic::Code::Ok,
             Ok(resp) => grpc::status_code(resp.headers())
                 .unwrap_or_else(|| agent_reach::reason::Reason::parse(&outcome).map_or(tonic::Code::Ok, |r| r.code())),
             Err(e) => e.reason().code(),
