@@ -182,7 +182,23 @@ impl BodyRead {
 
     /// `read` (reading a request's body), refused with `LIMIT_EXCEEDED` when it takes
     /// longer than the body-read timeout.
+    ///
+    /// A body that is already here when the read starts (a unary call's DATA frame comes
+    /// in the same read as its HEADERS) is taken without the timer: no clock reading, no
+    /// timer entry made and dropped on every call. The timer starts at the first read
+    /// that has to wait, the same instant as before to within that one poll.
     pub(crate) async fn within<T>(&self, read: impl Future<Output = T>) -> Result<T, crate::error::SidecarError> {
+        let mut read = std::pin::pin!(read);
+        let here = std::future::poll_fn(|cx| {
+            Poll::Ready(match read.as_mut().poll(cx) {
+                Poll::Ready(v) => Some(v),
+                Poll::Pending => None,
+            })
+        })
+        .await;
+        if let Some(v) = here {
+            return Ok(v);
+        }
         tokio::time::timeout(self.timeout, read).await.map_err(|_| {
             self.stats.body_read_timeout.fetch_add(1, Ordering::Relaxed);
             crate::error::SidecarError::LimitExceeded {
@@ -609,6 +625,30 @@ fn assert_options(sock: socket2::SockRef<'_>) {
 mod tests {
     use super::*;
     use agent_reach::reason;
+
+    /// A body already here is read without the timer; one that has to wait gets the
+    /// whole timeout from that first wait, and is refused (and counted) past it.
+    #[tokio::test(start_paused = true)]
+    async fn a_body_read_waits_the_timeout_from_its_first_wait() {
+        let stats = Arc::new(LimitStats::default());
+        let reads = BodyRead::new(Duration::from_secs(2), stats.clone());
+        assert_eq!(reads.within(std::future::ready(7)).await.ok(), Some(7));
+
+        let start = Instant::now();
+        let slow = reads.within(tokio::time::sleep(Duration::from_millis(1999))).await;
+        assert!(slow.is_ok());
+        assert_eq!(start.elapsed(), Duration::from_millis(1999));
+        assert_eq!(stats.body_read_timeout.load(Ordering::Relaxed), 0);
+
+        let start = Instant::now();
+        let stalled = reads.within(tokio::time::sleep(Duration::from_secs(3))).await;
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
+        match stalled {
+            Err(crate::error::SidecarError::LimitExceeded { flag, .. }) => assert_eq!(flag, "--body-read-timeout"),
+            other => panic!("expected LIMIT_EXCEEDED, got {other:?}"),
+        }
+        assert_eq!(stats.body_read_timeout.load(Ordering::Relaxed), 1);
+    }
 
     #[tokio::test]
     async fn a_served_tcp_connection_has_its_peer_watched_by_the_kernel() {
