@@ -139,7 +139,8 @@ pub struct ControlArgs {
     #[arg(long, env = "AGENT_REACH_MAX_TENANT_FEEDS", default_value_t = crate::feed::DEFAULT_MAX_FEEDS)]
     pub max_tenant_feeds: usize,
 
-    /// Runtime worker threads (0 = one per core, 1 = a single-threaded runtime).
+    /// Runtime worker threads (0 = one per core the process may use, 1 = a single-threaded
+    /// runtime, as is 0 on one core).
     #[arg(long, env = "AGENT_REACH_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
 

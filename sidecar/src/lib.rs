@@ -41,6 +41,7 @@ mod bounded;
 mod call;
 mod coalesce;
 pub mod config;
+mod conn_streams;
 pub mod control;
 mod credentials;
 mod error;

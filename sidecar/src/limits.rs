@@ -394,6 +394,10 @@ impl Port {
         let watching = tokio::spawn(watchdog(self.clone(), activity, shutdown, orders.clone())).abort_handle();
         tokio::pin!(conn);
         let mut closing = false;
+        // The stream tasks the connection starts run in this task (on a current-thread
+        // runtime); they are dropped with it on a DROP order.
+        let mut own = crate::conn_streams::OwnStreams::for_this_runtime();
+        let mut ended = None;
         std::future::poll_fn(|cx| {
             orders.task.register(cx.waker());
             match orders.order.load(Ordering::Acquire) {
@@ -404,11 +408,18 @@ impl Port {
                 GRACEFUL if !closing => {
                     closing = true;
                     graceful(conn.as_mut());
+                    if let Some(own) = &own {
+                        own.poll_conn_next();
+                    }
                 }
                 _ => {}
             }
-            conn.as_mut().poll(cx).map(|ended| {
-                if let Err(e) = ended {
+            let done = match own.as_mut() {
+                Some(own) => own.poll(conn.as_mut(), &mut ended, cx),
+                None => conn.as_mut().poll(cx).map(|out| ended = Some(out)),
+            };
+            done.map(|()| {
+                if let Some(Err(e)) = ended.take() {
                     tracing::debug!("connection ended: {e}");
                 }
             })

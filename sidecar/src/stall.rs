@@ -6,7 +6,8 @@
 //! requests in flight. The connection and its other streams carry on.
 //!
 //! How: hyper writes a response body from a task of its own per stream, which it hands
-//! to the connection's executor, and polls the body for its next frame only once the
+//! to the connection's executor (which spawns it, or has the connection's own task run
+//! it: [`crate::conn_streams`]), and polls the body for its next frame only once the
 //! frame before it was given send capacity. [`Tracked`] (the body of every reply)
 //! records in its [`SendStall`] when it handed hyper a DATA frame and has not been
 //! polled since, i.e. hyper waits for window; [`StallExec`], the ports' executor, runs
@@ -81,8 +82,9 @@ pub(crate) fn hand_off(stall: Arc<SendStall>) {
     NEXT.with(|n| *n.borrow_mut() = Some(stall));
 }
 
-/// The executor of the local and mesh ports' HTTP/2 connections: spawns each stream's
-/// task on tokio, dropping it (the stream is reset) when its reply stalls for
+/// The executor of the local and mesh ports' HTTP/2 connections: hands each stream's
+/// task to its connection's own task ([`crate::conn_streams`]) or spawns it on tokio,
+/// dropping it (the stream is reset) when its reply stalls for
 /// `timeout`; counts those in `stalled`.
 #[derive(Clone, Debug)]
 pub(crate) struct StallExec {
@@ -101,7 +103,19 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     fn execute(&self, fut: F) {
-        match NEXT.with(|n| n.borrow_mut().take()) {
+        let stall = NEXT.with(|n| n.borrow_mut().take());
+        // Run by the connection's own task when it takes its streams (crate::conn_streams).
+        if crate::conn_streams::taking() {
+            let task: crate::conn_streams::StreamTask = match stall {
+                Some(stall) => Box::pin(Watched::new(fut, stall, self.timeout, self.stalled.clone())),
+                None => Box::pin(fut),
+            };
+            if let Err(task) = crate::conn_streams::offer(task) {
+                tokio::spawn(task);
+            }
+            return;
+        }
+        match stall {
             Some(stall) => tokio::spawn(Watched::new(fut, stall, self.timeout, self.stalled.clone())),
             None => tokio::spawn(fut),
         };

@@ -1,15 +1,19 @@
 //! What every Agent-Reach binary does the same way at start and stop: build the tokio
 //! runtime, set up logging, and wait for ctrl-c or SIGTERM.
 
-/// A runtime with `threads` workers: 1 gives a single-threaded runtime, 0 one per core.
+/// A runtime with `threads` workers: 1 gives a single-threaded runtime, 0 one per core
+/// the process may use (a CPU limit counts), and so a single-threaded runtime on one core:
+/// there a multi-thread runtime would only add its work-stealing machinery.
 pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    let threads = match threads {
+        0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+        n => n,
+    };
     let mut builder = if threads == 1 {
         tokio::runtime::Builder::new_current_thread()
     } else {
         let mut b = tokio::runtime::Builder::new_multi_thread();
-        if threads > 1 {
-            b.worker_threads(threads);
-        }
+        b.worker_threads(threads);
         b
     };
     builder.enable_all().build()
@@ -50,4 +54,25 @@ pub async fn shutdown_signal() {
 pub async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
     // The guard `wait_for` returns is dropped here, so callers' futures stay `Send`.
     let _ = stop.wait_for(|s| *s).await.map(|_| ());
+}
+
+#[cfg(test)]
+mod runtime_tests {
+    use tokio::runtime::RuntimeFlavor;
+
+    #[test]
+    fn one_thread_is_a_single_threaded_runtime_and_zero_follows_the_cores() {
+        assert_eq!(super::runtime(1).unwrap().handle().runtime_flavor(), RuntimeFlavor::CurrentThread);
+        let two = super::runtime(2).unwrap();
+        assert_eq!(two.handle().runtime_flavor(), RuntimeFlavor::MultiThread);
+        assert_eq!(two.metrics().num_workers(), 2);
+        let cores = std::thread::available_parallelism().unwrap().get();
+        let auto = super::runtime(0).unwrap();
+        if cores == 1 {
+            assert_eq!(auto.handle().runtime_flavor(), RuntimeFlavor::CurrentThread);
+        } else {
+            assert_eq!(auto.handle().runtime_flavor(), RuntimeFlavor::MultiThread);
+            assert_eq!(auto.metrics().num_workers(), cores);
+        }
+    }
 }

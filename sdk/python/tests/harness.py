@@ -170,7 +170,9 @@ def start_sidecar(workdir: Path, name: str, control: str, extra: list[str] | Non
             "--heartbeat-interval=500ms", "--probe-interval=500ms", "--dead-after=5s", "--control-timeout=2s",
             "--drain-timeout=5s", "--insecure-plaintext-control",
             # Several sidecars share the host; the A2A JSON-RPC port is not used by these tests.
-            "--a2a-listen=off", *(extra or []),
+            # One runtime thread, as a sidecar on one core runs (the Rust end-to-end tests
+            # run theirs on multi-thread runtimes).
+            "--a2a-listen=off", "--worker-threads=1", *(extra or []),
         ], workdir, {"RUST_LOG": os.environ.get("RUST_LOG", "info")})
         try:
             wait_http(f"http://127.0.0.1:{admin}/readyz", 30, proc)

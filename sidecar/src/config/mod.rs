@@ -208,7 +208,8 @@ pub struct SidecarArgs {
     #[arg(long, env = "AGENT_REACH_REMOVAL_GRACE", default_value = "10s", value_parser = agent_reach_support::duration::parse)]
     pub removal_grace: Duration,
 
-    /// Runtime worker threads (1 = a single-threaded runtime).
+    /// Runtime worker threads (0 = one per core the process may use, 1 = a single-threaded
+    /// runtime, as is 0 on one core).
     #[arg(long, env = "AGENT_REACH_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
 

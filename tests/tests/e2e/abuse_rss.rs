@@ -124,6 +124,10 @@ impl SidecarProc {
             .args(["--heartbeat-interval", "200ms", "--probe-interval", "200ms", "--control-timeout", "1s"])
             .args(["--header-read-timeout", HEADER_READ_TIMEOUT, "--body-read-timeout", BODY_TIMEOUT])
             .args(["--send-stall-timeout", SEND_STALL_TIMEOUT, "--max-concurrent-streams", "32"])
+            // One runtime thread, as a sidecar on one core runs: each connection's task runs
+            // its streams itself (the in-process sidecars of the other tests run on the
+            // tests' multi-thread runtimes, where streams are spawned).
+            .args(["--worker-threads", "1"])
             .args(extra)
             .env("RUST_LOG", "warn");
         let (child, line) = spawn_ready(cmd);
