@@ -20,8 +20,9 @@
 //! [`ROUNDS`] rounds, then the task yields to the others. A stream whose task panics ends
 //! alone, as a spawned task would.
 //!
-//! Measured with `agent-reach-bench instructions --calls 2000 --no-nginx` (callgrind):
-//! about 800 instructions fewer per call at each sidecar than a spawned task per stream.
+//! Measured with `agent-reach-bench instructions --calls 2000 --no-nginx` (callgrind, six
+//! runs each): about 700 instructions fewer per call at the caller's sidecar and 460 at
+//! the target's than a spawned task per stream (BENCHMARKS.md, row 5d2e685).
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
