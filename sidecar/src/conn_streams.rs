@@ -48,17 +48,17 @@ thread_local! {
 
 /// Whether a connection polled by an [`OwnStreams`] on this thread takes new stream tasks
 /// now, i.e. [`offer`] would keep them.
-pub(crate) fn taking() -> bool {
+fn taking() -> bool {
     TAKING.with(Cell::get)
 }
 
-/// Hands a new stream task to the [`OwnStreams`] polling its connection on this thread;
-/// gives it back when there is none (it is then the caller's to spawn).
-pub(crate) fn offer(task: StreamTask) -> Result<(), StreamTask> {
+/// Hands a new stream's task to the [`OwnStreams`] polling its connection on this thread;
+/// gives it back when there is none (it is then the caller's to spawn, unboxed).
+pub(crate) fn offer<F: Future<Output = ()> + Send + 'static>(task: F) -> Result<(), F> {
     if !taking() {
         return Err(task);
     }
-    STARTED.with(|s| s.borrow_mut().push(task));
+    STARTED.with(|s| s.borrow_mut().push(Box::pin(task)));
     Ok(())
 }
 

@@ -103,22 +103,22 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     fn execute(&self, fut: F) {
-        let stall = NEXT.with(|n| n.borrow_mut().take());
-        // Run by the connection's own task when it takes its streams (crate::conn_streams).
-        if crate::conn_streams::taking() {
-            let task: crate::conn_streams::StreamTask = match stall {
-                Some(stall) => Box::pin(Watched::new(fut, stall, self.timeout, self.stalled.clone())),
-                None => Box::pin(fut),
-            };
-            if let Err(task) = crate::conn_streams::offer(task) {
-                tokio::spawn(task);
+        // Run by the connection's own task when it takes its streams (crate::conn_streams),
+        // else spawned.
+        match NEXT.with(|n| n.borrow_mut().take()) {
+            Some(stall) => {
+                if let Err(task) =
+                    crate::conn_streams::offer(Watched::new(fut, stall, self.timeout, self.stalled.clone()))
+                {
+                    tokio::spawn(task);
+                }
             }
-            return;
+            None => {
+                if let Err(task) = crate::conn_streams::offer(fut) {
+                    tokio::spawn(task);
+                }
+            }
         }
-        match stall {
-            Some(stall) => tokio::spawn(Watched::new(fut, stall, self.timeout, self.stalled.clone())),
-            None => tokio::spawn(fut),
-        };
     }
 }
 
