@@ -10,7 +10,7 @@
 // The sidecar's allocation pattern (many small, short-lived buffers per call) is where
 // glibc malloc showed up at 9-12 % of the CPU in profiles (see BENCHMARKS.md).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: agent_reach_sidecar::alloc::Mimalloc = agent_reach_sidecar::alloc::Mimalloc;
 
 mod ctl;
 mod demo;

@@ -36,6 +36,7 @@
 
 pub mod a2a;
 mod a2a_wire;
+pub mod alloc;
 mod api;
 mod bounded;
 mod call;
