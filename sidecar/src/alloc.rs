@@ -24,33 +24,33 @@ const WORD: usize = std::mem::size_of::<usize>();
 /// mimalloc as the global allocator (see the module's documentation).
 pub struct Mimalloc;
 
-// SAFETY: every method hands the layout's size (and, when it is more than a word, its
+/// `plain(size)` for a layout of word alignment or less, `aligned(size, align)` above it.
+#[inline(always)]
+fn by_alignment(
+    layout: Layout,
+    plain: unsafe extern "C" fn(usize) -> *mut c_void,
+    aligned: unsafe extern "C" fn(usize, usize) -> *mut c_void,
+) -> *mut u8 {
+    // SAFETY: both are mimalloc's allocation functions, safe to call with any size and
+    // (for `aligned`) a power-of-two alignment, which every `Layout` has.
+    unsafe {
+        if layout.align() <= WORD { plain(layout.size()).cast() } else { aligned(layout.size(), layout.align()).cast() }
+    }
+}
+
+// SAFETY: each method hands the layout's size (and, when it is more than a word, its
 // alignment) to the matching mimalloc function, which returns a block of at least that
 // size and alignment, or null on failure; `dealloc` and `realloc` receive only pointers
 // mimalloc returned (mimalloc frees aligned and unaligned blocks alike with `mi_free`).
 unsafe impl GlobalAlloc for Mimalloc {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: see the impl.
-        unsafe {
-            if layout.align() <= WORD {
-                mi::mi_malloc(layout.size()).cast()
-            } else {
-                mi::mi_malloc_aligned(layout.size(), layout.align()).cast()
-            }
-        }
+        by_alignment(layout, mi::mi_malloc, mi::mi_malloc_aligned)
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: see the impl.
-        unsafe {
-            if layout.align() <= WORD {
-                mi::mi_zalloc(layout.size()).cast()
-            } else {
-                mi::mi_zalloc_aligned(layout.size(), layout.align()).cast()
-            }
-        }
+        by_alignment(layout, mi::mi_zalloc, mi::mi_zalloc_aligned)
     }
 
     #[inline]
