@@ -62,6 +62,14 @@ pub(crate) fn offer<F: Future<Output = ()> + Send + 'static>(task: F) -> Result<
     Ok(())
 }
 
+/// Starts a new stream's task: in the connection's own task when [`offer`] keeps it, else
+/// spawned.
+pub(crate) fn start<F: Future<Output = ()> + Send + 'static>(task: F) {
+    if let Err(task) = offer(task) {
+        tokio::spawn(task);
+    }
+}
+
 /// While alive, stream tasks started on this thread are collected (see [`offer`]); that
 /// ends when it is dropped, also if the connection's poll panics.
 struct Collecting;

@@ -103,21 +103,10 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     fn execute(&self, fut: F) {
-        // Run by the connection's own task when it takes its streams (crate::conn_streams),
-        // else spawned.
+        // Run by the connection's own task when it takes its streams, else spawned.
         match NEXT.with(|n| n.borrow_mut().take()) {
-            Some(stall) => {
-                if let Err(task) =
-                    crate::conn_streams::offer(Watched::new(fut, stall, self.timeout, self.stalled.clone()))
-                {
-                    tokio::spawn(task);
-                }
-            }
-            None => {
-                if let Err(task) = crate::conn_streams::offer(fut) {
-                    tokio::spawn(task);
-                }
-            }
+            Some(stall) => crate::conn_streams::start(Watched::new(fut, stall, self.timeout, self.stalled.clone())),
+            None => crate::conn_streams::start(fut),
         }
     }
 }
