@@ -3,6 +3,7 @@
 //! read into the instance's stats, and a unary reply's serving instance appended to the
 //! message.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use agent_reach::model::Target;
@@ -22,6 +23,7 @@ pub(crate) struct Served<'a> {
     pub call: &'a OutboundCall,
     pub member: &'a Member,
     pub attempts: u32,
+    /// The instances tried before `member` (empty on a first attempt).
     pub tried: &'a [String],
     /// The target that was routed: the call's own, or its fallback.
     pub target: &'a Target,
@@ -88,7 +90,7 @@ pub(crate) async fn finish(
         && let Some(status) = Status::from_header_map(&parts.headers)
     {
         // Trailers-only: an error from the agent or the target's sidecar.
-        outcome.outcome = outcome_of(&status);
+        outcome.outcome = outcome_of(&status).into();
         let resp = Response::from_parts(parts, Body::Empty);
         return Finished::Failed { status, answer: Routed { resp, outcome: Some(outcome) } };
     }
@@ -126,7 +128,7 @@ pub(crate) async fn finish(
         }
     };
     if let Some(status) = trailers.as_ref().and_then(grpc::failed_status) {
-        outcome.outcome = outcome_of(&status);
+        outcome.outcome = outcome_of(&status).into();
         let resp = Response::from_parts(parts, Body::Frames(Frames::raw(data).with_trailers(trailers)));
         return Finished::Failed { status, answer: Routed { resp, outcome: Some(outcome) } };
     }
@@ -174,8 +176,8 @@ fn stamp(h: &mut HeaderMap, served: &Served<'_>) -> CallOutcome {
     // One attempt (the usual case): the instances tried are the one that served, whose
     // value is shared, not copied again.
     let tried = match (served.tried, &instance) {
-        ([only], Some(v)) if *only == rec.instance_id => Some(v.clone()),
-        (tried, _) => tried_value(tried),
+        ([], Some(v)) => Some(v.clone()),
+        (before, _) => tried_value(before, Some(&rec.instance_id)),
     };
     if let Some(v) = instance {
         h.insert(header::INSTANCE, v);
@@ -209,7 +211,7 @@ fn stamp(h: &mut HeaderMap, served: &Served<'_>) -> CallOutcome {
         h.insert(header::ROUTE, v);
     }
     CallOutcome {
-        outcome: "OK".into(),
+        outcome: Cow::Borrowed("OK"),
         served: served.member.instance.clone(),
         attempts: served.attempts,
         strategy,
@@ -229,7 +231,7 @@ pub(crate) fn deadline_exceeded(call: &OutboundCall, attempts: u32, tried: Vec<S
 pub(crate) fn with_attempts(mut resp: Response<Body>, attempts: u32, tried: &[String]) -> Response<Body> {
     let h = resp.headers_mut();
     h.insert(header::ATTEMPTS, attempts_value(attempts));
-    if let Some(v) = tried_value(tried) {
+    if let Some(v) = tried_value(tried, None) {
         h.insert(header::INSTANCES_TRIED, v);
     }
     resp
@@ -250,12 +252,22 @@ fn attempts_value(attempts: u32) -> HeaderValue {
     }
 }
 
-/// `ar-instances-tried`: the instances, comma-separated (one, the usual case, without a
-/// joined copy).
-fn tried_value(tried: &[String]) -> Option<HeaderValue> {
-    match tried {
-        [one] => HeaderValue::from_str(one).ok(),
-        more => HeaderValue::try_from(more.join(",")).ok(),
+/// `ar-instances-tried`: the instances `tried`, then `last`, comma-separated (one, the
+/// usual case, without a joined copy).
+fn tried_value(tried: &[String], last: Option<&str>) -> Option<HeaderValue> {
+    match (tried, last) {
+        ([one], None) => HeaderValue::from_str(one).ok(),
+        ([], Some(one)) => HeaderValue::from_str(one).ok(),
+        (more, last) => {
+            let mut joined = more.join(",");
+            if let Some(last) = last {
+                if !joined.is_empty() {
+                    joined.push(',');
+                }
+                joined.push_str(last);
+            }
+            HeaderValue::try_from(joined).ok()
+        }
     }
 }
 
@@ -269,10 +281,14 @@ mod tests {
             assert_eq!(attempts_value(n), HeaderValue::from(n));
             assert_eq!(grpc::decimal(n, &mut [0; 10]), n.to_string());
         }
-        let tried = |ids: &[&str]| tried_value(&ids.iter().map(|s| s.to_string()).collect::<Vec<_>>());
-        assert_eq!(tried(&["a-1"]), Some(HeaderValue::from_static("a-1")));
-        assert_eq!(tried(&["a-1", "b-2"]), Some(HeaderValue::from_static("a-1,b-2")));
-        assert_eq!(tried(&[]), Some(HeaderValue::from_static("")));
+        let tried = |ids: &[&str], last| tried_value(&ids.iter().map(|s| s.to_string()).collect::<Vec<_>>(), last);
+        assert_eq!(tried(&["a-1"], None), Some(HeaderValue::from_static("a-1")));
+        assert_eq!(tried(&["a-1", "b-2"], None), Some(HeaderValue::from_static("a-1,b-2")));
+        assert_eq!(tried(&[], None), Some(HeaderValue::from_static("")));
+        // The instance that answered follows those tried before it.
+        assert_eq!(tried(&[], Some("c-3")), Some(HeaderValue::from_static("c-3")));
+        assert_eq!(tried(&["a-1"], Some("c-3")), Some(HeaderValue::from_static("a-1,c-3")));
+        assert_eq!(tried(&["a-1", "b-2"], Some("c-3")), Some(HeaderValue::from_static("a-1,b-2,c-3")));
     }
 
     #[test]

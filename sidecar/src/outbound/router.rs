@@ -373,9 +373,11 @@ impl Router {
     ) -> Step {
         let attempt = tries.attempt;
         let guard = CallGuard::begin(&member, group);
-        // Listed before the attempt is sent (nothing reads the list meanwhile).
-        tries.tried.push(member.id().to_string());
         let id = member.id();
+        // The instance joins the list of those tried only when the call goes on or fails
+        // (a retry must not pick it, an error names it); an answer that ends the call
+        // names it from `member` (see `Served::tried`), so the usual call copies no id.
+        let listed = |tries: &mut Tries| tries.tried.push(id.to_string());
         let (outcome, sent_at, now) = self.send(call, plan, &member, attempt, remaining).await;
         if attempt > 1 {
             Rejections::count(&self.rejections.retries);
@@ -387,6 +389,7 @@ impl Router {
                 // failure there too, or an instance behind a blackholed or half-open link
                 // (which answers nothing, not even an error) would never be taken out.
                 member.stats.breaker.record(clock(), true, &plan.breaker);
+                listed(tries);
                 return Step::Answer(Routed::unrouted(deadline_exceeded(
                     call,
                     attempt,
@@ -397,6 +400,7 @@ impl Router {
                 tracing::debug!(instance = %id, attempt, "not delivered: {e}");
                 // Avoid it for a while, until its sidecar's probes or its lease settle it.
                 member.stats.mark_overloaded(clock());
+                listed(tries);
                 tries.last_failure = format!("{id} not delivered: {e}");
                 tries.last_refusal = Some(e.into_status());
                 return if retry::again(Ended::NotDelivered, attempt, &plan.rules, budget) {
@@ -406,6 +410,7 @@ impl Router {
                 };
             }
             Some(Attempt::Failed(e)) => {
+                listed(tries);
                 tries.last_failure = format!("{id}: {e}");
                 let status = e.into_status();
                 let again = retry::again(Ended::Failed(&status), attempt, &plan.rules, budget);
@@ -446,9 +451,11 @@ impl Router {
             {
                 // The agent's server gave up at the deadline it was handed (tonic says
                 // CANCELLED "Timeout expired"): to the caller that is its deadline.
+                listed(tries);
                 Step::Answer(Routed::unrouted(deadline_exceeded(call, attempt, std::mem::take(&mut tries.tried))))
             }
             Finished::Failed { status, answer } => {
+                listed(tries);
                 member.stats.observe(Duration::from_nanos(now.saturating_sub(sent_at)), now);
                 if status.code() == Code::ResourceExhausted {
                     // An overloaded instance is avoided for a while instead of being

@@ -21,6 +21,7 @@ mod inbound_span;
 mod outbound_span;
 mod scrape;
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -44,13 +45,13 @@ pub(crate) struct CallLabels {
     pub caller: String,
     pub target: String,
     pub instance: String,
-    pub outcome: String,
+    pub outcome: Cow<'static, str>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct TargetOutcome {
     pub target: String,
-    pub outcome: String,
+    pub outcome: Cow<'static, str>,
 }
 
 /// The label sets looked up once per call hash their strings with a seeded foldhash and
@@ -263,8 +264,9 @@ impl Routed {
 /// What a call ended with, as the router saw it.
 #[derive(Clone, Debug)]
 pub(crate) struct CallOutcome {
-    /// "OK", a reason such as "AGENT_NOT_FOUND", or "CODE_<grpc code>" for agents' errors.
-    pub outcome: String,
+    /// "OK", a reason such as "AGENT_NOT_FOUND", or "CODE_<grpc code>" for agents' errors
+    /// (a constant for the answered call, not a string allocated per call).
+    pub outcome: Cow<'static, str>,
     /// The instance that served the call (its id, agent and version: a reference count,
     /// not three copies; the labels copy what they keep).
     pub served: Arc<agent_reach::model::Instance>,

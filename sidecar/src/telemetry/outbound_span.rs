@@ -2,6 +2,7 @@
 //! child of the caller's `traceparent`, or a new trace) before the call runs, and when it
 //! ends records the call metrics, the traffic report's edge, and the span's outcome.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 
@@ -147,9 +148,9 @@ impl Opened {
             (Ok(_), Some(d)) => std::mem::take(&mut d.outcome),
             // Answered before routing (cache) or with a status-only response.
             (Ok(resp), None) => {
-                grpc::failed_status(resp.headers()).map_or_else(|| "OK".to_string(), |s| outcome_of(&s))
+                grpc::failed_status(resp.headers()).map_or(Cow::Borrowed("OK"), |s| outcome_of(&s).into())
             }
-            (Err(e), _) => e.reason().to_string(),
+            (Err(e), _) => Cow::Borrowed(e.reason().as_str()),
         };
         // A routed answer says whether a fallback served it; a cached one is looked at.
         let fallback = match (&result, &detail) {
@@ -184,7 +185,7 @@ impl Opened {
     fn record(
         self,
         m: &SidecarMetrics,
-        outcome: String,
+        outcome: Cow<'static, str>,
         detail: Option<CallOutcome>,
         fallback: bool,
         elapsed: std::time::Duration,

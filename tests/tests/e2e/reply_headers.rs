@@ -153,11 +153,21 @@ async fn ar_route_names_the_strategy_target_instance_and_attempt() {
     mesh.policy(capability_policy("work", PolicySpec { strategy: Some(Strategy::RoundRobin), ..Default::default() }))
         .await;
     let (dead, alive) = if w1.instance_id() < w2.instance_id() { (w1, w2) } else { (w2, w1) };
-    let alive_id = alive.instance_id();
+    let (dead_id, alive_id) = (dead.instance_id(), alive.instance_id());
     dead.abort();
-    let reply = client.invoke("work").text("x").send().await.unwrap();
-    assert_eq!((reply.instance(), reply.attempts()), (alive_id.as_str(), 2));
-    assert_eq!(reply.route(), format!("round_robin capability work -> {alive_id} (attempt 2)"));
+    let request = proto::InvokeRequest {
+        target: Some(Target::capability("work").into()),
+        payload: bytes::Bytes::from_static(b"x"),
+        ..Default::default()
+    };
+    let answer = client.raw().invoke(request).await.unwrap();
+    let header = |name: &str| answer.metadata().get(name).map(|v| v.to_str().unwrap().to_string());
+    let reply = answer.get_ref();
+    assert_eq!((reply.instance_id.as_str(), reply.attempts), (alive_id.as_str(), 2));
+    assert_eq!(header("ar-attempts").as_deref(), Some("2"));
+    // The instance not delivered to, then the one that served.
+    assert_eq!(header("ar-instances-tried"), Some(format!("{dead_id},{alive_id}")));
+    assert_eq!(header("ar-route"), Some(format!("round_robin capability work -> {alive_id} (attempt 2)")));
 
     // A call by agent name takes the agent's policy, and ar-route names it (not the
     // strategy of a capability that happens to share the name).
@@ -194,6 +204,8 @@ async fn an_answer_carries_no_date_of_the_agents_server_and_no_content_length() 
         let answer = client.raw().invoke(request).await.unwrap();
         let headers = answer.metadata();
         assert_eq!(headers.get("ar-instance").map(|v| v.to_str().unwrap()), Some(instance.as_str()), "{capability}");
+        let tried = headers.get("ar-instances-tried").map(|v| v.to_str().unwrap());
+        assert_eq!(tried, Some(instance.as_str()), "{capability}: one attempt");
         assert!(headers.get("ar-route").is_some(), "{capability}");
         assert_eq!((headers.get("date"), headers.get("content-length")), (None, None), "{capability}: {headers:?}");
     }
