@@ -337,9 +337,9 @@ impl Feed {
     /// this instead of the store).
     pub fn view(&self) -> (Revision, Vec<InstanceStatus>, Vec<proto::Policy>) {
         // Only reference counts are taken under the lock; the records are copied after it.
-        // Copying 10,000 of them under it held up every event the feed applies and every
-        // sidecar's deltas for ~30 ms, each time the alert rules or the dashboard read a
-        // large tenant (every 250 ms while it changes).
+        // Copied under it, they held up every event the feed applies and every sidecar's
+        // deltas for as long as the copy took, each time the alert rules or a dashboard
+        // read a large tenant (every 250 ms while it changes).
         let (head, entries, policies) = {
             let state = self.state();
             let entries: Vec<Arc<Entry>> = state.instances.values().cloned().collect();
