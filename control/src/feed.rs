@@ -336,17 +336,19 @@ impl Feed {
     /// policy, at the head revision, from memory (the dashboard and the alert rules read
     /// this instead of the store).
     pub fn view(&self) -> (Revision, Vec<InstanceStatus>, Vec<proto::Policy>) {
-        // Only reference counts are taken under the lock; the records are copied after it.
-        // Copied under it, they held up every event the feed applies and every sidecar's
-        // deltas for as long as the copy took, each time the alert rules or a dashboard
-        // read a large tenant (every 250 ms while it changes).
-        let (head, entries, policies) = {
-            let state = self.state();
-            let entries: Vec<Arc<Entry>> = state.instances.values().cloned().collect();
-            (state.head, entries, state.policies.values().cloned().collect())
-        };
+        let (head, entries, policies) = self.entries();
         let instances = entries.iter().map(|e| e.stored.status(e.mod_revision)).collect();
         (head, instances, policies)
+    }
+
+    /// [`Feed::view`]'s instances as the feed holds them, shared, not copied: only
+    /// reference counts are taken under the lock. (Records copied under it held up every
+    /// event the feed applies and every sidecar's deltas for as long as the copy took,
+    /// each time the alert rules or a dashboard read a large tenant.)
+    pub fn entries(&self) -> (Revision, Vec<Arc<Entry>>, Vec<proto::Policy>) {
+        let state = self.state();
+        let entries = state.instances.values().cloned().collect();
+        (state.head, entries, state.policies.values().cloned().collect())
     }
 
     /// The whole state at the head revision: the revision and the encoded snapshot parts,
