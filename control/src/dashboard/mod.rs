@@ -327,8 +327,8 @@ impl Dashboard {
         }
         match (post, path.as_str()) {
             (false, "/api/state") => match self.feed(&tenant).await {
-                Ok(feed) => match self.state_json(&tenant, &feed, |_, data| data).await {
-                    Some(data) => json_text(data),
+                Ok(feed) => match self.state_json(&tenant, &feed).await {
+                    Some((_, data)) => json_text(data),
                     None => error(StatusCode::INTERNAL_SERVER_ERROR, "the tenant's state could not be written"),
                 },
                 Err(refusal) => refusal.into(),
@@ -434,22 +434,16 @@ impl Dashboard {
         }
     }
 
-    /// The tenant's state ([`view::state`]) as JSON, handed to `shape` with the state.
-    /// Built on a blocking thread: for a large tenant it takes tens of milliseconds of CPU
+    /// The tenant's state ([`view::state`]): its revision and its JSON. Built on a
+    /// blocking thread: for a large tenant it takes tens of milliseconds of CPU
     /// (10,000 instances: a 6.7 MiB document), which on a runtime worker would hold up the
     /// feed's events and every sidecar's deltas behind it, for each open dashboard every
     /// [`EVENT_INTERVAL`]. `None` when it could not be written.
-    async fn state_json(
-        self: &Arc<Self>,
-        tenant: &str,
-        feed: &Arc<Feed>,
-        shape: impl FnOnce(&view::State, String) -> String + Send + 'static,
-    ) -> Option<String> {
+    async fn state_json(self: &Arc<Self>, tenant: &str, feed: &Arc<Feed>) -> Option<(i64, String)> {
         let (me, tenant, feed) = (self.clone(), tenant.to_string(), feed.clone());
         tokio::task::spawn_blocking(move || {
             let state = view::state(&tenant, &feed, &me.alerts, &me.reports);
-            let data = serde_json::to_string(&state).ok()?;
-            Some(shape(&state, data))
+            Some((state.revision, serde_json::to_string(&state).ok()?))
         })
         .await
         .ok()
@@ -504,14 +498,8 @@ impl Dashboard {
                 head.borrow_and_update();
                 alerts.borrow_and_update();
                 reports.borrow_and_update();
-                let Some(event) = dashboard
-                    .state_json(&tenant, &feed, |state, data| {
-                        format!("id: {}\nevent: state\ndata: {data}\n\n", state.revision)
-                    })
-                    .await
-                else {
-                    return;
-                };
+                let Some((revision, data)) = dashboard.state_json(&tenant, &feed).await else { return };
+                let event = format!("id: {revision}\nevent: state\ndata: {data}\n\n");
                 if tx.send(Bytes::from(event)).await.is_err() {
                     return;
                 }
