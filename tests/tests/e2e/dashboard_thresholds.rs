@@ -35,10 +35,23 @@ async fn log_in(b: &Browser, token: &str) {
     b.client.find(Locator::Css("#login button")).await.unwrap().click().await.unwrap();
 }
 
-/// Clicks the button matching `button` in the row whose `data-*` attribute is `row`.
+/// Clicks the button matching `button` in the row whose `data-*` attribute is `row`. The
+/// page redraws its tables on every state event, which can replace the button between
+/// finding and clicking it (a stale element): it is then found again, a few times at most.
 async fn click_in_row(b: &Browser, row: &str, button: &str) {
     let selector = format!("{row} {button}");
-    b.client.wait().for_element(Locator::Css(&selector)).await.unwrap().click().await.unwrap();
+    let mut tries = 0;
+    loop {
+        let element = b.client.wait().for_element(Locator::Css(&selector)).await.unwrap();
+        match element.click().await {
+            Ok(()) => return,
+            Err(e) if tries < 5 => {
+                tries += 1;
+                eprintln!("click on {selector} failed ({e}); finding it again");
+            }
+            Err(e) => panic!("click on {selector}: {e}"),
+        }
+    }
 }
 
 /// The `name=value` of the `set-cookie` header in `head`.
