@@ -199,6 +199,16 @@ impl Legit {
         Legit { ok, failed, stop, task }
     }
 
+    /// Waits (5 s at most) until one call succeeded: the server has admitted the
+    /// connection. Panics if none did.
+    pub(crate) async fn served(&self, what: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while self.ok.load(Ordering::Relaxed) == 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(self.ok.load(Ordering::Relaxed) > 0, "{what}: no call served within 5 s");
+    }
+
     /// Stops once it made three calls at least (5 s at most); panics unless every call
     /// succeeded.
     pub(crate) async fn assert_all_served(self, what: &str) {
@@ -326,8 +336,12 @@ async fn the_mtls_mesh_port_caps_connections_per_peer_and_in_all_handshakes_incl
     let mesh = sidecar.mesh_addr();
 
     // Two connections of peer x are served; its third is closed after the handshake.
+    // The server finishes handshakes in any order, so the third connects only once the
+    // first two are served.
     let x1 = Legit::start(tls(mesh, "peer-x").await).await;
     let x2 = Legit::start(tls(mesh, "peer-x").await).await;
+    x1.served("peer x, first connection").await;
+    x2.served("peer x, second connection").await;
     let mut x3 = tls(mesh, "peer-x").await;
     assert!(closed_at_once(&mut x3).await, "peer x's third connection is closed");
     assert_eq!(sidecar.limit_refusals(true, "max_connections_per_peer"), 1);
