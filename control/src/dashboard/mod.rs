@@ -336,13 +336,22 @@ impl Dashboard {
             (false, "/api/search") => match self.feed(&tenant).await {
                 Ok(feed) => {
                     let q = query_param(query.as_deref(), "q").unwrap_or_default();
-                    json(&view::search(&feed, &q))
+                    // Reads every name of the tenant: off the runtime's workers, as the state.
+                    match tokio::task::spawn_blocking(move || view::search(&feed, &q)).await {
+                        Ok(found) => json(&found),
+                        Err(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "the search failed"),
+                    }
                 }
                 Err(refusal) => refusal.into(),
             },
             (false, "/api/traces") => {
                 let q = query_param(query.as_deref(), "q").unwrap_or_default();
-                json(&view::traces(&self.reports.tenant(&tenant), &q))
+                // Reads every span summary the tenant's sidecars reported: off the workers.
+                let me = self.clone();
+                match tokio::task::spawn_blocking(move || view::traces(&me.reports.tenant(&tenant), &q)).await {
+                    Ok(found) => json(&found),
+                    Err(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "the trace search failed"),
+                }
             }
             (false, "/api/events") => self.events(tenant, caller, shutdown).await,
             // Validating answers whether the policy is valid; only saving refuses one.

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use agent_reach::convert::policy_from_proto;
-use agent_reach::model::{AgentSummary, HoldScope, InstanceStatus};
+use agent_reach::model::{AgentSummary, HoldScope, InstanceStatus, Registration};
 use agent_reach::policy::Policy;
 use serde::Serialize;
 
@@ -211,16 +211,18 @@ pub struct Search {
 /// Longest query searched.
 const MAX_QUERY: usize = 253;
 
+/// Searches the feed's registrations as it holds them (shared, not copied). A tenant's
+/// names are read in full, so the dashboard calls this on a blocking thread.
 pub fn search(feed: &Feed, query: &str) -> Search {
-    let (_, instances, _) = feed.view();
-    search_in(&instances, query)
+    let (_, entries, _) = feed.entries();
+    search_in(entries.iter().map(|e| &e.stored.record.registration), query)
 }
 
-fn search_in(instances: &[InstanceStatus], query: &str) -> Search {
+fn search_in<'a>(registrations: impl Iterator<Item = &'a Registration> + Clone, query: &str) -> Search {
     let query: String = query.trim().chars().take(MAX_QUERY).collect();
     let capabilities: BTreeSet<&str> =
-        instances.iter().flat_map(|s| s.record.registration.capabilities.iter().map(|c| c.name.as_str())).collect();
-    let agents: BTreeSet<&str> = instances.iter().map(|s| s.record.registration.agent.as_str()).collect();
+        registrations.clone().flat_map(|r| r.capabilities.iter().map(|c| c.name.as_str())).collect();
+    let agents: BTreeSet<&str> = registrations.map(|r| r.agent.as_str()).collect();
     let lower = query.to_lowercase();
     let containing = |names: &BTreeSet<&str>| {
         names.iter().filter(|n| n.to_lowercase().contains(&lower)).map(|n| n.to_string()).collect()
@@ -249,6 +251,7 @@ mod tests {
     fn search_finds_names_containing_the_query_else_suggests_close_ones() {
         let all =
             [instance("translator", &["text.translate", "text.detect"]), instance("summarizer", &["text.summarize"])];
+        let search_in = |all: &[InstanceStatus], q: &str| search_in(all.iter().map(|s| &s.record.registration), q);
         let found = search_in(&all, "TEXT.");
         assert_eq!(found.capabilities, ["text.detect", "text.summarize", "text.translate"]);
         assert!(found.agents.is_empty() && found.suggestions.is_empty());
