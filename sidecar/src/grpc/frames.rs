@@ -73,14 +73,27 @@ fn encode_fields(fields: &[(u32, Field<'_>)], buf: &mut BytesMut) {
 }
 
 /// A short sequence of data buffers followed by optional trailers.
+///
+/// Boxed: a [`Body`] (and every request and answer holding one) is moved several times
+/// per call on its way through the stacks, and the buffers and trailers inline made it
+/// 240 bytes to copy at each move.
 #[derive(Default)]
-pub(crate) struct Frames {
+pub(crate) struct Frames(Box<Parts>);
+
+#[derive(Default)]
+struct Parts {
     parts: [Option<Bytes>; 3],
     next: usize,
     trailers: Option<HeaderMap>,
     /// Its size is not given as exact though no trailers follow (see
     /// [`Frames::with_open_length`]).
     open_length: bool,
+}
+
+impl Frames {
+    fn new(parts: [Option<Bytes>; 3]) -> Frames {
+        Frames(Box::new(Parts { parts, next: 0, trailers: None, open_length: false }))
+    }
 }
 
 impl Frames {
@@ -100,7 +113,7 @@ impl Frames {
         } else {
             [Some(Bytes::copy_from_slice(&prefix)), Some(message), Some(Bytes::copy_from_slice(extra))]
         };
-        Frames { parts, next: 0, trailers: None, open_length: false }
+        Frames::new(parts)
     }
 
     /// [`Frames::message`] with `fields` appended, encoded straight into the message's
@@ -123,12 +136,12 @@ impl Frames {
             encode_fields(fields, &mut buf);
             [Some(prefix.freeze()), Some(message), Some(buf.freeze())]
         };
-        Frames { parts, next: 0, trailers: None, open_length: false }
+        Frames::new(parts)
     }
 
     /// Bytes passed on as they are.
     pub(crate) fn raw(data: Bytes) -> Frames {
-        Frames { parts: [Some(data), None, None], next: 0, trailers: None, open_length: false }
+        Frames::new([Some(data), None, None])
     }
 
     /// A request body read whole, passed on as it came: up to three chunks as they are,
@@ -146,11 +159,11 @@ impl Frames {
                 *part = Some(chunk);
             }
         }
-        Frames { parts, next: 0, trailers: None, open_length: false }
+        Frames::new(parts)
     }
 
     pub(crate) fn with_trailers(mut self, trailers: Option<HeaderMap>) -> Frames {
-        self.trailers = trailers;
+        self.0.trailers = trailers;
         self
     }
 
@@ -160,36 +173,37 @@ impl Frames {
     }
 
     pub(super) fn next_frame(&mut self) -> Option<Frame<Bytes>> {
-        while self.next < self.parts.len() {
-            let i = self.next;
-            self.next += 1;
-            if let Some(b) = self.parts[i].take().filter(|b| !b.is_empty()) {
+        let f = &mut *self.0;
+        while f.next < f.parts.len() {
+            let i = f.next;
+            f.next += 1;
+            if let Some(b) = f.parts[i].take().filter(|b| !b.is_empty()) {
                 return Some(Frame::data(b));
             }
         }
-        self.trailers.take().map(Frame::trailers)
+        f.trailers.take().map(Frame::trailers)
     }
 
     pub(super) fn is_empty(&self) -> bool {
-        self.parts.iter().all(|p| p.as_ref().is_none_or(Bytes::is_empty)) && self.trailers.is_none()
+        self.0.parts.iter().all(|p| p.as_ref().is_none_or(Bytes::is_empty)) && self.0.trailers.is_none()
     }
 
     pub(super) fn len(&self) -> usize {
-        self.parts.iter().flatten().map(Bytes::len).sum()
+        self.0.parts.iter().flatten().map(Bytes::len).sum()
     }
 
     /// A body whose size hint has only a lower bound: an answer whose status is in its
     /// headers (a whole answer, see [`crate::hop`]) goes without `content-length`, which
     /// hyper writes from an exact hint and each hop would encode, parse and drop.
     pub(crate) fn with_open_length(mut self) -> Frames {
-        self.open_length = true;
+        self.0.open_length = true;
         self
     }
 
     /// Whether the size hint is a lower bound only: trailers follow the data, or
     /// [`Frames::with_open_length`].
     pub(super) fn open_length(&self) -> bool {
-        self.trailers.is_some() || self.open_length
+        self.0.trailers.is_some() || self.0.open_length
     }
 }
 
