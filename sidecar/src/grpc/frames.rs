@@ -77,10 +77,8 @@ fn encode_fields(fields: &[(u32, Field<'_>)], buf: &mut BytesMut) {
 /// Boxed: a [`Body`] (and every request and answer holding one) is moved several times
 /// per call on its way through the stacks, and the buffers and trailers inline made it
 /// 240 bytes to copy at each move.
-#[derive(Default)]
 pub(crate) struct Frames(Box<Parts>);
 
-#[derive(Default)]
 struct Parts {
     parts: [Option<Bytes>; 3],
     next: usize,
@@ -94,9 +92,7 @@ impl Frames {
     fn new(parts: [Option<Bytes>; 3]) -> Frames {
         Frames(Box::new(Parts { parts, next: 0, trailers: None, open_length: false }))
     }
-}
 
-impl Frames {
     /// One gRPC message: `message` followed by the encoded fields `extra`, with a fresh
     /// length prefix. Small messages are copied into one buffer (one DATA frame); large ones
     /// are sent as slices without copying the payload.
