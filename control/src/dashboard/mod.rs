@@ -347,8 +347,8 @@ impl Dashboard {
             (false, "/api/traces") => {
                 let q = query_param(query.as_deref(), "q").unwrap_or_default();
                 // Reads every span summary the tenant's sidecars reported: off the workers.
-                let me = self.clone();
-                match tokio::task::spawn_blocking(move || view::traces(&me.reports.tenant(&tenant), &q)).await {
+                let reports = self.reports.clone();
+                match tokio::task::spawn_blocking(move || view::traces(&reports.tenant(&tenant), &q)).await {
                     Ok(found) => json(&found),
                     Err(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "the trace search failed"),
                 }

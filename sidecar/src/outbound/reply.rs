@@ -252,23 +252,11 @@ fn attempts_value(attempts: u32) -> HeaderValue {
     }
 }
 
-/// `ar-instances-tried`: the instances `tried`, then `last`, comma-separated (one, the
-/// usual case, without a joined copy).
+/// `ar-instances-tried`: the instances `tried`, then `last`, comma-separated. (An answer on
+/// the first attempt does not come here: it shares its `ar-instance` value, see `stamp`.)
 fn tried_value(tried: &[String], last: Option<&str>) -> Option<HeaderValue> {
-    match (tried, last) {
-        ([one], None) => HeaderValue::from_str(one).ok(),
-        ([], Some(one)) => HeaderValue::from_str(one).ok(),
-        (more, last) => {
-            let mut joined = more.join(",");
-            if let Some(last) = last {
-                if !joined.is_empty() {
-                    joined.push(',');
-                }
-                joined.push_str(last);
-            }
-            HeaderValue::try_from(joined).ok()
-        }
-    }
+    let ids: Vec<&str> = tried.iter().map(String::as_str).chain(last).collect();
+    HeaderValue::try_from(ids.join(",")).ok()
 }
 
 #[cfg(test)]
